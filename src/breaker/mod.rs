@@ -1,0 +1,698 @@
+//! The circuit breaker state machine, free of tower and HTTP.
+//!
+//! A [`Breaker`] admits a call and hands back a [`Permit`]; the permit records
+//! the call's [`Outcome`]. A permit dropped without an outcome counts as
+//! [`Outcome::Ignored`] (a cancelled call says nothing about the upstream).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_circuit_breaker::{Breaker, Outcome, State};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let breaker = Breaker::builder()
+//!     .consecutive_failures(3)
+//!     .open_duration(Duration::from_secs(30))
+//!     .build()
+//!     .unwrap();
+//!
+//! for _ in 0..3 {
+//!     let permit = breaker.admit().expect("closed circuits admit");
+//!     permit.record(Outcome::Failure);
+//! }
+//! assert_eq!(breaker.state(), State::Open);
+//!
+//! let rejected = breaker.admit().unwrap_err();
+//! assert!(rejected.retry_after().unwrap() <= Duration::from_secs(30));
+//! # }
+//! ```
+
+mod config;
+mod counters;
+mod state;
+mod window;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use self::config::{Builder, ConfigError, Window};
+pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
+
+use self::config::Config;
+use self::counters::{Counter, Striped};
+use self::state::Packed;
+use self::window::{lock, InFlight, Rates, FAILED, SLOW};
+use crate::error::{CircuitOpen, Rejection};
+use crate::Outcome;
+
+/// A handle to one circuit breaker. Cheap to clone; every clone shares the
+/// same state.
+///
+/// See the [module docs](self) for an example.
+#[derive(Clone)]
+pub struct Breaker {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Breaker")
+            .field("name", &self.shared.config.name)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// State read on every admission, kept on its own cache lines so that writes
+/// to reference counts and counters elsewhere do not evict it.
+#[repr(align(128))]
+struct Hot {
+    /// [`Packed`] state and generation.
+    state: AtomicU64,
+    /// While open: when the next probe may be admitted (ns since `epoch`).
+    open_until: AtomicU64,
+    consecutive: AtomicU64,
+    metrics_only: AtomicBool,
+}
+
+pub(crate) struct Shared {
+    hot: Hot,
+    rates: Rates,
+    /// Calls in flight, tracked only when the slow-call rule is on.
+    in_flight: Option<Mutex<InFlight>>,
+    counters: Striped,
+    control: Mutex<Control>,
+    config: Config,
+    /// Threshold of the slow-call rule, in ns.
+    slow_ns: Option<u64>,
+    epoch: Instant,
+}
+
+/// Everything that changes only on transitions or in half-open.
+struct Control {
+    /// Reopens since the circuit last closed; drives the backoff.
+    reopens: u32,
+    /// The window that tripped the circuit, reported while it is open.
+    tripped: WindowStats,
+    cycle: Cycle,
+    rng: u64,
+}
+
+/// Bookkeeping of one half-open cycle.
+#[derive(Default)]
+struct Cycle {
+    /// Probes admitted and not yet finished, with their lease deadlines.
+    leases: Vec<(u64, u64)>,
+    successes: u32,
+    failures: u32,
+    next_id: u64,
+}
+
+impl Cycle {
+    fn used(&self) -> u32 {
+        self.leases.len() as u32 + self.successes + self.failures
+    }
+
+    /// Takes back the slots of probes whose lease ran out.
+    fn reclaim(&mut self, now: u64) {
+        self.leases.retain(|&(_, deadline)| deadline > now);
+    }
+
+    /// Ends probe `id`'s lease; `false` if it had already expired.
+    fn release(&mut self, id: u64) -> bool {
+        match self.leases.iter().position(|&(p, _)| p == id) {
+            Some(i) => {
+                self.leases.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+// === impl Breaker ===
+
+impl Breaker {
+    /// A builder with the default configuration.
+    pub fn builder() -> Builder<Breaker> {
+        Builder::new()
+    }
+
+    pub(crate) fn from_config(config: Config) -> Self {
+        let seed = config.seed.unwrap_or_else(random_seed);
+        let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
+        let has_window = config.has_rate_rule();
+        Breaker {
+            shared: Arc::new(Shared {
+                hot: Hot {
+                    state: AtomicU64::new(Packed::new(State::Closed, 0).0),
+                    open_until: AtomicU64::new(0),
+                    consecutive: AtomicU64::new(0),
+                    metrics_only: AtomicBool::new(config.metrics_only),
+                },
+                rates: if has_window {
+                    Rates::new(config.window)
+                } else {
+                    Rates::None
+                },
+                in_flight: slow_ns.map(|_| Mutex::new(InFlight::default())),
+                counters: Striped::new(config.counter_stripes),
+                control: Mutex::new(Control {
+                    reopens: 0,
+                    tripped: WindowStats::default(),
+                    cycle: Cycle::default(),
+                    rng: seed | 1,
+                }),
+                slow_ns,
+                epoch: Instant::now(),
+                config,
+            }),
+        }
+    }
+
+    /// Asks to make one call. Closed (and disabled) circuits admit at once,
+    /// without a lock; open ones reject; half-open ones admit up to the probe
+    /// budget.
+    #[inline]
+    pub fn admit(&self) -> Result<Permit, CircuitOpen> {
+        self.shared.admit()
+    }
+
+    /// The current state.
+    #[inline]
+    pub fn state(&self) -> State {
+        Packed(self.shared.hot.state.load(Ordering::Acquire)).state()
+    }
+
+    /// The breaker's name, if it has one.
+    pub fn name(&self) -> Option<&str> {
+        self.shared.config.name.as_deref()
+    }
+
+    /// State, window, counters and timers at this moment.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared.snapshot()
+    }
+
+    /// Rejects every call until [`reset`](Self::reset). Does not advance the
+    /// reopen backoff.
+    pub fn force_open(&self) {
+        self.shared.set_manual(State::ForcedOpen, Reason::ForcedOpen);
+    }
+
+    /// Admits every call and records nothing, until [`reset`](Self::reset).
+    pub fn disable(&self) {
+        self.shared.set_manual(State::Disabled, Reason::Disabled);
+    }
+
+    /// Closes the circuit with an empty window and the reopen backoff reset.
+    /// Lifetime counters are kept.
+    pub fn reset(&self) {
+        self.shared.set_manual(State::Closed, Reason::Reset);
+    }
+
+    /// Turns shadow mode on or off: the breaker keeps recording and making
+    /// transitions, but admits the calls it would have rejected (counted in
+    /// [`Counters::would_reject`]).
+    pub fn set_metrics_only(&self, on: bool) {
+        self.shared.hot.metrics_only.store(on, Ordering::Release);
+    }
+
+    /// Whether two handles share one breaker.
+    pub fn ptr_eq(&self, other: &Breaker) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    #[inline]
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.epoch))
+    }
+
+    #[inline]
+    fn load(&self) -> Packed {
+        Packed(self.hot.state.load(Ordering::Acquire))
+    }
+
+    #[inline]
+    fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        let word = self.load();
+        match word.state() {
+            State::Closed => Ok(self.admit_closed(word.generation())),
+            State::Disabled => {
+                self.counters.incr(Counter::Admitted);
+                Ok(Permit::new(self, word.generation(), Kind::Passive, 0))
+            }
+            State::Open => {
+                let now = self.now();
+                let until = self.hot.open_until.load(Ordering::Acquire);
+                if now < until {
+                    self.reject(Rejection::Open, Some(until - now))
+                } else {
+                    self.admit_probe(now)
+                }
+            }
+            State::HalfOpen => self.admit_probe(self.now()),
+            State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
+        }
+    }
+
+    #[inline]
+    fn admit_closed(self: &Arc<Self>, generation: u64) -> Permit {
+        self.counters.incr(Counter::Admitted);
+        let Some(in_flight) = &self.in_flight else {
+            return Permit::new(self, generation, Kind::Closed { slow_id: None }, 0);
+        };
+        let now = self.now();
+        let threshold = self.slow_ns.unwrap_or(u64::MAX);
+        let (crossed, id) = {
+            let mut f = lock(in_flight);
+            (f.sweep(now, threshold), f.start(now))
+        };
+        let permit = Permit::new(self, generation, Kind::Closed { slow_id: Some(id) }, now);
+        if crossed > 0 {
+            // Calls still hanging past the threshold are slow now, not when
+            // their timeouts finally return. This call was admitted while
+            // closed, even if these crossings open the circuit.
+            self.counters.add(Counter::Slow, crossed);
+            for _ in 0..crossed {
+                self.record_closed(generation, SLOW, now);
+            }
+        }
+        permit
+    }
+
+    #[cold]
+    fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
+        let mut ctl = lock(&self.control);
+        let word = self.load();
+        let mut event = None;
+        match word.state() {
+            State::Open => {
+                let until = self.hot.open_until.load(Ordering::Acquire);
+                if now < until {
+                    drop(ctl);
+                    return self.reject(Rejection::Open, Some(until - now));
+                }
+                event = Some(self.transition(&mut ctl, State::HalfOpen, Reason::OpenElapsed, now));
+            }
+            State::HalfOpen => {}
+            // It changed while we waited for the lock.
+            State::Closed | State::Disabled | State::ForcedOpen => {
+                drop(ctl);
+                return self.admit();
+            }
+        }
+        let generation = self.load().generation();
+        ctl.cycle.reclaim(now);
+        let admitted = (ctl.cycle.used() < self.config.probes).then(|| {
+            let id = ctl.cycle.next_id;
+            ctl.cycle.next_id += 1;
+            ctl.cycle.leases.push((id, now + nanos(self.config.lease())));
+            id
+        });
+        drop(ctl);
+        if let Some(t) = event {
+            self.emit(t);
+        }
+        match admitted {
+            Some(id) => {
+                self.counters.incr(Counter::Admitted);
+                Ok(Permit::new(self, generation, Kind::Probe(id), now))
+            }
+            None => self.reject(Rejection::HalfOpenFull, None),
+        }
+    }
+
+    fn reject(self: &Arc<Self>, cause: Rejection, retry_in: Option<u64>) -> Result<Permit, CircuitOpen> {
+        if self.hot.metrics_only.load(Ordering::Acquire) {
+            self.counters.incr(Counter::WouldReject);
+            self.counters.incr(Counter::Admitted);
+            return Ok(Permit::new(self, self.load().generation(), Kind::Passive, 0));
+        }
+        self.counters.incr(Counter::Rejected);
+        Err(CircuitOpen::new(
+            self.config.name.clone(),
+            cause,
+            retry_in.map(Duration::from_nanos),
+        ))
+    }
+
+    /// Records a finished call.
+    fn record(&self, permit: &Permit, outcome: Outcome) {
+        let slow = self.is_slow(permit, outcome);
+        match permit.kind {
+            Kind::Passive => {}
+            Kind::Closed { .. } => {
+                let entry = match outcome {
+                    Outcome::Success => 0,
+                    Outcome::Failure => FAILED,
+                    // Neutral everywhere: not in any window, and the streak
+                    // of failures goes on.
+                    _ => return,
+                };
+                let now = if matches!(self.rates, Rates::Time(_)) {
+                    self.now()
+                } else {
+                    0
+                };
+                self.record_closed(permit.generation, entry | if slow { SLOW } else { 0 }, now);
+            }
+            Kind::Probe(id) => self.record_probe(permit.generation, id, outcome, slow),
+        }
+    }
+
+    /// Whether the call counts as slow at completion (and counts it).
+    fn is_slow(&self, permit: &Permit, outcome: Outcome) -> bool {
+        let Some(threshold) = self.slow_ns else {
+            return false;
+        };
+        if let Kind::Closed { slow_id: Some(id) } = permit.kind {
+            let already = self
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| lock(f).finish(id));
+            if already {
+                return false;
+            }
+        }
+        if matches!(permit.kind, Kind::Passive) || !matches!(outcome, Outcome::Success | Outcome::Failure) {
+            return false;
+        }
+        let end = permit.head.unwrap_or_else(|| self.now());
+        let slow = end.saturating_sub(permit.started) > threshold;
+        if slow {
+            self.counters.incr(Counter::Slow);
+        }
+        slow
+    }
+
+    fn record_closed(&self, generation: u64, entry: u8, now: u64) {
+        if self.load() != Packed::new(State::Closed, generation) {
+            // An outcome counts only in the period that admitted its call.
+            return;
+        }
+        let streak = if entry & FAILED != 0 {
+            self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            if entry == 0 && self.hot.consecutive.load(Ordering::Acquire) != 0 {
+                self.hot.consecutive.store(0, Ordering::Release);
+            }
+            0
+        };
+        let stats = self.rates.record(entry, now);
+        let c = &self.config;
+        let reason = if c.consecutive_failures.is_some_and(|n| streak >= u64::from(n)) {
+            Some(Reason::ConsecutiveFailures)
+        } else if stats.calls > 0 && stats.calls >= u64::from(c.min_calls) {
+            if c.failure_rate.is_some_and(|r| stats.failure_rate() >= r) {
+                Some(Reason::FailureRate)
+            } else if c.slow_call.is_some_and(|(_, r)| stats.slow_rate() >= r) {
+                Some(Reason::SlowCallRate)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.trip(generation, reason, stats);
+        }
+    }
+
+    #[cold]
+    fn trip(&self, generation: u64, reason: Reason, stats: WindowStats) {
+        let mut ctl = lock(&self.control);
+        if self.load() != Packed::new(State::Closed, generation) {
+            return;
+        }
+        ctl.tripped = stats;
+        let t = self.transition(&mut ctl, State::Open, reason, self.now());
+        drop(ctl);
+        self.emit(t);
+    }
+
+    #[cold]
+    fn record_probe(&self, generation: u64, id: u64, outcome: Outcome, slow: bool) {
+        let mut ctl = lock(&self.control);
+        if self.load() != Packed::new(State::HalfOpen, generation) || !ctl.cycle.release(id) {
+            // From an older cycle, or its lease expired: dropped.
+            return;
+        }
+        let c = &self.config;
+        let next = match outcome {
+            Outcome::Success if !slow => {
+                ctl.cycle.successes += 1;
+                (ctl.cycle.successes >= c.close_after).then_some((State::Closed, Reason::ProbesSucceeded))
+            }
+            Outcome::Success | Outcome::Failure => {
+                ctl.cycle.failures += 1;
+                (c.probes - ctl.cycle.failures < c.close_after).then_some((State::Open, Reason::ProbesFailed))
+            }
+            // Ignored and rate-limited probes give their slot back.
+            _ => None,
+        };
+        if let Some((to, reason)) = next {
+            let t = self.transition(&mut ctl, to, reason, self.now());
+            drop(ctl);
+            self.emit(t);
+        }
+    }
+
+    #[cold]
+    fn set_manual(&self, to: State, reason: Reason) {
+        let mut ctl = lock(&self.control);
+        if to == State::Closed {
+            ctl.reopens = 0;
+        }
+        let t = self.transition(&mut ctl, to, reason, self.now());
+        drop(ctl);
+        self.emit(t);
+    }
+
+    /// Moves to `to` under the control lock, starting a new generation.
+    fn transition(&self, ctl: &mut Control, to: State, reason: Reason, now: u64) -> Transition {
+        let from = self.load();
+        let generation = from.generation() + 1;
+        let mut open_for = None;
+        ctl.cycle = Cycle::default();
+        match to {
+            State::Open => {
+                if from.state() == State::HalfOpen {
+                    ctl.reopens = ctl.reopens.saturating_add(1);
+                }
+                let d = self.open_duration(ctl);
+                self.hot.open_until.store(now.saturating_add(d), Ordering::Release);
+                open_for = Some(Duration::from_nanos(d));
+            }
+            State::Closed => {
+                ctl.reopens = 0;
+                ctl.tripped = WindowStats::default();
+                self.rates.clear();
+                self.hot.consecutive.store(0, Ordering::Release);
+            }
+            State::HalfOpen | State::ForcedOpen | State::Disabled => {}
+        }
+        if let Some(f) = &self.in_flight {
+            lock(f).clear();
+        }
+        self.hot
+            .state
+            .store(Packed::new(to, generation).0, Ordering::Release);
+        Transition {
+            key: self.config.name.clone(),
+            from: from.state(),
+            to,
+            reason,
+            at: self.epoch + Duration::from_nanos(now),
+            open_for,
+        }
+    }
+
+    fn open_duration(&self, ctl: &mut Control) -> u64 {
+        let c = &self.config;
+        let base = nanos(c.open) as f64;
+        let cap = nanos(c.open_max) as f64;
+        let grown = (base * c.backoff_multiplier.powi(ctl.reopens.min(1024) as i32)).min(cap);
+        let jitter = if c.jitter > 0.0 {
+            c.jitter * next_unit(&mut ctl.rng)
+        } else {
+            0.0
+        };
+        ((grown * (1.0 - jitter)) as u64).max(1)
+    }
+
+    fn emit(&self, t: Transition) {
+        tracing::info!(
+            target: "tower_circuit_breaker",
+            key = t.key.as_deref().unwrap_or(""),
+            from = t.from.as_str(),
+            to = t.to.as_str(),
+            reason = t.reason.as_str(),
+            open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
+            "circuit {}",
+            t.to
+        );
+        for listener in &self.config.listeners {
+            listener(&t);
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let now = self.now();
+        let ctl = lock(&self.control);
+        let word = self.load();
+        let window = match word.state() {
+            State::Closed => self.rates.stats(now),
+            _ => ctl.tripped,
+        };
+        let retry_in = (word.state() == State::Open).then(|| {
+            Duration::from_nanos(
+                self.hot
+                    .open_until
+                    .load(Ordering::Acquire)
+                    .saturating_sub(now),
+            )
+        });
+        Snapshot {
+            key: self.config.name.clone(),
+            state: word.state(),
+            window,
+            consecutive_failures: self.hot.consecutive.load(Ordering::Acquire),
+            retry_in,
+            reopens: ctl.reopens,
+            counters: self.counters.sum(),
+            metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
+        }
+    }
+}
+
+// === impl Permit ===
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// Admitted while closed; `slow_id` tracks it while in flight.
+    Closed { slow_id: Option<u64> },
+    /// A half-open probe.
+    Probe(u64),
+    /// Admitted but never recorded: disabled, or a shadow-mode call that
+    /// would have been rejected.
+    Passive,
+}
+
+/// The right to make one call, and the duty to report how it went.
+///
+/// Dropping a permit without [`record`](Self::record) counts as
+/// [`Outcome::Ignored`]: a half-open probe gives its slot back at once.
+#[must_use = "a permit records nothing until `record` is called or it is dropped"]
+pub struct Permit {
+    shared: Arc<Shared>,
+    generation: u64,
+    kind: Kind,
+    /// When the call started (ns since the breaker's epoch), if tracked.
+    started: u64,
+    /// When the response head arrived, if the caller said so.
+    head: Option<u64>,
+    done: bool,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("generation", &self.generation)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl Permit {
+    #[inline]
+    fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, started: u64) -> Self {
+        Permit {
+            shared: Arc::clone(shared),
+            generation,
+            kind,
+            started,
+            head: None,
+            done: false,
+        }
+    }
+
+    /// Whether this call is a half-open probe.
+    pub fn is_probe(&self) -> bool {
+        matches!(self.kind, Kind::Probe(_))
+    }
+
+    /// Marks the arrival of the response head: the slow-call rule measures
+    /// time to head (time to first token for a streamed answer), not time to
+    /// the end of the body.
+    #[inline]
+    pub fn head_received(&mut self) {
+        if self.shared.slow_ns.is_some() && self.head.is_none() {
+            self.head = Some(self.shared.now());
+        }
+    }
+
+    /// Records the call's outcome.
+    #[inline]
+    pub fn record(mut self, outcome: Outcome) {
+        self.finish(outcome, Counter::from(outcome));
+    }
+
+    #[inline]
+    fn finish(&mut self, outcome: Outcome, counter: Counter) {
+        self.done = true;
+        self.shared.counters.incr(counter);
+        self.shared.record(self, outcome);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish(Outcome::Ignored, Counter::Dropped);
+        }
+    }
+}
+
+impl From<Outcome> for Counter {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Success => Counter::Successes,
+            Outcome::Failure => Counter::Failures,
+            Outcome::Ignored => Counter::Ignored,
+            Outcome::RateLimited { .. } => Counter::RateLimited,
+        }
+    }
+}
+
+// === helpers ===
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9e37_79b9_7f4a_7c15);
+    h.finish()
+}
+
+/// A uniform number in `[0, 1)` from an xorshift64* state.
+fn next_unit(state: &mut u64) -> f64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,261 @@
+//! The circuit's states, their packed form and the views the breaker reports.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The state of one circuit.
+///
+/// `Closed`, `Open` and `HalfOpen` are driven by the trip rules; `ForcedOpen`
+/// and `Disabled` are set by an operator (see [`Breaker::force_open`] and
+/// [`Breaker::disable`]) and stay until [`Breaker::reset`].
+///
+/// [`Breaker::force_open`]: crate::Breaker::force_open
+/// [`Breaker::disable`]: crate::Breaker::disable
+/// [`Breaker::reset`]: crate::Breaker::reset
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Calls flow and are recorded.
+    Closed,
+    /// Calls are rejected until the open duration has elapsed.
+    Open,
+    /// A bounded number of probe calls decide whether to close again.
+    HalfOpen,
+    /// Rejects every call until reset, whatever the upstream does.
+    ForcedOpen,
+    /// Admits every call and records nothing.
+    Disabled,
+}
+
+impl State {
+    pub(crate) const fn tag(self) -> u64 {
+        match self {
+            State::Closed => 0,
+            State::Open => 1,
+            State::HalfOpen => 2,
+            State::ForcedOpen => 3,
+            State::Disabled => 4,
+        }
+    }
+
+    const fn from_tag(tag: u64) -> State {
+        match tag {
+            0 => State::Closed,
+            1 => State::Open,
+            2 => State::HalfOpen,
+            3 => State::ForcedOpen,
+            _ => State::Disabled,
+        }
+    }
+
+    /// The lowercase name used in events and errors (`"half-open"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half-open",
+            State::ForcedOpen => "forced-open",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+const TAG_BITS: u32 = 3;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+
+/// The state and its generation packed into one word, so that one atomic load
+/// tells a caller both what to do and which period its outcome belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Packed(pub(crate) u64);
+
+impl Packed {
+    pub(crate) const fn new(state: State, generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | state.tag())
+    }
+
+    pub(crate) const fn state(self) -> State {
+        State::from_tag(self.0 & TAG_MASK)
+    }
+
+    pub(crate) const fn generation(self) -> u64 {
+        self.0 >> TAG_BITS
+    }
+}
+
+/// Why a transition happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The failure rate over the window reached its threshold.
+    FailureRate,
+    /// The slow-call rate over the window reached its threshold.
+    SlowCallRate,
+    /// The configured number of consecutive failures was reached.
+    ConsecutiveFailures,
+    /// The open duration elapsed and a probe call arrived.
+    OpenElapsed,
+    /// Enough half-open probes succeeded.
+    ProbesSucceeded,
+    /// Too many half-open probes failed for the circuit to close.
+    ProbesFailed,
+    /// An operator called [`Breaker::force_open`](crate::Breaker::force_open).
+    ForcedOpen,
+    /// An operator called [`Breaker::disable`](crate::Breaker::disable).
+    Disabled,
+    /// An operator called [`Breaker::reset`](crate::Breaker::reset).
+    Reset,
+}
+
+impl Reason {
+    /// The lowercase name used in events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::FailureRate => "failure rate",
+            Reason::SlowCallRate => "slow-call rate",
+            Reason::ConsecutiveFailures => "consecutive failures",
+            Reason::OpenElapsed => "open duration elapsed",
+            Reason::ProbesSucceeded => "probes succeeded",
+            Reason::ProbesFailed => "probes failed",
+            Reason::ForcedOpen => "forced open",
+            Reason::Disabled => "disabled",
+            Reason::Reset => "reset",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One state change, as handed to listeners and traced.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Transition {
+    /// The breaker's name or key, if it has one.
+    pub key: Option<Arc<str>>,
+    /// The state it left.
+    pub from: State,
+    /// The state it entered.
+    pub to: State,
+    /// Why it changed.
+    pub reason: Reason,
+    /// When it changed.
+    pub at: tokio::time::Instant,
+    /// For a transition to [`State::Open`]: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+/// Calls, failures and slow calls in the window, and their rates.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct WindowStats {
+    /// Calls in the window.
+    pub calls: u64,
+    /// Failed calls in the window.
+    pub failures: u64,
+    /// Slow calls in the window.
+    pub slow: u64,
+}
+
+impl WindowStats {
+    /// Failures divided by calls (0 when the window is empty).
+    pub fn failure_rate(&self) -> f64 {
+        ratio(self.failures, self.calls)
+    }
+
+    /// Slow calls divided by calls (0 when the window is empty).
+    pub fn slow_rate(&self) -> f64 {
+        ratio(self.slow, self.calls)
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// Lifetime counters of a breaker, never reset.
+///
+/// Every admitted call ends in exactly one of `successes`, `failures`,
+/// `ignored`, `rate_limited` or `dropped` (or is still in flight), so
+/// `admitted == successes + failures + ignored + rate_limited + dropped + in flight`.
+/// Outcomes that arrive after the state that admitted them has ended are
+/// counted here too, although the trip rules no longer see them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Calls admitted (including half-open probes and, in metrics-only mode,
+    /// calls that would have been rejected).
+    pub admitted: u64,
+    /// Calls rejected.
+    pub rejected: u64,
+    /// Outcomes recorded as [`Outcome::Success`](crate::Outcome::Success).
+    pub successes: u64,
+    /// Outcomes recorded as [`Outcome::Failure`](crate::Outcome::Failure).
+    pub failures: u64,
+    /// Outcomes recorded as [`Outcome::Ignored`](crate::Outcome::Ignored).
+    pub ignored: u64,
+    /// Outcomes recorded as [`Outcome::RateLimited`](crate::Outcome::RateLimited).
+    pub rate_limited: u64,
+    /// Permits dropped without an outcome (a cancelled call).
+    pub dropped: u64,
+    /// Calls counted as slow (at completion or while still in flight).
+    pub slow: u64,
+    /// Calls a metrics-only breaker would have rejected (they were admitted).
+    pub would_reject: u64,
+}
+
+/// A point-in-time view of a breaker.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The breaker's name or key, if it has one.
+    pub key: Option<Arc<str>>,
+    /// The current state.
+    pub state: State,
+    /// The window: the live one while closed; while open or half-open, the
+    /// window that tripped the circuit.
+    pub window: WindowStats,
+    /// Current streak of consecutive failures.
+    pub consecutive_failures: u64,
+    /// While open: the time until the next probe may be admitted.
+    pub retry_in: Option<Duration>,
+    /// How many times the circuit reopened since it last closed.
+    pub reopens: u32,
+    /// Lifetime counters.
+    pub counters: Counters,
+    /// Whether the breaker is in metrics-only (shadow) mode.
+    pub metrics_only: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_round_trips_state_and_generation() {
+        for state in [
+            State::Closed,
+            State::Open,
+            State::HalfOpen,
+            State::ForcedOpen,
+            State::Disabled,
+        ] {
+            let p = Packed::new(state, 12_345);
+            assert_eq!(p.state(), state);
+            assert_eq!(p.generation(), 12_345);
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! Sliding windows: the last N calls, the last D of time, and the calls still
+//! in flight that the slow-call rule watches.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use super::config::Window;
+use super::state::WindowStats;
+
+/// One call as the window sees it.
+pub(crate) const FAILED: u8 = 0b01;
+pub(crate) const SLOW: u8 = 0b10;
+
+/// The rate rules' window, whichever kind is configured.
+#[derive(Debug)]
+pub(crate) enum Rates {
+    None,
+    Count(CountWindow),
+    Time(Mutex<TimeWindow>),
+}
+
+impl Rates {
+    pub(crate) fn new(window: Window) -> Self {
+        match window {
+            Window::None => Rates::None,
+            Window::Count(n) => Rates::Count(CountWindow::new(n)),
+            Window::Time { span, buckets } => Rates::Time(Mutex::new(TimeWindow::new(
+                span.as_nanos().min(u64::MAX as u128) as u64,
+                buckets,
+            ))),
+        }
+    }
+
+    /// Adds one call; returns the window after it.
+    pub(crate) fn record(&self, entry: u8, now: u64) -> WindowStats {
+        match self {
+            Rates::None => WindowStats::default(),
+            Rates::Count(w) => w.record(entry),
+            Rates::Time(w) => lock(w).record(entry, now),
+        }
+    }
+
+    pub(crate) fn stats(&self, now: u64) -> WindowStats {
+        match self {
+            Rates::None => WindowStats::default(),
+            Rates::Count(w) => w.stats(),
+            Rates::Time(w) => lock(w).stats(now),
+        }
+    }
+
+    /// Empties the window. Called only while the circuit is not closed, under
+    /// the breaker's control lock.
+    pub(crate) fn clear(&self) {
+        match self {
+            Rates::None => {}
+            Rates::Count(w) => w.clear(),
+            Rates::Time(w) => lock(w).clear(),
+        }
+    }
+}
+
+/// Locks a mutex, carrying on if a panicking thread poisoned it: every value
+/// behind these locks stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// === impl CountWindow ===
+
+/// The last `n` calls, lock-free.
+///
+/// Each slot holds one call's bits; `failures` and `slow` count the set bits
+/// across slots. A success that would replace a success leaves the window as
+/// it was, so once the window is full and clean the record path only reads.
+#[derive(Debug)]
+pub(crate) struct CountWindow {
+    slots: Box<[AtomicU8]>,
+    /// Calls recorded since the last clear; the next slot is `head % n`.
+    head: AtomicU64,
+    failures: AtomicU32,
+    slow: AtomicU32,
+}
+
+impl CountWindow {
+    fn new(n: u32) -> Self {
+        CountWindow {
+            slots: (0..n).map(|_| AtomicU8::new(0)).collect(),
+            head: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            slow: AtomicU32::new(0),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    fn record(&self, entry: u8) -> WindowStats {
+        if entry == 0 && self.is_full_and_clean() {
+            return WindowStats {
+                calls: self.len(),
+                failures: 0,
+                slow: 0,
+            };
+        }
+        let at = self.head.fetch_add(1, Ordering::AcqRel);
+        let old = self.slots[(at % self.len()) as usize].swap(entry, Ordering::AcqRel);
+        // Whatever order racing writers swap in, the deltas telescope: each
+        // counter ends equal to the number of slots with its bit set.
+        adjust(&self.failures, old & FAILED != 0, entry & FAILED != 0);
+        adjust(&self.slow, old & SLOW != 0, entry & SLOW != 0);
+        self.stats()
+    }
+
+    fn is_full_and_clean(&self) -> bool {
+        self.failures.load(Ordering::Acquire) == 0
+            && self.slow.load(Ordering::Acquire) == 0
+            && self.head.load(Ordering::Acquire) >= self.len()
+    }
+
+    fn stats(&self) -> WindowStats {
+        WindowStats {
+            calls: self.head.load(Ordering::Acquire).min(self.len()),
+            failures: u64::from(self.failures.load(Ordering::Acquire)),
+            slow: u64::from(self.slow.load(Ordering::Acquire)),
+        }
+    }
+
+    fn clear(&self) {
+        for slot in self.slots.iter() {
+            slot.store(0, Ordering::Relaxed);
+        }
+        self.failures.store(0, Ordering::Relaxed);
+        self.slow.store(0, Ordering::Relaxed);
+        self.head.store(0, Ordering::Release);
+    }
+}
+
+fn adjust(counter: &AtomicU32, was: bool, is: bool) {
+    match (was, is) {
+        (false, true) => {
+            counter.fetch_add(1, Ordering::AcqRel);
+        }
+        (true, false) => {
+            counter.fetch_sub(1, Ordering::AcqRel);
+        }
+        _ => {}
+    }
+}
+
+// === impl TimeWindow ===
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    /// Which bucket period (`now / width`) these counts belong to.
+    period: u64,
+    calls: u64,
+    failures: u64,
+    slow: u64,
+}
+
+/// The calls of the last `span`, in `buckets` buckets; exact to one bucket.
+#[derive(Debug)]
+pub(crate) struct TimeWindow {
+    width: u64,
+    buckets: Box<[Bucket]>,
+}
+
+impl TimeWindow {
+    fn new(span: u64, buckets: u32) -> Self {
+        let width = (span / u64::from(buckets)).max(1);
+        TimeWindow {
+            width,
+            buckets: vec![Bucket::default(); buckets as usize].into_boxed_slice(),
+        }
+    }
+
+    fn record(&mut self, entry: u8, now: u64) -> WindowStats {
+        let period = now / self.width;
+        let n = self.buckets.len() as u64;
+        let bucket = &mut self.buckets[(period % n) as usize];
+        if bucket.period != period || bucket.calls == 0 {
+            *bucket = Bucket {
+                period,
+                ..Bucket::default()
+            };
+        }
+        bucket.calls += 1;
+        bucket.failures += u64::from(entry & FAILED != 0);
+        bucket.slow += u64::from(entry & SLOW != 0);
+        self.stats(now)
+    }
+
+    fn stats(&self, now: u64) -> WindowStats {
+        let period = now / self.width;
+        let n = self.buckets.len() as u64;
+        let mut stats = WindowStats::default();
+        for b in self.buckets.iter() {
+            if b.calls > 0 && b.period <= period && period - b.period < n {
+                stats.calls += b.calls;
+                stats.failures += b.failures;
+                stats.slow += b.slow;
+            }
+        }
+        stats
+    }
+
+    fn clear(&mut self) {
+        self.buckets.fill(Bucket::default());
+    }
+}
+
+// === impl InFlight ===
+
+/// Calls admitted while closed that have not finished, oldest first, so the
+/// slow-call rule can count a call as slow the moment it crosses the
+/// threshold instead of when (or if) it returns.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    /// Id of the entry at the front of `calls`.
+    base: u64,
+    /// Start time of each call, or `None` once it finished.
+    calls: VecDeque<Option<u64>>,
+}
+
+impl InFlight {
+    pub(crate) fn start(&mut self, now: u64) -> u64 {
+        let id = self.base + self.calls.len() as u64;
+        self.calls.push_back(Some(now));
+        id
+    }
+
+    /// Marks call `id` finished. Returns `true` if it had already been
+    /// counted as slow while in flight.
+    pub(crate) fn finish(&mut self, id: u64) -> bool {
+        if id < self.base {
+            return true;
+        }
+        if let Some(slot) = self.calls.get_mut((id - self.base) as usize) {
+            *slot = None;
+        }
+        self.trim();
+        false
+    }
+
+    /// Removes the calls that have been in flight for longer than
+    /// `threshold` and returns how many there were.
+    pub(crate) fn sweep(&mut self, now: u64, threshold: u64) -> u64 {
+        let mut crossed = 0;
+        while let Some(front) = self.calls.front() {
+            match front {
+                Some(start) if now.saturating_sub(*start) > threshold => crossed += 1,
+                Some(_) => break,
+                None => {}
+            }
+            self.calls.pop_front();
+            self.base += 1;
+        }
+        crossed
+    }
+
+    fn trim(&mut self) {
+        while let Some(None) = self.calls.front() {
+            self.calls.pop_front();
+            self.base += 1;
+        }
+    }
+
+    /// Forgets every call: they belong to a generation that has ended, and
+    /// their ids are already below no longer being tracked.
+    pub(crate) fn clear(&mut self) {
+        self.base += self.calls.len() as u64;
+        self.calls.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_window_slides_over_the_last_n_calls() {
+        let w = CountWindow::new(4);
+        for _ in 0..100 {
+            w.record(0);
+        }
+        assert_eq!(w.stats().calls, 4);
+        w.record(FAILED);
+        w.record(FAILED);
+        assert_eq!(w.stats().failures, 2);
+        for _ in 0..4 {
+            w.record(0);
+        }
+        assert_eq!(w.stats().failures, 0);
+        w.record(SLOW | FAILED);
+        assert_eq!((w.stats().failures, w.stats().slow), (1, 1));
+    }
+
+    #[test]
+    fn time_window_forgets_buckets_older_than_its_span() {
+        let mut w = TimeWindow::new(10_000, 10);
+        w.record(FAILED, 0);
+        w.record(0, 5_000);
+        assert_eq!(w.stats(9_999).calls, 2);
+        assert_eq!(w.stats(10_000).calls, 1);
+        assert_eq!(w.stats(15_000).calls, 0);
+        // A bucket reused after a full turn starts empty.
+        let s = w.record(0, 20_000);
+        assert_eq!((s.calls, s.failures), (1, 0));
+    }
+
+    #[test]
+    fn in_flight_counts_a_crossing_call_once() {
+        let mut f = InFlight::default();
+        let a = f.start(0);
+        let b = f.start(10);
+        assert!(!f.finish(b));
+        assert_eq!(f.sweep(100, 100), 0, "exactly at the threshold is not slow");
+        assert_eq!(f.sweep(101, 100), 1);
+        assert_eq!(f.sweep(500, 100), 0);
+        assert!(f.finish(a), "a swept call knows it was counted");
+    }
+}

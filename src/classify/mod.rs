@@ -1,0 +1,195 @@
+//! Deciding what a call says about the upstream's health.
+//!
+//! Every call ends in an [`Outcome`]. A [`Classify`] implementation looks at
+//! the response head or the inner error and either decides at once or defers
+//! to the end of the body with a [`ClassifyStream`] (trailers, a body error,
+//! an error event in a server-sent-event stream).
+//!
+//! # Example
+//!
+//! A closure is a classifier that decides on the head:
+//!
+//! ```
+//! use tower_circuit_breaker::classify::{Attempt, Classify, Verdict};
+//! use tower_circuit_breaker::Outcome;
+//!
+//! let only_503s_count = |attempt: Attempt<'_>| match attempt {
+//!     Attempt::Response { status, .. } if status == 503 => Outcome::Failure,
+//!     Attempt::Response { .. } => Outcome::Success,
+//!     Attempt::Error(_) => Outcome::Failure,
+//! };
+//! let headers = http::HeaderMap::new();
+//! assert!(matches!(
+//!     only_503s_count.classify_response(http::StatusCode::BAD_GATEWAY, &headers),
+//!     Verdict::Done(Outcome::Success)
+//! ));
+//! ```
+
+mod http;
+
+pub use self::http::{parse_retry_after, HttpClassifier};
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use ::http::{HeaderMap, StatusCode};
+
+/// What one call says about the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The upstream did its job.
+    Success,
+    /// The upstream failed (5xx, connection error, attempt timeout, an error
+    /// inside a stream).
+    Failure,
+    /// Says nothing about the upstream (a bad request, a content filter, a
+    /// cancelled call). Counts nowhere and gives back a half-open slot.
+    Ignored,
+    /// The upstream asked to slow down. Passed through to the caller, neutral
+    /// for every rule.
+    RateLimited {
+        /// How long the upstream asked to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The error type classifiers see: the inner service's error, boxed.
+pub type ErrorRef<'a> = &'a (dyn StdError + Send + Sync + 'static);
+
+/// One finished attempt, as a closure classifier sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Attempt<'a> {
+    /// A response head arrived.
+    Response {
+        /// Its status.
+        status: StatusCode,
+        /// Its headers.
+        headers: &'a HeaderMap,
+    },
+    /// The inner service failed.
+    Error(ErrorRef<'a>),
+}
+
+/// A classifier's answer to a response head.
+#[derive(Debug)]
+pub enum Verdict<S> {
+    /// Decided now.
+    Done(Outcome),
+    /// Decide at the end of the body (or when the stream says so).
+    Defer(S),
+}
+
+/// Turns a response head or an inner error into an [`Outcome`].
+///
+/// Implemented for closures over [`Attempt`]; see the [module docs](self).
+/// For body-aware classification, return [`Verdict::Defer`] with a
+/// [`ClassifyStream`].
+///
+/// # Example
+///
+/// A classifier that treats a `x-upstream-degraded: 1` header as a failure
+/// and otherwise defers to [`HttpClassifier`]:
+///
+/// ```
+/// use http::{HeaderMap, StatusCode};
+/// use tower_circuit_breaker::classify::{Classify, ErrorRef, HttpClassifier, NeverDefer, Verdict};
+/// use tower_circuit_breaker::Outcome;
+///
+/// #[derive(Clone, Copy)]
+/// struct Degraded;
+///
+/// impl Classify for Degraded {
+///     type Stream = NeverDefer;
+///
+///     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<NeverDefer> {
+///         if headers.get("x-upstream-degraded").is_some_and(|v| v == "1") {
+///             return Verdict::Done(Outcome::Failure);
+///         }
+///         HttpClassifier.classify_response(status, headers)
+///     }
+///
+///     fn classify_error(&self, error: ErrorRef<'_>) -> Outcome {
+///         HttpClassifier.classify_error(error)
+///     }
+/// }
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-upstream-degraded", "1".parse().unwrap());
+/// assert!(matches!(Degraded.classify_response(StatusCode::OK, &headers), Verdict::Done(Outcome::Failure)));
+/// ```
+pub trait Classify {
+    /// The end-of-stream classifier this one may defer to.
+    type Stream: ClassifyStream;
+
+    /// Classifies a response head.
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<Self::Stream>;
+
+    /// Classifies an error of the inner service (including an attempt
+    /// timeout's `tower::timeout::error::Elapsed`).
+    fn classify_error(&self, error: ErrorRef<'_>) -> Outcome;
+}
+
+/// Finishes a deferred classification while the body streams.
+///
+/// Any method may be the last one called: the body stops consulting the
+/// classifier once [`on_data`](Self::on_data) returns a verdict.
+pub trait ClassifyStream {
+    /// Sees each data chunk; returns an outcome to decide early (an SSE error
+    /// event, or a final event after which the rest is irrelevant).
+    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
+        let _ = chunk;
+        None
+    }
+
+    /// Sees the trailers; returns an outcome to decide on them.
+    fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<Outcome> {
+        let _ = trailers;
+        None
+    }
+
+    /// The body ended cleanly.
+    fn on_end(self) -> Outcome;
+
+    /// The body failed mid-stream.
+    fn on_error(self) -> Outcome
+    where
+        Self: Sized,
+    {
+        Outcome::Failure
+    }
+
+    /// The caller dropped the body before its end.
+    fn on_drop(self) -> Outcome
+    where
+        Self: Sized,
+    {
+        Outcome::Ignored
+    }
+}
+
+/// The stream classifier of classifiers that always decide on the head. It
+/// cannot be constructed.
+#[derive(Debug, Clone, Copy)]
+pub enum NeverDefer {}
+
+impl ClassifyStream for NeverDefer {
+    fn on_end(self) -> Outcome {
+        match self {}
+    }
+}
+
+impl<F> Classify for F
+where
+    F: for<'a> Fn(Attempt<'a>) -> Outcome,
+{
+    type Stream = NeverDefer;
+
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<NeverDefer> {
+        Verdict::Done(self(Attempt::Response { status, headers }))
+    }
+
+    fn classify_error(&self, error: ErrorRef<'_>) -> Outcome {
+        self(Attempt::Error(error))
+    }
+}

@@ -1,0 +1,190 @@
+//! Error types
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::breaker::State;
+use crate::BoxError;
+
+/// Why a call was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rejection {
+    Open,
+    HalfOpenFull,
+    ForcedOpen,
+}
+
+/// The circuit rejected the call; the upstream was not called.
+///
+/// Downcast it out of a [`BoxError`]:
+///
+/// ```
+/// use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, State};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().name("gpt").build().unwrap();
+/// breaker.force_open();
+/// let err: BoxError = breaker.admit().unwrap_err().into();
+/// let open = err.downcast_ref::<CircuitOpen>().unwrap();
+/// assert_eq!(open.key(), Some("gpt"));
+/// assert_eq!(open.state(), State::ForcedOpen);
+/// assert_eq!(open.retry_after(), None);
+/// assert_eq!(open.to_string(), "circuit open");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct CircuitOpen {
+    key: Option<Arc<str>>,
+    cause: Rejection,
+    retry_after: Option<Duration>,
+}
+
+impl CircuitOpen {
+    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, retry_after: Option<Duration>) -> Self {
+        CircuitOpen {
+            key,
+            cause,
+            retry_after,
+        }
+    }
+
+    /// The name or key of the breaker that rejected the call.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The state the circuit was in.
+    pub fn state(&self) -> State {
+        match self.cause {
+            Rejection::Open => State::Open,
+            Rejection::HalfOpenFull => State::HalfOpen,
+            Rejection::ForcedOpen => State::ForcedOpen,
+        }
+    }
+
+    /// While open: the time until the next probe may be admitted. `None` in
+    /// half-open (the probes are out) and when forced open.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+impl fmt::Debug for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitOpen")
+            .field("key", &self.key)
+            .field("state", &self.state())
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("circuit open")
+    }
+}
+
+impl StdError for CircuitOpen {}
+
+/// The error of a [`CircuitBreaker`](crate::CircuitBreaker) service: the
+/// circuit rejected the call, or the inner service failed.
+///
+/// A rejection is built without allocating. Converting into a [`BoxError`]
+/// yields the [`CircuitOpen`] itself or the inner error unchanged (not this
+/// wrapper), so `downcast_ref::<CircuitOpen>()` and downcasts to the inner
+/// error type both work on the boxed form. That is why this type does not
+/// implement `std::error::Error` itself.
+///
+/// ```
+/// use tower_circuit_breaker::{BoxError, CircuitOpen, Error};
+///
+/// fn is_rejection(err: BoxError) -> bool {
+///     err.downcast_ref::<CircuitOpen>().is_some()
+/// }
+/// # let _ = is_rejection;
+/// # let _: Option<Error> = None;
+/// ```
+pub struct Error {
+    kind: Kind,
+}
+
+enum Kind {
+    Open(CircuitOpen),
+    Inner(BoxError),
+}
+
+impl Error {
+    pub(crate) fn open(open: CircuitOpen) -> Self {
+        Error {
+            kind: Kind::Open(open),
+        }
+    }
+
+    pub(crate) fn from_inner(inner: BoxError) -> Self {
+        Error {
+            kind: Kind::Inner(inner),
+        }
+    }
+
+    /// The rejection, if the circuit rejected the call.
+    pub fn circuit_open(&self) -> Option<&CircuitOpen> {
+        match &self.kind {
+            Kind::Open(o) => Some(o),
+            Kind::Inner(_) => None,
+        }
+    }
+
+    /// Whether the circuit rejected the call.
+    pub fn is_circuit_open(&self) -> bool {
+        self.circuit_open().is_some()
+    }
+
+    /// The inner service's error, if it failed.
+    pub fn inner(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
+        match &self.kind {
+            Kind::Inner(e) => Some(&**e),
+            Kind::Open(_) => None,
+        }
+    }
+
+    /// Converts into a [`BoxError`]: the [`CircuitOpen`] or the inner error.
+    pub fn into_box(self) -> BoxError {
+        self.into()
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Open(o) => fmt::Debug::fmt(o, f),
+            Kind::Inner(e) => fmt::Debug::fmt(e, f),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Open(o) => fmt::Display::fmt(o, f),
+            Kind::Inner(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl From<Error> for BoxError {
+    fn from(e: Error) -> BoxError {
+        match e.kind {
+            Kind::Open(o) => Box::new(o),
+            Kind::Inner(e) => e,
+        }
+    }
+}
+
+impl From<CircuitOpen> for Error {
+    fn from(o: CircuitOpen) -> Self {
+        Error::open(o)
+    }
+}

@@ -1,0 +1,94 @@
+//! A circuit breaker for [tower] HTTP clients, built for LLM traffic: slow,
+//! costly, bursty calls where an ordinary breaker either never trips or trips
+//! on the wrong errors.
+//!
+//! Wrap any `tower::Service` that answers with an `http::Response` (a
+//! hyper-util client, a tonic channel, an axum route). Before every call the
+//! [`Breaker`] decides whether the upstream deserves it; after the call a
+//! [classifier](classify) decides what it said about the upstream's health:
+//! [`Outcome::Success`], [`Outcome::Failure`], [`Outcome::Ignored`] (a 400, a
+//! cancelled call) or [`Outcome::RateLimited`] (a 429, passed through).
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_circuit_breaker::{CircuitBreakerLayer, CircuitOpen, State};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // An upstream that is down.
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(503).body(String::new()).unwrap(),
+//!     )
+//! });
+//!
+//! let breaker = CircuitBreakerLayer::builder()
+//!     .count_window(20)          // the last 20 calls
+//!     .min_calls(10)             // once 10 are seen
+//!     .failure_rate(0.5)         // open at 50 % failures
+//!     .open_duration(Duration::from_secs(30))
+//!     .probes(3)                 // then 3 half-open probes
+//!     .close_after(2)            // of which 2 must succeed
+//!     .build()?;
+//! let handle = breaker.breaker().clone();
+//!
+//! let mut client = ServiceBuilder::new()
+//!     .layer(breaker)
+//!     .timeout(Duration::from_secs(60)) // attempt timeout: inside, so it counts
+//!     .service(upstream);
+//!
+//! for _ in 0..10 {
+//!     let res = client.ready().await?.call(http::Request::new(String::new())).await?;
+//!     assert_eq!(res.status(), 503);
+//! }
+//! assert_eq!(handle.state(), State::Open);
+//!
+//! // Now calls fail fast, without reaching the upstream.
+//! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
+//! let err: tower_circuit_breaker::BoxError = err.into();
+//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! # Ok(()) }
+//! ```
+//!
+//! # How a request flows
+//!
+//! [`CircuitBreaker::call`](tower_service::Service::call) asks
+//! [`Breaker::admit`] for a [`Permit`]. A closed circuit admits without a lock;
+//! an open one returns a ready [`future::ResponseFuture`] holding
+//! [`CircuitOpen`]. An admitted call runs the inner future; its response head
+//! or error goes to the [`Classify`](classify::Classify) implementation, which
+//! decides at once or defers to the end of the body ([`ResponseBody`]). The
+//! permit then records the [`Outcome`], and the trip rules are evaluated.
+
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod body;
+pub mod breaker;
+pub mod classify;
+pub mod error;
+pub mod future;
+mod layer;
+mod service;
+
+pub use crate::body::ResponseBody;
+pub use crate::breaker::{
+    Breaker, Builder, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition, Window,
+    WindowStats,
+};
+pub use crate::classify::Outcome;
+pub use crate::error::{CircuitOpen, Error};
+pub use crate::layer::CircuitBreakerLayer;
+pub use crate::service::CircuitBreaker;
+
+/// The boxed error type used across tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

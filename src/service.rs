@@ -1,0 +1,120 @@
+use std::task::{Context, Poll};
+
+use http::Response;
+use http_body::Body;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::breaker::Breaker;
+use crate::classify::{Classify, HttpClassifier};
+use crate::future::ResponseFuture;
+use crate::{BoxError, Error};
+
+/// A service that asks a [`Breaker`] before every call and records how the
+/// call went.
+///
+/// `poll_ready` only drives the inner service: an open circuit never makes the
+/// service unready. The decision is made in `call`; a rejected call returns a
+/// ready future that yields [`Error`] holding a
+/// [`CircuitOpen`](crate::CircuitOpen), without touching the inner service.
+///
+/// # Example
+///
+/// ```
+/// use tower::{Service, ServiceExt};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(
+///         http::Response::builder().status(503).body(String::new()).unwrap(),
+///     )
+/// });
+/// let breaker = Breaker::builder().consecutive_failures(2).build().unwrap();
+/// let mut svc = CircuitBreaker::new(upstream, breaker);
+///
+/// for _ in 0..2 {
+///     let res = svc.ready().await.unwrap().call(http::Request::new(String::new())).await.unwrap();
+///     assert_eq!(res.status(), 503);
+/// }
+/// let err = svc.ready().await.unwrap().call(http::Request::new(String::new())).await.unwrap_err();
+/// assert!(err.is_circuit_open());
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CircuitBreaker<S, C = HttpClassifier> {
+    inner: S,
+    breaker: Breaker,
+    classifier: C,
+}
+
+impl<S> CircuitBreaker<S> {
+    /// Wraps `inner`, classifying with [`HttpClassifier`].
+    pub const fn new(inner: S, breaker: Breaker) -> Self {
+        CircuitBreaker {
+            inner,
+            breaker,
+            classifier: HttpClassifier,
+        }
+    }
+}
+
+impl<S, C> CircuitBreaker<S, C> {
+    /// Wraps `inner`, classifying with `classifier`.
+    pub const fn with_classifier(inner: S, breaker: Breaker, classifier: C) -> Self {
+        CircuitBreaker {
+            inner,
+            breaker,
+            classifier,
+        }
+    }
+
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C, Request, B> Service<Request> for CircuitBreaker<S, C>
+where
+    S: Service<Request, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body,
+    C: Classify + Clone,
+{
+    type Response = Response<ResponseBody<B, C::Stream>>;
+    type Error = Error;
+    type Future = ResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_inner(e.into()))
+    }
+
+    #[inline]
+    fn call(&mut self, request: Request) -> Self::Future {
+        match self.breaker.admit() {
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
+            }
+            Err(open) => ResponseFuture::rejected(open),
+        }
+    }
+}
