@@ -82,7 +82,7 @@ mod service;
 
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{
-    Breaker, Builder, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition, Window,
+    Breaker, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition, Window,
     WindowStats,
 };
 pub use crate::classify::Outcome;

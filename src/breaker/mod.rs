@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::config::{Builder, ConfigError, Window};
@@ -82,6 +83,8 @@ struct Hot {
 
 pub(crate) struct Shared {
     hot: Hot,
+    /// Woken on every transition.
+    changes: Arc<Notify>,
     rates: Rates,
     /// Calls in flight, tracked only when the slow-call rule is on.
     in_flight: Option<Mutex<InFlight>>,
@@ -155,6 +158,7 @@ impl Breaker {
                     consecutive: AtomicU64::new(0),
                     metrics_only: AtomicBool::new(config.metrics_only),
                 },
+                changes: Arc::new(Notify::new()),
                 rates: if has_window {
                     Rates::new(config.window)
                 } else {
@@ -221,6 +225,16 @@ impl Breaker {
     /// [`Counters::would_reject`]).
     pub fn set_metrics_only(&self, on: bool) {
         self.shared.hot.metrics_only.store(on, Ordering::Release);
+    }
+
+    /// A future that completes at the next state change after this call.
+    ///
+    /// A retry waiting out its backoff can race its sleep against this, so it
+    /// learns at once that the circuit opened instead of sleeping first.
+    pub fn changed(&self) -> Changed {
+        Changed {
+            inner: Arc::clone(&self.shared.changes).notified_owned(),
+        }
     }
 
     /// Whether two handles share one breaker.
@@ -507,6 +521,7 @@ impl Shared {
         self.hot
             .state
             .store(Packed::new(to, generation).0, Ordering::Release);
+        self.changes.notify_waiters();
         Transition {
             key: self.config.name.clone(),
             from: from.state(),
@@ -572,6 +587,30 @@ impl Shared {
             counters: self.counters.sum(),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
         }
+    }
+}
+
+// === impl Changed ===
+
+pin_project_lite::pin_project! {
+    /// Completes at the next state change; see [`Breaker::changed`].
+    pub struct Changed {
+        #[pin]
+        inner: tokio::sync::futures::OwnedNotified,
+    }
+}
+
+impl fmt::Debug for Changed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changed").finish_non_exhaustive()
+    }
+}
+
+impl std::future::Future for Changed {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.project().inner.poll(cx)
     }
 }
 
