@@ -42,7 +42,11 @@ pub struct CircuitOpen {
 }
 
 impl CircuitOpen {
-    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, retry_after: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        key: Option<Arc<str>>,
+        cause: Rejection,
+        retry_after: Option<Duration>,
+    ) -> Self {
         CircuitOpen {
             key,
             cause,

@@ -82,8 +82,8 @@ mod service;
 
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{
-    Breaker, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition, Window,
-    WindowStats,
+    Breaker, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition,
+    Window, WindowStats,
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error};

@@ -262,11 +262,17 @@ impl fmt::Display for ConfigError {
                 "backoff cap {open_max:?} is below the base open duration {open:?}"
             ),
             ConfigError::BackoffMultiplier(m) => {
-                write!(f, "backoff multiplier must be a finite number >= 1, got {m}")
+                write!(
+                    f,
+                    "backoff multiplier must be a finite number >= 1, got {m}"
+                )
             }
             ConfigError::Jitter(j) => write!(f, "jitter must be in [0, 1), got {j}"),
             ConfigError::ZeroProbes => f.write_str("half-open must admit at least one probe"),
-            ConfigError::CloseAfter { close_after, probes } => write!(
+            ConfigError::CloseAfter {
+                close_after,
+                probes,
+            } => write!(
                 f,
                 "close_after must be between 1 and probes ({probes}), got {close_after}"
             ),

@@ -170,7 +170,7 @@ impl Breaker {
                     reopens: 0,
                     tripped: WindowStats::default(),
                     cycle: Cycle::default(),
-                    rng: seed | 1,
+                    rng: splitmix64(seed) | 1,
                 }),
                 slow_ns,
                 epoch: Instant::now(),
@@ -206,7 +206,8 @@ impl Breaker {
     /// Rejects every call until [`reset`](Self::reset). Does not advance the
     /// reopen backoff.
     pub fn force_open(&self) {
-        self.shared.set_manual(State::ForcedOpen, Reason::ForcedOpen);
+        self.shared
+            .set_manual(State::ForcedOpen, Reason::ForcedOpen);
     }
 
     /// Admits every call and records nothing, until [`reset`](Self::reset).
@@ -330,7 +331,9 @@ impl Shared {
         let admitted = (ctl.cycle.used() < self.config.probes).then(|| {
             let id = ctl.cycle.next_id;
             ctl.cycle.next_id += 1;
-            ctl.cycle.leases.push((id, now + nanos(self.config.lease())));
+            ctl.cycle
+                .leases
+                .push((id, now + nanos(self.config.lease())));
             id
         });
         drop(ctl);
@@ -346,11 +349,20 @@ impl Shared {
         }
     }
 
-    fn reject(self: &Arc<Self>, cause: Rejection, retry_in: Option<u64>) -> Result<Permit, CircuitOpen> {
+    fn reject(
+        self: &Arc<Self>,
+        cause: Rejection,
+        retry_in: Option<u64>,
+    ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
             self.counters.incr(Counter::WouldReject);
             self.counters.incr(Counter::Admitted);
-            return Ok(Permit::new(self, self.load().generation(), Kind::Passive, 0));
+            return Ok(Permit::new(
+                self,
+                self.load().generation(),
+                Kind::Passive,
+                0,
+            ));
         }
         self.counters.incr(Counter::Rejected);
         Err(CircuitOpen::new(
@@ -390,15 +402,14 @@ impl Shared {
             return false;
         };
         if let Kind::Closed { slow_id: Some(id) } = permit.kind {
-            let already = self
-                .in_flight
-                .as_ref()
-                .is_some_and(|f| lock(f).finish(id));
+            let already = self.in_flight.as_ref().is_some_and(|f| lock(f).finish(id));
             if already {
                 return false;
             }
         }
-        if matches!(permit.kind, Kind::Passive) || !matches!(outcome, Outcome::Success | Outcome::Failure) {
+        if matches!(permit.kind, Kind::Passive)
+            || !matches!(outcome, Outcome::Success | Outcome::Failure)
+        {
             return false;
         }
         let end = permit.head.unwrap_or_else(|| self.now());
@@ -424,7 +435,10 @@ impl Shared {
         };
         let stats = self.rates.record(entry, now);
         let c = &self.config;
-        let reason = if c.consecutive_failures.is_some_and(|n| streak >= u64::from(n)) {
+        let reason = if c
+            .consecutive_failures
+            .is_some_and(|n| streak >= u64::from(n))
+        {
             Some(Reason::ConsecutiveFailures)
         } else if stats.calls > 0 && stats.calls >= u64::from(c.min_calls) {
             if c.failure_rate.is_some_and(|r| stats.failure_rate() >= r) {
@@ -465,11 +479,13 @@ impl Shared {
         let next = match outcome {
             Outcome::Success if !slow => {
                 ctl.cycle.successes += 1;
-                (ctl.cycle.successes >= c.close_after).then_some((State::Closed, Reason::ProbesSucceeded))
+                (ctl.cycle.successes >= c.close_after)
+                    .then_some((State::Closed, Reason::ProbesSucceeded))
             }
             Outcome::Success | Outcome::Failure => {
                 ctl.cycle.failures += 1;
-                (c.probes - ctl.cycle.failures < c.close_after).then_some((State::Open, Reason::ProbesFailed))
+                (c.probes - ctl.cycle.failures < c.close_after)
+                    .then_some((State::Open, Reason::ProbesFailed))
             }
             // Ignored and rate-limited probes give their slot back.
             _ => None,
@@ -504,7 +520,9 @@ impl Shared {
                     ctl.reopens = ctl.reopens.saturating_add(1);
                 }
                 let d = self.open_duration(ctl);
-                self.hot.open_until.store(now.saturating_add(d), Ordering::Release);
+                self.hot
+                    .open_until
+                    .store(now.saturating_add(d), Ordering::Release);
                 open_for = Some(Duration::from_nanos(d));
             }
             State::Closed => {
@@ -609,7 +627,10 @@ impl fmt::Debug for Changed {
 impl std::future::Future for Changed {
     type Output = ();
 
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
         self.project().inner.poll(cx)
     }
 }
@@ -724,6 +745,14 @@ fn random_seed() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x9e37_79b9_7f4a_7c15);
     h.finish()
+}
+
+/// Spreads nearby seeds (0, 1, 2...) over the whole state space.
+fn splitmix64(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A uniform number in `[0, 1)` from an xorshift64* state.

@@ -91,7 +91,11 @@ pub fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
     {
         return Some(ms);
     }
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     if let Some(d) = parse_seconds(value, 1.0) {
         return Some(d);
     }
@@ -134,7 +138,10 @@ mod tests {
         let in_a_minute = SystemTime::now() + Duration::from_secs(60);
         let date = httpdate::fmt_http_date(in_a_minute);
         let d = parse_retry_after(&headers(&[("retry-after", &date)])).unwrap();
-        assert!(d > Duration::from_secs(55) && d <= Duration::from_secs(60), "{d:?}");
+        assert!(
+            d > Duration::from_secs(55) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
         let past = httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60));
         assert_eq!(
             parse_retry_after(&headers(&[("retry-after", &past)])),
@@ -144,17 +151,36 @@ mod tests {
 
     #[test]
     fn garbage_retry_after_is_none_not_a_panic() {
-        for bad in ["soon", "-5", "", "1e9999", "NaN", "inf", "9999999999999999999999", "1.2.3"] {
-            assert_eq!(parse_retry_after(&headers(&[("retry-after", bad)])), None, "{bad}");
+        for bad in [
+            "soon",
+            "-5",
+            "",
+            "1e9999",
+            "NaN",
+            "inf",
+            "9999999999999999999999",
+            "1.2.3",
+        ] {
+            assert_eq!(
+                parse_retry_after(&headers(&[("retry-after", bad)])),
+                None,
+                "{bad}"
+            );
         }
-        assert_eq!(parse_retry_after(&headers(&[("retry-after-ms", "-20")])), None);
+        assert_eq!(
+            parse_retry_after(&headers(&[("retry-after-ms", "-20")])),
+            None
+        );
         // A garbage millisecond value falls back to the seconds header.
         assert_eq!(
             parse_retry_after(&headers(&[("retry-after-ms", "x"), ("retry-after", "2")])),
             Some(Duration::from_secs(2))
         );
         let mut h = HeaderMap::new();
-        h.insert("retry-after", http::HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        h.insert(
+            "retry-after",
+            http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+        );
         assert_eq!(parse_retry_after(&h), None);
     }
 
@@ -162,8 +188,14 @@ mod tests {
     fn status_classes_map_to_outcomes() {
         let h = HeaderMap::new();
         assert_eq!(classify_status(StatusCode::OK, &h), Outcome::Success);
-        assert_eq!(classify_status(StatusCode::BAD_REQUEST, &h), Outcome::Ignored);
-        assert_eq!(classify_status(StatusCode::SERVICE_UNAVAILABLE, &h), Outcome::Failure);
+        assert_eq!(
+            classify_status(StatusCode::BAD_REQUEST, &h),
+            Outcome::Ignored
+        );
+        assert_eq!(
+            classify_status(StatusCode::SERVICE_UNAVAILABLE, &h),
+            Outcome::Failure
+        );
         assert_eq!(
             classify_status(StatusCode::TOO_MANY_REQUESTS, &h),
             Outcome::RateLimited { retry_after: None }

@@ -1,0 +1,552 @@
+//! The state machine's rules, one per test, in paused time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::advance;
+use tower_circuit_breaker::{Breaker, ConfigError, Outcome, Reason, State};
+
+fn record(b: &Breaker, outcome: Outcome, n: usize) {
+    for _ in 0..n {
+        b.admit().expect("admitted").record(outcome);
+    }
+}
+
+fn base() -> tower_circuit_breaker::Builder {
+    Breaker::builder().jitter(0.0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn count_window_of_10_at_half_opens_after_1000_successes_and_10_failures() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .failure_rate(0.5)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Success, 1_000);
+    for i in 0..10 {
+        if b.state() == State::Open {
+            // The window is the last 10 calls, not all 1,010: five failures
+            // out of ten reach 50 %.
+            assert_eq!(i, 5);
+            break;
+        }
+        b.admit().unwrap().record(Outcome::Failure);
+    }
+    assert_eq!(b.state(), State::Open);
+    let snap = b.snapshot();
+    assert_eq!((snap.window.calls, snap.window.failures), (10, 5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn min_calls_holds_the_rate_rule_back() {
+    let b = base()
+        .count_window(20)
+        .min_calls(8)
+        .failure_rate(0.5)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 7);
+    assert_eq!(b.state(), State::Closed, "7 calls are fewer than min_calls");
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_that_reaches_min_calls_can_trip_the_rate_rule() {
+    let b = base()
+        .count_window(20)
+        .min_calls(4)
+        .failure_rate(0.5)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 2);
+    record(&b, Outcome::Success, 1);
+    assert_eq!(b.state(), State::Closed);
+    record(&b, Outcome::Success, 1);
+    assert_eq!(b.state(), State::Open, "2 of 4 is 50 %");
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_failures_trip_and_a_success_resets_the_streak() {
+    let b = base().no_window().consecutive_failures(3).build().unwrap();
+    record(&b, Outcome::Failure, 2);
+    record(&b, Outcome::Success, 1);
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(b.state(), State::Closed);
+    // Neutral outcomes neither count nor break the streak.
+    record(&b, Outcome::Ignored, 5);
+    record(&b, Outcome::RateLimited { retry_after: None }, 5);
+    assert_eq!(b.state(), State::Closed);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ignored_and_rate_limited_outcomes_stay_out_of_the_window() {
+    let b = base()
+        .count_window(4)
+        .min_calls(4)
+        .failure_rate(0.5)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    record(&b, Outcome::Ignored, 50);
+    record(
+        &b,
+        Outcome::RateLimited {
+            retry_after: Some(Duration::from_secs(7)),
+        },
+        50,
+    );
+    let snap = b.snapshot();
+    assert_eq!((snap.window.calls, snap.window.failures), (1, 1));
+    assert_eq!(snap.counters.rate_limited, 50);
+    assert_eq!(snap.counters.ignored, 50);
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_window_forgets_calls_older_than_its_span() {
+    let b = base()
+        .time_window(Duration::from_secs(10), 10)
+        .min_calls(4)
+        .failure_rate(0.5)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 3);
+    advance(Duration::from_secs(11)).await;
+    record(&b, Outcome::Success, 3);
+    record(&b, Outcome::Failure, 1);
+    // Only the last four calls are within 10 s: one failure in four.
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.snapshot().window.calls, 4);
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_calls_trip_the_slow_rate_rule() {
+    let b = base()
+        .count_window(4)
+        .min_calls(4)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(2), 0.5)
+        .build()
+        .unwrap();
+    for latency in [1, 3, 1, 3] {
+        let mut p = b.admit().unwrap();
+        advance(Duration::from_secs(latency)).await;
+        p.head_received();
+        p.record(Outcome::Success);
+    }
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(b.snapshot().window.slow, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_the_threshold_is_not_slow() {
+    let b = base()
+        .count_window(2)
+        .min_calls(2)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(2), 0.5)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let p = b.admit().unwrap();
+        advance(Duration::from_secs(2)).await;
+        p.record(Outcome::Success);
+    }
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
+    let b = base()
+        .count_window(10)
+        .min_calls(4)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 0.5)
+        .build()
+        .unwrap();
+    // Four calls hang (think: 60 s attempt timeouts that have not fired yet).
+    let hanging: Vec<_> = (0..4).map(|_| b.admit().unwrap()).collect();
+    advance(Duration::from_secs(6)).await;
+    // The next admission notices that they crossed the threshold.
+    let p = b.admit().unwrap();
+    assert_eq!(
+        b.state(),
+        State::Open,
+        "tripped while the calls are still in flight"
+    );
+    assert_eq!(b.snapshot().counters.slow, 4);
+    // Their eventual failures belong to the closed period that has ended:
+    // counted in the lifetime counters only, and not slow a second time.
+    for h in hanging {
+        h.record(Outcome::Failure);
+    }
+    drop(p);
+    let snap = b.snapshot();
+    assert_eq!(snap.counters.failures, 4);
+    assert_eq!(snap.counters.slow, 4);
+    assert_eq!(snap.window.slow, 4, "the window that tripped it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_rejects_with_time_until_the_next_probe() {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    advance(Duration::from_secs(10)).await;
+    let err = b.admit().unwrap_err();
+    assert_eq!(err.state(), State::Open);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(20)));
+    advance(Duration::from_secs(20) - Duration::from_nanos(1)).await;
+    assert!(
+        b.admit().is_err(),
+        "half-open only once the open duration has fully elapsed"
+    );
+    advance(Duration::from_nanos(1)).await;
+    let probe = b.admit().expect("probe admitted");
+    assert!(probe.is_probe());
+    assert_eq!(b.state(), State::HalfOpen);
+}
+
+fn tripped(probes: u32, close_after: u32) -> Breaker {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .max_open_duration(Duration::from_secs(60))
+        .probes(probes)
+        .close_after(close_after)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_closes_after_close_after_successes() {
+    let b = tripped(3, 2);
+    advance(Duration::from_secs(10)).await;
+    let probes: Vec<_> = (0..3).map(|_| b.admit().unwrap()).collect();
+    assert!(b.admit().is_err(), "the fourth caller is rejected");
+    let mut probes = probes.into_iter();
+    probes.next().unwrap().record(Outcome::Success);
+    assert_eq!(b.state(), State::HalfOpen);
+    probes.next().unwrap().record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+    // The third probe's outcome belongs to the finished cycle.
+    probes.next().unwrap().record(Outcome::Failure);
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_reopens_as_soon_as_closing_is_out_of_reach() {
+    let b = tripped(3, 2);
+    advance(Duration::from_secs(10)).await;
+    let mut probes: Vec<_> = (0..3).map(|_| b.admit().unwrap()).collect();
+    probes.pop().unwrap().record(Outcome::Failure);
+    assert_eq!(b.state(), State::HalfOpen, "two probes could still succeed");
+    probes.pop().unwrap().record(Outcome::Failure);
+    assert_eq!(
+        b.state(),
+        State::Open,
+        "one probe left cannot make two successes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_ignored_and_rate_limited_probes_give_their_slot_back() {
+    let b = tripped(1, 1);
+    advance(Duration::from_secs(10)).await;
+    let p = b.admit().unwrap();
+    assert!(b.admit().is_err());
+    drop(p);
+    let p = b.admit().expect("the dropped probe's slot is free again");
+    p.record(Outcome::Ignored);
+    let p = b.admit().expect("an ignored probe's slot is free again");
+    p.record(Outcome::RateLimited { retry_after: None });
+    let p = b
+        .admit()
+        .expect("a rate-limited probe's slot is free again");
+    assert_eq!(b.state(), State::HalfOpen);
+    p.record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_probe_gives_its_slot_back_when_its_lease_expires() {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .probes(1)
+        .close_after(1)
+        .probe_lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    advance(Duration::from_secs(10)).await;
+    let hung = b.admit().unwrap();
+    advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
+    assert!(b.admit().is_err(), "the lease still holds");
+    advance(Duration::from_nanos(1)).await;
+    let fresh = b.admit().expect("the expired lease freed the slot");
+    // The hung probe's late outcome is dropped, and expiry was not a failure.
+    hung.record(Outcome::Failure);
+    assert_eq!(b.state(), State::HalfOpen);
+    fresh.record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_probe_is_a_failed_probe() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .slow_call(Duration::from_secs(1), 1.0)
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .probes(1)
+        .close_after(1)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    advance(Duration::from_secs(10)).await;
+    let mut p = b.admit().unwrap();
+    advance(Duration::from_secs(2)).await;
+    p.head_received();
+    p.record(Outcome::Success);
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reopen_backoff_grows_and_stops_at_its_cap() {
+    let b = tripped(1, 1);
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let wait = b.admit().unwrap_err().retry_after().unwrap();
+        seen.push(wait.as_secs());
+        advance(wait).await;
+        b.admit().unwrap().record(Outcome::Failure);
+    }
+    assert_eq!(seen, [10, 20, 40, 60, 60, 60]);
+    assert_eq!(b.snapshot().reopens, 6);
+    // Closing resets the backoff.
+    advance(Duration::from_secs(60)).await;
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(
+        b.admit().unwrap_err().retry_after(),
+        Some(Duration::from_secs(10))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn jitter_shortens_open_durations_by_at_most_its_fraction() {
+    let mut waits = Vec::new();
+    for seed in 0..20 {
+        let b = Breaker::builder()
+            .no_window()
+            .consecutive_failures(1)
+            .open_duration(Duration::from_secs(100))
+            .jitter(0.2)
+            .seed(seed)
+            .build()
+            .unwrap();
+        record(&b, Outcome::Failure, 1);
+        waits.push(b.admit().unwrap_err().retry_after().unwrap());
+    }
+    assert!(waits
+        .iter()
+        .all(|w| *w > Duration::from_secs(80) && *w <= Duration::from_secs(100)));
+    waits.sort();
+    waits.dedup();
+    assert!(
+        waits.len() > 10,
+        "replicas with different seeds spread out: {waits:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outcome_counts_only_in_the_state_that_admitted_it() {
+    let b = tripped(3, 2);
+    // A call admitted while closed...
+    b.reset();
+    let slow_call = b.admit().unwrap();
+    b.admit().unwrap().record(Outcome::Failure);
+    assert_eq!(b.state(), State::Open);
+    // ...that fails after the circuit opened neither extends the open period
+    // nor counts as a probe.
+    let before = b.admit().unwrap_err().retry_after();
+    slow_call.record(Outcome::Failure);
+    assert_eq!(b.admit().unwrap_err().retry_after(), before);
+    advance(Duration::from_secs(10)).await;
+    let probe = b.admit().unwrap();
+    assert_eq!(b.state(), State::HalfOpen);
+    probe.record(Outcome::Success);
+    // The trip in `tripped`, the one above, and the late one.
+    assert_eq!(
+        b.snapshot().counters.failures,
+        3,
+        "lifetime counters see the late failure"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn forced_open_rejects_until_reset_and_does_not_advance_backoff() {
+    let b = tripped(1, 1);
+    b.force_open();
+    advance(Duration::from_secs(3600)).await;
+    let err = b.admit().unwrap_err();
+    assert_eq!(err.state(), State::ForcedOpen);
+    assert_eq!(err.retry_after(), None);
+    b.reset();
+    assert_eq!(b.state(), State::Closed);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(
+        b.admit().unwrap_err().retry_after(),
+        Some(Duration::from_secs(10))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn disabled_admits_everything_and_records_nothing() {
+    let b = tripped(1, 1);
+    b.disable();
+    record(&b, Outcome::Failure, 100);
+    assert_eq!(b.state(), State::Disabled);
+    b.reset();
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.snapshot().consecutive_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_only_reports_transitions_but_never_rejects() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let b = base()
+        .no_window()
+        .consecutive_failures(2)
+        .metrics_only(true)
+        .on_transition(move |t| log.lock().unwrap().push((t.from, t.to, t.reason)))
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(b.state(), State::Open);
+    // Would be rejected, but is admitted.
+    record(&b, Outcome::Failure, 10);
+    let snap = b.snapshot();
+    assert_eq!(snap.counters.would_reject, 10);
+    assert_eq!(snap.counters.rejected, 0);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(State::Closed, State::Open, Reason::ConsecutiveFailures)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_balance() {
+    let b = tripped(2, 1);
+    let dropped = b.admit();
+    assert!(dropped.is_err());
+    advance(Duration::from_secs(10)).await;
+    drop(b.admit().unwrap());
+    b.admit().unwrap().record(Outcome::Success);
+    record(&b, Outcome::Ignored, 3);
+    record(&b, Outcome::RateLimited { retry_after: None }, 2);
+    let c = b.snapshot().counters;
+    assert_eq!(
+        c.admitted,
+        c.successes + c.failures + c.ignored + c.rate_limited + c.dropped
+    );
+    assert_eq!((c.dropped, c.rejected), (1, 1));
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_typed_error() {
+    type Check = fn(&ConfigError) -> bool;
+    let cases: Vec<(tower_circuit_breaker::Builder, Check)> = vec![
+        (Breaker::builder().open_duration(Duration::ZERO), |e| {
+            matches!(e, ConfigError::ZeroOpenDuration)
+        }),
+        (Breaker::builder().count_window(10).min_calls(11), |e| {
+            matches!(e, ConfigError::MinCallsAboveWindow { .. })
+        }),
+        (
+            Breaker::builder()
+                .open_duration(Duration::from_secs(30))
+                .max_open_duration(Duration::from_secs(10)),
+            |e| matches!(e, ConfigError::OpenMaxBelowOpen { .. }),
+        ),
+        (Breaker::builder().probes(2).close_after(3), |e| {
+            matches!(e, ConfigError::CloseAfter { .. })
+        }),
+        (Breaker::builder().probes(0), |e| {
+            matches!(e, ConfigError::ZeroProbes)
+        }),
+        (Breaker::builder().failure_rate(1.5), |e| {
+            matches!(e, ConfigError::Rate { .. })
+        }),
+        (Breaker::builder().failure_rate(f64::NAN), |e| {
+            matches!(e, ConfigError::Rate { .. })
+        }),
+        (Breaker::builder().jitter(1.0), |e| {
+            matches!(e, ConfigError::Jitter(_))
+        }),
+        (Breaker::builder().count_window(0), |e| {
+            matches!(e, ConfigError::EmptyWindow)
+        }),
+        (Breaker::builder().consecutive_failures(0), |e| {
+            matches!(e, ConfigError::ZeroConsecutiveFailures)
+        }),
+        (Breaker::builder().slow_call(Duration::ZERO, 0.5), |e| {
+            matches!(e, ConfigError::ZeroSlowThreshold)
+        }),
+    ];
+    for (builder, expected) in cases {
+        let err = builder.build().unwrap_err();
+        assert!(expected(&err), "unexpected error {err:?}");
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn listeners_and_changed_see_every_transition() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let b = base()
+        .name("gpt-4o/eu")
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(5))
+        .probes(1)
+        .close_after(1)
+        .on_transition(move |t| log.lock().unwrap().push((t.key.clone(), t.to, t.open_for)))
+        .build()
+        .unwrap();
+    let changed = b.changed();
+    record(&b, Outcome::Failure, 1);
+    changed.await;
+    advance(Duration::from_secs(5)).await;
+    b.admit().unwrap().record(Outcome::Success);
+    let seen = seen.lock().unwrap();
+    let key: Option<Arc<str>> = Some("gpt-4o/eu".into());
+    assert_eq!(
+        *seen,
+        [
+            (key.clone(), State::Open, Some(Duration::from_secs(5))),
+            (key.clone(), State::HalfOpen, None),
+            (key, State::Closed, None)
+        ]
+    );
+}
