@@ -79,6 +79,7 @@ pub mod error;
 pub mod future;
 mod layer;
 mod service;
+mod sync;
 
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{

@@ -2,7 +2,9 @@
 //! calls at once don't fight over one line.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::sync::AtomicU64;
 
 use super::state::Counters;
 

@@ -34,8 +34,8 @@ mod state;
 mod window;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -47,8 +47,9 @@ pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats
 use self::config::Config;
 use self::counters::{Counter, Striped};
 use self::state::Packed;
-use self::window::{lock, InFlight, Rates, FAILED, SLOW};
+use self::window::{InFlight, Rates, FAILED, SLOW};
 use crate::error::{CircuitOpen, Rejection};
+use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 use crate::Outcome;
 
 /// A handle to one circuit breaker. Cheap to clone; every clone shares the

@@ -2,8 +2,9 @@
 //! in flight that the slow-call rule watches.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use crate::sync::{lock, AtomicU32, AtomicU64, AtomicU8, Mutex};
 
 use super::config::Window;
 use super::state::WindowStats;
@@ -58,12 +59,6 @@ impl Rates {
             Rates::Time(w) => lock(w).clear(),
         }
     }
-}
-
-/// Locks a mutex, carrying on if a panicking thread poisoned it: every value
-/// behind these locks stays consistent between statements.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // === impl CountWindow ===
