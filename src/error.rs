@@ -10,10 +10,16 @@ use crate::BoxError;
 
 /// Why a call was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rejection {
+#[non_exhaustive]
+pub enum Rejection {
+    /// The circuit is open.
     Open,
+    /// The circuit is half-open and its probes are out.
     HalfOpenFull,
+    /// An operator forced the circuit open.
     ForcedOpen,
+    /// The volume guard's limit of calls per period is reached.
+    VolumeGuard,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -59,17 +65,24 @@ impl CircuitOpen {
         self.key.as_deref()
     }
 
-    /// The state the circuit was in.
+    /// The state the circuit was in (closed, when the volume guard rejected).
     pub fn state(&self) -> State {
         match self.cause {
             Rejection::Open => State::Open,
             Rejection::HalfOpenFull => State::HalfOpen,
             Rejection::ForcedOpen => State::ForcedOpen,
+            Rejection::VolumeGuard => State::Closed,
         }
     }
 
-    /// While open: the time until the next probe may be admitted. `None` in
-    /// half-open (the probes are out) and when forced open.
+    /// Why the call was rejected.
+    pub fn reason(&self) -> Rejection {
+        self.cause
+    }
+
+    /// While open: the time until the next probe may be admitted; for the
+    /// volume guard, until a call may be admitted again. `None` in half-open
+    /// (the probes are out) and when forced open.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
@@ -80,6 +93,7 @@ impl fmt::Debug for CircuitOpen {
         f.debug_struct("CircuitOpen")
             .field("key", &self.key)
             .field("state", &self.state())
+            .field("reason", &self.cause)
             .field("retry_after", &self.retry_after)
             .finish()
     }

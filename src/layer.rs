@@ -1,7 +1,8 @@
 use tower_layer::Layer;
 
-use crate::breaker::{Breaker, Builder};
+use crate::breaker::{sealed, Breaker, Build, Builder, ConfigError};
 use crate::classify::HttpClassifier;
+use crate::keyed::{Keyed, KeyedBreakers};
 use crate::CircuitBreaker;
 
 /// Applies a circuit breaker to every service it wraps.
@@ -26,8 +27,8 @@ use crate::CircuitBreaker;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct CircuitBreakerLayer<C = HttpClassifier> {
-    breaker: Breaker,
+pub struct CircuitBreakerLayer<C = HttpClassifier, P = Breaker> {
+    select: P,
     classifier: C,
 }
 
@@ -35,7 +36,7 @@ impl CircuitBreakerLayer {
     /// A layer around an existing breaker, with the default [`HttpClassifier`].
     pub const fn new(breaker: Breaker) -> Self {
         CircuitBreakerLayer {
-            breaker,
+            select: breaker,
             classifier: HttpClassifier,
         }
     }
@@ -46,18 +47,36 @@ impl CircuitBreakerLayer {
     }
 }
 
-impl<C> CircuitBreakerLayer<C> {
-    /// Uses another classifier.
-    pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerLayer<C2> {
+impl<K> CircuitBreakerLayer<HttpClassifier, Keyed<K>> {
+    /// A layer with one breaker per key, the key taken from each request by
+    /// `key` (see [`keyed`](crate::keyed) for the ready-made ones).
+    pub fn keyed(breakers: KeyedBreakers, key: K) -> Self {
         CircuitBreakerLayer {
-            breaker: self.breaker,
+            select: Keyed::new(breakers, key),
+            classifier: HttpClassifier,
+        }
+    }
+}
+
+impl<C> CircuitBreakerLayer<C> {
+    /// The shared breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<C, P> CircuitBreakerLayer<C, P> {
+    /// Uses another classifier.
+    pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerLayer<C2, P> {
+        CircuitBreakerLayer {
+            select: self.select,
             classifier,
         }
     }
 
-    /// The shared breaker, for snapshots and manual control.
-    pub fn breaker(&self) -> &Breaker {
-        &self.breaker
+    /// What chooses the breaker for each request.
+    pub fn select(&self) -> &P {
+        &self.select
     }
 }
 
@@ -67,10 +86,20 @@ impl From<Breaker> for CircuitBreakerLayer {
     }
 }
 
-impl<S, C: Clone> Layer<S> for CircuitBreakerLayer<C> {
-    type Service = CircuitBreaker<S, C>;
+impl sealed::Sealed for CircuitBreakerLayer {}
+
+impl Build for CircuitBreakerLayer {
+    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
+        Ok(CircuitBreakerLayer::new(
+            builder.into_builder::<Breaker>().build()?,
+        ))
+    }
+}
+
+impl<S, C: Clone, P: Clone> Layer<S> for CircuitBreakerLayer<C, P> {
+    type Service = CircuitBreaker<S, C, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::with_classifier(inner, self.breaker.clone(), self.classifier.clone())
+        CircuitBreaker::with_classifier(inner, self.select.clone(), self.classifier.clone())
     }
 }

@@ -77,19 +77,20 @@ pub mod breaker;
 pub mod classify;
 pub mod error;
 pub mod future;
+pub mod keyed;
 mod layer;
 mod service;
 mod sync;
 
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{
-    Breaker, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State, Transition,
-    Window, WindowStats,
+    Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State,
+    Transition, Window, WindowStats,
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error};
 pub use crate::layer::CircuitBreakerLayer;
-pub use crate::service::CircuitBreaker;
+pub use crate::service::{CircuitBreaker, Select};
 
 /// The boxed error type used across tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

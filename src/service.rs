@@ -5,8 +5,9 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, Permit};
 use crate::classify::{Classify, HttpClassifier};
+use crate::error::CircuitOpen;
 use crate::future::ResponseFuture;
 use crate::{BoxError, Error};
 
@@ -42,9 +43,9 @@ use crate::{BoxError, Error};
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct CircuitBreaker<S, C = HttpClassifier> {
+pub struct CircuitBreaker<S, C = HttpClassifier, P = Breaker> {
     inner: S,
-    breaker: Breaker,
+    select: P,
     classifier: C,
 }
 
@@ -53,25 +54,34 @@ impl<S> CircuitBreaker<S> {
     pub const fn new(inner: S, breaker: Breaker) -> Self {
         CircuitBreaker {
             inner,
-            breaker,
+            select: breaker,
             classifier: HttpClassifier,
         }
     }
 }
 
 impl<S, C> CircuitBreaker<S, C> {
-    /// Wraps `inner`, classifying with `classifier`.
-    pub const fn with_classifier(inner: S, breaker: Breaker, classifier: C) -> Self {
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<S, C, P> CircuitBreaker<S, C, P> {
+    /// Wraps `inner`, choosing a breaker per request with `select` (a
+    /// [`Breaker`], or [`Keyed`](crate::keyed::Keyed) breakers) and
+    /// classifying with `classifier`.
+    pub const fn with_classifier(inner: S, select: P, classifier: C) -> Self {
         CircuitBreaker {
             inner,
-            breaker,
+            select,
             classifier,
         }
     }
 
-    /// The breaker, for snapshots and manual control.
-    pub fn breaker(&self) -> &Breaker {
-        &self.breaker
+    /// What chooses the breaker for each request.
+    pub fn select(&self) -> &P {
+        &self.select
     }
 
     /// A reference to the inner service.
@@ -90,12 +100,13 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 }
 
-impl<S, C, Request, B> Service<Request> for CircuitBreaker<S, C>
+impl<S, C, P, Request, B> Service<Request> for CircuitBreaker<S, C, P>
 where
     S: Service<Request, Response = Response<B>>,
     S::Error: Into<BoxError>,
     B: Body,
     C: Classify + Clone,
+    P: Select<Request>,
 {
     type Response = Response<ResponseBody<B, C::Stream>>;
     type Error = Error;
@@ -110,11 +121,25 @@ where
 
     #[inline]
     fn call(&mut self, request: Request) -> Self::Future {
-        match self.breaker.admit() {
+        match self.select.admit(&request) {
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
             }
             Err(open) => ResponseFuture::rejected(open),
         }
+    }
+}
+
+/// Chooses the breaker that admits a request: one [`Breaker`] for every
+/// request, or one per key with [`Keyed`](crate::keyed::Keyed).
+pub trait Select<Request> {
+    /// Asks the request's breaker for a permit.
+    fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen>;
+}
+
+impl<Request> Select<Request> for Breaker {
+    #[inline]
+    fn admit(&self, _: &Request) -> Result<Permit, CircuitOpen> {
+        Breaker::admit(self)
     }
 }

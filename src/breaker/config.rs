@@ -27,6 +27,7 @@ pub enum Window {
 }
 
 pub(crate) type Listener = Arc<dyn Fn(&Transition) + Send + Sync>;
+pub(crate) type Override = Arc<dyn Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync>;
 
 /// A validated breaker configuration.
 #[derive(Clone)]
@@ -45,9 +46,13 @@ pub(crate) struct Config {
     pub(crate) close_after: u32,
     pub(crate) probe_lease: Option<Duration>,
     pub(crate) metrics_only: bool,
+    pub(crate) volume_guard: Option<(u32, Duration)>,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
     pub(crate) listeners: Vec<Listener>,
+    pub(crate) max_keys: usize,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) key_overrides: Vec<(Box<str>, Override)>,
 }
 
 impl fmt::Debug for Config {
@@ -67,7 +72,10 @@ impl fmt::Debug for Config {
             .field("close_after", &self.close_after)
             .field("probe_lease", &self.probe_lease)
             .field("metrics_only", &self.metrics_only)
+            .field("volume_guard", &self.volume_guard)
             .field("listeners", &self.listeners.len())
+            .field("max_keys", &self.max_keys)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -89,9 +97,13 @@ impl Default for Config {
             close_after: 2,
             probe_lease: None,
             metrics_only: false,
+            volume_guard: None,
             seed: None,
             counter_stripes: 4,
             listeners: Vec::new(),
+            max_keys: 10_000,
+            idle_timeout: Duration::from_secs(600),
+            key_overrides: Vec::new(),
         }
     }
 }
@@ -106,7 +118,7 @@ impl Config {
             && (self.failure_rate.is_some() || self.slow_call.is_some())
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         use ConfigError as E;
         fn rate_ok(r: f64) -> bool {
             r > 0.0 && r <= 1.0
@@ -158,6 +170,14 @@ impl Config {
                     value: rate,
                 });
             }
+        }
+        if let Some((limit, period)) = self.volume_guard {
+            if limit == 0 || period.is_zero() {
+                return Err(E::VolumeGuard);
+            }
+        }
+        if self.max_keys == 0 || self.idle_timeout.is_zero() {
+            return Err(E::KeyBounds);
         }
         if self.consecutive_failures == Some(0) {
             return Err(E::ZeroConsecutiveFailures);
@@ -249,6 +269,10 @@ pub enum ConfigError {
         /// The count window.
         window: u32,
     },
+    /// The volume guard allows zero calls or has a zero period.
+    VolumeGuard,
+    /// Keyed breakers with room for no key, or a zero idle timeout.
+    KeyBounds,
     /// A stack's pieces do not fit together.
     Stack(&'static str),
 }
@@ -298,6 +322,12 @@ impl fmt::Display for ConfigError {
                 f,
                 "min_calls ({min_calls}) is larger than the count window ({window})"
             ),
+            ConfigError::VolumeGuard => {
+                f.write_str("volume guard needs a limit of at least 1 and a non-zero period")
+            }
+            ConfigError::KeyBounds => {
+                f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
+            }
             ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
         }
     }
@@ -365,15 +395,52 @@ impl<T> Default for Builder<T> {
     }
 }
 
-impl<T: From<Breaker>> Builder<T> {
+/// What a [`Builder`] can build: a [`Breaker`], a
+/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) or
+/// [`KeyedBreakers`](crate::keyed::KeyedBreakers).
+pub trait Build: sealed::Sealed + Sized {
+    /// Builds from a validated configuration.
+    #[doc(hidden)]
+    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError>;
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for Breaker {}
+
+impl Build for Breaker {
+    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
+        builder.config.validate()?;
+        Ok(Breaker::from_config(builder.config))
+    }
+}
+
+impl<T: Build> Builder<T> {
     /// Validates the configuration and builds.
     pub fn build(self) -> Result<T, ConfigError> {
-        self.config.validate()?;
-        Ok(T::from(Breaker::from_config(self.config)))
+        T::build_from(self)
+    }
+
+    /// The same settings, building something else (a [`Breaker`] from a
+    /// layer's builder, say).
+    pub fn into_builder<U: Build>(self) -> Builder<U> {
+        Builder {
+            config: self.config,
+            _target: PhantomData,
+        }
     }
 }
 
 impl<T> Builder<T> {
+    pub(crate) fn with_config(config: Config) -> Self {
+        Builder {
+            config,
+            _target: PhantomData,
+        }
+    }
+
     /// A builder with the default configuration.
     pub fn new() -> Self {
         Self::default()
@@ -499,6 +566,17 @@ impl<T> Builder<T> {
     /// make, but never rejects a call.
     pub fn metrics_only(mut self, on: bool) -> Self {
         self.config.metrics_only = on;
+        self
+    }
+
+    /// The volume guard: while `limit` calls have been admitted within the
+    /// last `period`, further calls are rejected (with
+    /// [`Rejection::VolumeGuard`](crate::error::Rejection::VolumeGuard)), whatever the
+    /// upstream's health. A runaway retry loop against a healthy upstream is
+    /// an incident too. Needs no failure rule; no half-open cycle is
+    /// involved. Exact to a sixteenth of `period`.
+    pub fn volume_guard(mut self, limit: u32, period: Duration) -> Self {
+        self.config.volume_guard = Some((limit, period));
         self
     }
 

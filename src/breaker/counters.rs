@@ -19,9 +19,10 @@ pub(crate) enum Counter {
     Dropped,
     Slow,
     WouldReject,
+    VolumeLimited,
 }
 
-const COUNTERS: usize = 9;
+const COUNTERS: usize = 10;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -93,6 +94,7 @@ impl Striped {
             dropped: get(Counter::Dropped),
             slow: get(Counter::Slow),
             would_reject: get(Counter::WouldReject),
+            volume_limited: get(Counter::VolumeLimited),
         }
     }
 }

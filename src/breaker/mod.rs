@@ -31,6 +31,7 @@
 mod config;
 mod counters;
 mod state;
+mod volume;
 mod window;
 
 use std::fmt;
@@ -41,12 +42,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-pub use self::config::{Builder, ConfigError, Window};
+pub(crate) use self::config::{sealed, Config};
+pub use self::config::{Build, Builder, ConfigError, Window};
 pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
 
-use self::config::Config;
 use self::counters::{Counter, Striped};
 use self::state::Packed;
+use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates, FAILED, SLOW};
 use crate::error::{CircuitOpen, Rejection};
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
@@ -64,7 +66,7 @@ pub struct Breaker {
 impl fmt::Debug for Breaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Breaker")
-            .field("name", &self.shared.config.name)
+            .field("name", &self.shared.name)
             .field("state", &self.state())
             .finish()
     }
@@ -89,9 +91,11 @@ pub(crate) struct Shared {
     rates: Rates,
     /// Calls in flight, tracked only when the slow-call rule is on.
     in_flight: Option<Mutex<InFlight>>,
+    volume: Option<VolumeGuard>,
     counters: Striped,
     control: Mutex<Control>,
-    config: Config,
+    name: Option<Arc<str>>,
+    config: Arc<Config>,
     /// Threshold of the slow-call rule, in ns.
     slow_ns: Option<u64>,
     epoch: Instant,
@@ -148,6 +152,13 @@ impl Breaker {
     }
 
     pub(crate) fn from_config(config: Config) -> Self {
+        let name = config.name.clone();
+        Breaker::with_config(Arc::new(config), name)
+    }
+
+    /// A breaker sharing a validated configuration with others (keyed
+    /// breakers), under its own name.
+    pub(crate) fn with_config(config: Arc<Config>, name: Option<Arc<str>>) -> Self {
         let seed = config.seed.unwrap_or_else(random_seed);
         let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
         let has_window = config.has_rate_rule();
@@ -166,6 +177,9 @@ impl Breaker {
                     Rates::None
                 },
                 in_flight: slow_ns.map(|_| Mutex::new(InFlight::default())),
+                volume: config
+                    .volume_guard
+                    .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),
                 counters: Striped::new(config.counter_stripes),
                 control: Mutex::new(Control {
                     reopens: 0,
@@ -175,6 +189,7 @@ impl Breaker {
                 }),
                 slow_ns,
                 epoch: Instant::now(),
+                name,
                 config,
             }),
         }
@@ -196,7 +211,7 @@ impl Breaker {
 
     /// The breaker's name, if it has one.
     pub fn name(&self) -> Option<&str> {
-        self.shared.config.name.as_deref()
+        self.shared.name.as_deref()
     }
 
     /// State, window, counters and timers at this moment.
@@ -262,7 +277,7 @@ impl Shared {
     fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let word = self.load();
         match word.state() {
-            State::Closed => Ok(self.admit_closed(word.generation())),
+            State::Closed => self.admit_closed(word.generation()),
             State::Disabled => {
                 self.counters.incr(Counter::Admitted);
                 Ok(Permit::new(self, word.generation(), Kind::Passive, 0))
@@ -282,10 +297,21 @@ impl Shared {
     }
 
     #[inline]
-    fn admit_closed(self: &Arc<Self>, generation: u64) -> Permit {
+    fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
+        if let Some(guard) = &self.volume {
+            if let Err(wait) = guard.try_admit(self.now()) {
+                self.counters.incr(Counter::VolumeLimited);
+                return self.reject(Rejection::VolumeGuard, Some(wait));
+            }
+        }
         self.counters.incr(Counter::Admitted);
         let Some(in_flight) = &self.in_flight else {
-            return Permit::new(self, generation, Kind::Closed { slow_id: None }, 0);
+            return Ok(Permit::new(
+                self,
+                generation,
+                Kind::Closed { slow_id: None },
+                0,
+            ));
         };
         let now = self.now();
         let threshold = self.slow_ns.unwrap_or(u64::MAX);
@@ -303,7 +329,7 @@ impl Shared {
                 self.record_closed(generation, SLOW, now);
             }
         }
-        permit
+        Ok(permit)
     }
 
     #[cold]
@@ -367,7 +393,7 @@ impl Shared {
         }
         self.counters.incr(Counter::Rejected);
         Err(CircuitOpen::new(
-            self.config.name.clone(),
+            self.name.clone(),
             cause,
             retry_in.map(Duration::from_nanos),
         ))
@@ -531,6 +557,9 @@ impl Shared {
                 ctl.tripped = WindowStats::default();
                 self.rates.clear();
                 self.hot.consecutive.store(0, Ordering::Release);
+                if let Some(guard) = &self.volume {
+                    guard.clear();
+                }
             }
             State::HalfOpen | State::ForcedOpen | State::Disabled => {}
         }
@@ -542,7 +571,7 @@ impl Shared {
             .store(Packed::new(to, generation).0, Ordering::Release);
         self.changes.notify_waiters();
         Transition {
-            key: self.config.name.clone(),
+            key: self.name.clone(),
             from: from.state(),
             to,
             reason,
@@ -597,7 +626,7 @@ impl Shared {
             )
         });
         Snapshot {
-            key: self.config.name.clone(),
+            key: self.name.clone(),
             state: word.state(),
             window,
             consecutive_failures: self.hot.consecutive.load(Ordering::Acquire),

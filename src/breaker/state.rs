@@ -215,6 +215,9 @@ pub struct Counters {
     pub slow: u64,
     /// Calls a metrics-only breaker would have rejected (they were admitted).
     pub would_reject: u64,
+    /// Calls the volume guard turned away (also counted in `rejected`, or in
+    /// `would_reject` in metrics-only mode).
+    pub volume_limited: u64,
 }
 
 /// A point-in-time view of a breaker.

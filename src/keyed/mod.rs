@@ -1,0 +1,378 @@
+//! One breaker per key (model + region, provider, account), bounded in
+//! number.
+//!
+//! A global breaker is too blunt: one broken model must not block a healthy
+//! one. [`KeyedBreakers`] gives every key its own [`Breaker`] with a shared
+//! configuration (and optional per-key overrides); a [`KeyFn`] takes the key
+//! from each request.
+//!
+//! # Bounds and eviction
+//!
+//! A bug or an attacker minting unique keys must not grow memory without
+//! limit, so the set holds at most [`max_keys`](crate::Builder::max_keys)
+//! breakers. Keys not used for an [`idle_timeout`](crate::Builder::idle_timeout)
+//! are evicted (after between one and two idle timeouts, swept lazily when new
+//! keys arrive) — but only while their circuit is closed. An open, half-open,
+//! forced-open or disabled circuit is never evicted, so an outage in progress
+//! is never silently forgotten. When the set is full of keys it may not
+//! evict, new keys share one overflow breaker (named `(overflow)`) until room
+//! frees up, and a warning is traced.
+//!
+//! # Example
+//!
+//! ```
+//! use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+//! use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_circuit_breaker::ConfigError> {
+//! let breakers = KeyedBreakers::builder()
+//!     .consecutive_failures(3)
+//!     .max_keys(10_000)
+//!     .build()?;
+//!
+//! for _ in 0..3 {
+//!     breakers.admit("gpt-4o/eu").unwrap().record(Outcome::Failure);
+//! }
+//! assert_eq!(breakers.get("gpt-4o/eu").unwrap().state(), State::Open);
+//! assert!(breakers.admit("claude/us").is_ok(), "other keys are unaffected");
+//!
+//! // As a layer, keyed by a header:
+//! let layer = CircuitBreakerLayer::keyed(breakers, keyed::header("x-model"));
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+
+mod key;
+
+pub use self::key::{
+    authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
+    HashedHeader, Header, Key, KeyFn,
+};
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use tokio::time::Instant;
+
+use std::hash::BuildHasher;
+
+use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
+use crate::error::CircuitOpen;
+use crate::sync::lock;
+use crate::{Builder, Permit};
+
+const SHARDS: usize = 16;
+
+/// A bounded set of breakers, one per key, sharing one configuration.
+///
+/// Cheap to clone; clones share the set. See the [module docs](self).
+#[derive(Clone)]
+pub struct KeyedBreakers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[RwLock<HashTable<Entry>>]>,
+    hasher: DefaultHashBuilder,
+    config: Arc<Config>,
+    overrides: Vec<(Box<str>, Arc<Config>)>,
+    max_keys: usize,
+    idle: Duration,
+    len: AtomicUsize,
+    /// Shared by keys that arrive while the set is full of keys it may not
+    /// evict.
+    overflow: Breaker,
+    /// For requests that carry no key.
+    unkeyed: Breaker,
+    /// When the last sweep ran; the lock also serializes sweeps.
+    last_sweep: Mutex<Option<Instant>>,
+}
+
+struct Entry {
+    key: Arc<str>,
+    breaker: Breaker,
+    /// Set on use, cleared by each sweep: a key found unused by a sweep has
+    /// been idle at least since the previous one.
+    used: AtomicBool,
+}
+
+impl fmt::Debug for KeyedBreakers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBreakers")
+            .field("keys", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .finish()
+    }
+}
+
+impl sealed::Sealed for KeyedBreakers {}
+
+impl Build for KeyedBreakers {
+    fn build_from(builder: Builder<Self>) -> Result<Self, crate::ConfigError> {
+        let mut config = builder.config;
+        config.validate()?;
+        let overrides = std::mem::take(&mut config.key_overrides)
+            .into_iter()
+            .map(|(key, f)| {
+                let c = f(Builder::<Breaker>::with_config(config.clone())).config;
+                c.validate()?;
+                Ok((key, Arc::new(c)))
+            })
+            .collect::<Result<Vec<_>, crate::ConfigError>>()?;
+        // Many breakers: keep each small.
+        config.counter_stripes = 1;
+        let config = Arc::new(config);
+        Ok(KeyedBreakers {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+                hasher: DefaultHashBuilder::default(),
+                max_keys: config.max_keys,
+                idle: config.idle_timeout,
+                overflow: Breaker::with_config(config.clone(), Some("(overflow)".into())),
+                unkeyed: Breaker::with_config(config.clone(), Some("(unkeyed)".into())),
+                config,
+                overrides,
+                len: AtomicUsize::new(0),
+                last_sweep: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+impl KeyedBreakers {
+    /// A builder with the default configuration; the breaker settings apply
+    /// to every key.
+    pub fn builder() -> Builder<KeyedBreakers> {
+        Builder::new()
+    }
+
+    /// Admits a call for `key`, creating its breaker on first use.
+    #[inline]
+    pub fn admit(&self, key: &str) -> Result<Permit, CircuitOpen> {
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        {
+            let table = read(inner.shard(hash));
+            if let Some(e) = table.find(hash, |e| &*e.key == key) {
+                if !e.used.load(Ordering::Relaxed) {
+                    e.used.store(true, Ordering::Relaxed);
+                }
+                return e.breaker.admit();
+            }
+        }
+        inner.insert(key, hash).admit()
+    }
+
+    /// Admits a call that carries no key (it shares the `(unkeyed)` breaker).
+    pub fn admit_unkeyed(&self) -> Result<Permit, CircuitOpen> {
+        self.inner.unkeyed.admit()
+    }
+
+    /// The breaker of `key`, if the set holds one.
+    pub fn get(&self, key: &str) -> Option<Breaker> {
+        let hash = self.inner.hasher.hash_one(key);
+        read(self.inner.shard(hash))
+            .find(hash, |e| &*e.key == key)
+            .map(|e| e.breaker.clone())
+    }
+
+    /// How many keys the set holds.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the set holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A snapshot of every key's breaker, plus the `(overflow)` and
+    /// `(unkeyed)` breakers once they have seen a call.
+    pub fn snapshots(&self) -> Vec<Snapshot> {
+        let mut out = Vec::with_capacity(self.len() + 2);
+        for shard in self.inner.shards.iter() {
+            out.extend(read(shard).iter().map(|e| e.breaker.snapshot()));
+        }
+        for extra in [&self.inner.overflow, &self.inner.unkeyed] {
+            let snap = extra.snapshot();
+            if snap.counters.admitted + snap.counters.rejected > 0 {
+                out.push(snap);
+            }
+        }
+        out
+    }
+
+    /// Every key's breaker, for manual control.
+    pub fn breakers(&self) -> Vec<Breaker> {
+        let mut out = Vec::with_capacity(self.len());
+        for shard in self.inner.shards.iter() {
+            out.extend(read(shard).iter().map(|e| e.breaker.clone()));
+        }
+        out
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn shard(&self, hash: u64) -> &RwLock<HashTable<Entry>> {
+        // Top bits pick the shard; the table uses the low ones.
+        &self.shards[(hash >> 60) as usize % SHARDS]
+    }
+
+    #[cold]
+    fn insert(&self, key: &str, hash: u64) -> Breaker {
+        self.sweep_if_due(false);
+        if let Some(b) = self.try_insert(key, hash) {
+            return b;
+        }
+        // Full: make room if a sweep is due, else share the overflow breaker.
+        self.sweep_if_due(true);
+        self.try_insert(key, hash).unwrap_or_else(|| {
+            tracing::warn!(
+                target: "tower_circuit_breaker",
+                max_keys = self.max_keys,
+                "keyed breakers full; new keys share the overflow breaker"
+            );
+            self.overflow.clone()
+        })
+    }
+
+    fn try_insert(&self, key: &str, hash: u64) -> Option<Breaker> {
+        let mut table = write(self.shard(hash));
+        if let Some(e) = table.find(hash, |e| &*e.key == key) {
+            return Some(e.breaker.clone());
+        }
+        // Reserve a place first, so racing inserts cannot pass the cap.
+        let reserved = self
+            .len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            });
+        reserved.ok()?;
+        let config = self
+            .overrides
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map_or_else(|| self.config.clone(), |(_, c)| c.clone());
+        let name: Arc<str> = key.into();
+        let breaker = Breaker::with_config(config, Some(name.clone()));
+        table.insert_unique(
+            hash,
+            Entry {
+                key: name,
+                breaker: breaker.clone(),
+                used: AtomicBool::new(true),
+            },
+            |e| self.hasher.hash_one(&*e.key),
+        );
+        Some(breaker)
+    }
+
+    /// Evicts closed keys unused since the previous sweep, at most once per
+    /// idle timeout. With `full`, also when the set is at its cap.
+    fn sweep_if_due(&self, full: bool) {
+        let mut last = lock(&self.last_sweep);
+        let now = Instant::now();
+        let due = last.is_none_or(|at| now.saturating_duration_since(at) >= self.idle);
+        if !due || (!full && self.len.load(Ordering::Relaxed) == 0) {
+            return;
+        }
+        *last = Some(now);
+        let mut evicted = 0;
+        for shard in self.shards.iter() {
+            write(shard).retain(|e| {
+                let used = e.used.swap(false, Ordering::Relaxed);
+                let keep = used || e.breaker.state() != State::Closed;
+                evicted += usize::from(!keep);
+                keep
+            });
+        }
+        self.len.fetch_sub(evicted, Ordering::AcqRel);
+        if evicted > 0 {
+            tracing::debug!(target: "tower_circuit_breaker", evicted, "evicted idle keyed breakers");
+        }
+    }
+}
+
+// === impl Builder<KeyedBreakers> ===
+
+impl Builder<KeyedBreakers> {
+    /// The most keys the set holds (default 10,000). Beyond it, new keys
+    /// share one overflow breaker until idle keys are evicted.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.config.max_keys = max_keys;
+        self
+    }
+
+    /// How long a closed key may go unused before it can be evicted (default
+    /// 10 minutes). Eviction happens between one and two idle timeouts after
+    /// the last use.
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.config.idle_timeout = idle;
+        self
+    }
+
+    /// Settings for one key, starting from the shared ones.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let set = KeyedBreakers::builder()
+    ///     .failure_rate(0.5)
+    ///     .override_key("flaky-model", |b| b.failure_rate(0.8))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = set;
+    /// ```
+    pub fn override_key(
+        mut self,
+        key: &str,
+        f: impl Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.key_overrides.push((key.into(), Arc::new(f)));
+        self
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keyed breakers plus the function that takes the key from a request: what
+/// a keyed [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) selects with.
+#[derive(Debug, Clone)]
+pub struct Keyed<K> {
+    breakers: KeyedBreakers,
+    key: K,
+}
+
+impl<K> Keyed<K> {
+    pub(crate) fn new(breakers: KeyedBreakers, key: K) -> Self {
+        Keyed { breakers, key }
+    }
+
+    /// The set of breakers.
+    pub fn breakers(&self) -> &KeyedBreakers {
+        &self.breakers
+    }
+}
+
+impl<K, Req> crate::Select<Req> for Keyed<K>
+where
+    K: KeyFn<Req>,
+{
+    #[inline]
+    fn admit(&self, request: &Req) -> Result<Permit, CircuitOpen> {
+        match self.key.key(request) {
+            Some(key) => self.breakers.admit(key.as_str()),
+            None => self.breakers.admit_unkeyed(),
+        }
+    }
+}

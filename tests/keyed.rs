@@ -1,0 +1,297 @@
+//! Keyed breakers and the volume guard.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::time::advance;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_circuit_breaker::error::Rejection;
+use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
+use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, ConfigError, Outcome, State};
+
+fn set() -> tower_circuit_breaker::Builder<KeyedBreakers> {
+    KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(3)
+        .jitter(0.0)
+        .open_duration(Duration::from_secs(30))
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_failing_model_never_blocks_a_healthy_one_over_a_real_connection() {
+    // The upstream fails every call for model "broken".
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let h = h.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let broken = req.headers().get("x-model").is_some_and(|m| m == "broken");
+                    if broken {
+                        h.fetch_add(1, Ordering::SeqCst);
+                    }
+                    async move {
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(if broken { 503 } else { 200 })
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+
+    let breakers = set().build().unwrap();
+    let layer = CircuitBreakerLayer::keyed(breakers.clone(), keyed::header("x-model"));
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut svc = ServiceBuilder::new().layer(layer).service(client);
+    let uri = format!("http://{addr}/v1/chat/completions");
+
+    let mut healthy_ok = 0;
+    let mut broken_rejected = 0;
+    for i in 0..40 {
+        let model = if i % 2 == 0 { "broken" } else { "healthy" };
+        let req = Request::post(uri.as_str())
+            .header("x-model", model)
+            .body(Empty::new())
+            .unwrap();
+        match svc.ready().await.unwrap().call(req).await {
+            Ok(res) => {
+                if model == "healthy" {
+                    assert_eq!(res.status(), StatusCode::OK);
+                    healthy_ok += 1;
+                }
+                res.into_body().collect().await.unwrap();
+            }
+            Err(e) => {
+                assert_eq!(model, "broken", "the healthy model must never be rejected");
+                assert_eq!(e.circuit_open().unwrap().key(), Some("broken"));
+                broken_rejected += 1;
+            }
+        }
+    }
+    assert_eq!(healthy_ok, 20);
+    assert_eq!(broken_rejected, 17);
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+    assert_eq!(breakers.get("broken").unwrap().state(), State::Open);
+    assert_eq!(breakers.get("healthy").unwrap().state(), State::Closed);
+    let snaps = breakers.snapshots();
+    assert_eq!(snaps.len(), 2, "a snapshot for every key");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_key_extractor_routes_to_its_own_breaker() {
+    #[derive(Clone)]
+    struct Route(&'static str);
+    impl AsRef<str> for Route {
+        fn as_ref(&self) -> &str {
+            self.0
+        }
+    }
+    let req = |host: &str, model: &str, route: &'static str| {
+        let mut r = Request::get(format!("http://{host}/v1"))
+            .header("x-model", model)
+            .header("authorization", "Bearer sk-secret-123")
+            .body(())
+            .unwrap();
+        r.extensions_mut().insert(Route(route));
+        r
+    };
+    use tower_circuit_breaker::keyed::KeyFn;
+    let r = req("api.example:443", "gpt-4o", "eu");
+    assert_eq!(keyed::header("x-model").key(&r).unwrap().as_str(), "gpt-4o");
+    assert_eq!(
+        keyed::authority().key(&r).unwrap().as_str(),
+        "api.example:443"
+    );
+    assert_eq!(keyed::extension::<Route>().key(&r).unwrap().as_str(), "eu");
+    let hashed = keyed::header_hashed("authorization").key(&r).unwrap();
+    assert!(hashed.as_str().starts_with('#') && !hashed.as_str().contains("secret"));
+    let f =
+        keyed::from_fn(|r: &Request<()>| r.headers().get("x-model")?.to_str().ok().map(Key::from));
+    assert_eq!(f.key(&r).unwrap().as_str(), "gpt-4o");
+    assert!(keyed::header("x-missing").key(&r).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn credential_keys_appear_only_as_hashes() {
+    let breakers = set().build().unwrap();
+    let layer = CircuitBreakerLayer::keyed(breakers.clone(), keyed::header_hashed("x-api-key"));
+    let upstream = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::builder().status(503).body(String::new()).unwrap())
+    });
+    let mut svc = ServiceBuilder::new().layer(layer).service(upstream);
+    let req = || {
+        Request::get("/")
+            .header("x-api-key", "sk-live-abcdef")
+            .body(String::new())
+            .unwrap()
+    };
+    for _ in 0..3 {
+        svc.ready().await.unwrap().call(req()).await.unwrap();
+    }
+    let err = svc.ready().await.unwrap().call(req()).await.unwrap_err();
+    let key = err.circuit_open().unwrap().key().unwrap().to_owned();
+    assert!(key.starts_with('#') && !key.contains("sk-live"));
+    assert!(!format!("{err:?} {err}").contains("sk-live"));
+    assert!(breakers.snapshots().iter().all(|s| !s
+        .key
+        .as_deref()
+        .unwrap_or("")
+        .contains("sk-live")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn overrides_apply_to_their_key_only() {
+    let breakers = set()
+        .override_key("fragile", |b| b.consecutive_failures(1))
+        .build()
+        .unwrap();
+    breakers.admit("fragile").unwrap().record(Outcome::Failure);
+    breakers.admit("sturdy").unwrap().record(Outcome::Failure);
+    assert_eq!(breakers.get("fragile").unwrap().state(), State::Open);
+    assert_eq!(breakers.get("sturdy").unwrap().state(), State::Closed);
+    let bad = set()
+        .override_key("x", |b| b.probes(0))
+        .build()
+        .unwrap_err();
+    assert_eq!(bad, ConfigError::ZeroProbes);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_bounded_and_open_keys_survive_eviction_under_pressure() {
+    let breakers = set()
+        .max_keys(100)
+        .idle_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // An outage on one key.
+    for _ in 0..3 {
+        breakers.admit("down").unwrap().record(Outcome::Failure);
+    }
+    // A flood of unique keys fills the set.
+    for i in 0..10_000 {
+        breakers
+            .admit(&format!("junk-{i}"))
+            .unwrap()
+            .record(Outcome::Success);
+    }
+    assert_eq!(breakers.len(), 100);
+    // Keys beyond the cap share the overflow breaker rather than growing memory.
+    assert!(breakers.get("junk-9999").is_none());
+    // Long idle: two sweep intervals pass; the flood continues.
+    for round in 0..3 {
+        advance(Duration::from_secs(61)).await;
+        for i in 0..1_000 {
+            drop(breakers.admit(&format!("flood-{round}-{i}")));
+        }
+        assert!(breakers.len() <= 100);
+        let down = breakers.get("down").expect("an open key is never evicted");
+        assert_eq!(down.state(), State::Open);
+    }
+    // The outage was remembered throughout: its open period ran out, so the
+    // next call is a half-open probe, not a fresh closed breaker's call.
+    assert!(breakers.admit("down").unwrap().is_probe());
+    // Idle closed keys were evicted to make room for new ones.
+    assert!(breakers.get("junk-0").is_none());
+    assert!(breakers.get("flood-1-0").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_million_distinct_keys_stay_within_the_cap() {
+    let breakers = set()
+        .max_keys(1_000)
+        .idle_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    for i in 0..1_000_000u32 {
+        if i % 100_000 == 0 {
+            advance(Duration::from_secs(1)).await;
+        }
+        let buf = itoa_buf(i);
+        let key = std::str::from_utf8(&buf).unwrap();
+        drop(breakers.admit(key));
+        assert!(breakers.len() <= 1_000);
+    }
+}
+
+fn itoa_buf(mut n: u32) -> [u8; 10] {
+    let mut b = [b'0'; 10];
+    for slot in b.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn volume_guard_trips_on_call_k_plus_one_within_p_and_admits_again_after_p() {
+    let b = Breaker::builder()
+        .no_window()
+        .volume_guard(100, Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        b.admit().unwrap().record(Outcome::Success);
+        advance(Duration::from_secs(1)).await;
+    }
+    let err = b.admit().unwrap_err();
+    assert_eq!(err.reason(), Rejection::VolumeGuard);
+    assert_eq!(err.state(), State::Closed, "no half-open cycle is involved");
+    assert_eq!(b.state(), State::Closed);
+    let wait = err.retry_after().unwrap();
+    assert!(wait <= Duration::from_secs(3600 - 100));
+    advance(wait).await;
+    assert!(b.admit().is_ok());
+    let c = b.snapshot().counters;
+    assert_eq!((c.volume_limited, c.rejected), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn volume_guard_is_per_key() {
+    let breakers = KeyedBreakers::builder()
+        .no_window()
+        .volume_guard(2, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        drop(breakers.admit("runaway").unwrap());
+    }
+    assert_eq!(
+        breakers.admit("runaway").unwrap_err().reason(),
+        Rejection::VolumeGuard
+    );
+    assert!(breakers.admit("calm").is_ok());
+}
+
+#[tokio::test]
+async fn bad_key_bounds_are_config_errors() {
+    assert_eq!(
+        KeyedBreakers::builder().max_keys(0).build().unwrap_err(),
+        ConfigError::KeyBounds
+    );
+    assert_eq!(
+        Breaker::builder()
+            .volume_guard(0, Duration::from_secs(1))
+            .build()
+            .unwrap_err(),
+        ConfigError::VolumeGuard
+    );
+}
