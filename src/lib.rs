@@ -84,8 +84,8 @@ mod sync;
 
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{
-    Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Snapshot, State,
-    Transition, Window, WindowStats,
+    Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Snapshot,
+    State, Transition, Window, WindowStats,
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error};

@@ -550,3 +550,46 @@ async fn listeners_and_changed_see_every_transition() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn shared_mode_admits_only_granted_probes_and_leaves_the_cycle_to_the_cluster() {
+    let b = tripped(3, 2);
+    let remote = b.remote();
+    remote.set_shared(true);
+    advance(Duration::from_secs(10)).await;
+    assert!(b.admit().is_err(), "no probe granted yet");
+    assert_eq!(b.state(), State::HalfOpen);
+    remote.grant_probes(1);
+    let p = b.admit().expect("the granted probe");
+    assert!(b.admit().is_err());
+    p.record(Outcome::Success);
+    remote.grant_probes(1);
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(
+        b.state(),
+        State::HalfOpen,
+        "the cluster decides, not this replica"
+    );
+    assert_eq!(b.snapshot().counters.probe_successes, 2);
+    remote.close();
+    assert_eq!(b.state(), State::Closed);
+
+    remote.open_for(Duration::from_secs(7));
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(
+        b.admit().unwrap_err().retry_after(),
+        Some(Duration::from_secs(7))
+    );
+    remote.open_for(Duration::from_secs(3));
+    assert_eq!(
+        b.admit().unwrap_err().retry_after(),
+        Some(Duration::from_secs(3))
+    );
+
+    // Without the store, half-open is local again.
+    remote.set_shared(false);
+    advance(Duration::from_secs(3)).await;
+    b.admit().unwrap().record(Outcome::Success);
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+}

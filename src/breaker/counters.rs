@@ -20,9 +20,11 @@ pub(crate) enum Counter {
     Slow,
     WouldReject,
     VolumeLimited,
+    ProbeSuccesses,
+    ProbeFailures,
 }
 
-const COUNTERS: usize = 10;
+const COUNTERS: usize = 12;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -95,6 +97,8 @@ impl Striped {
             slow: get(Counter::Slow),
             would_reject: get(Counter::WouldReject),
             volume_limited: get(Counter::VolumeLimited),
+            probe_successes: get(Counter::ProbeSuccesses),
+            probe_failures: get(Counter::ProbeFailures),
         }
     }
 }

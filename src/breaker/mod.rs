@@ -109,6 +109,10 @@ struct Control {
     tripped: WindowStats,
     cycle: Cycle,
     rng: u64,
+    /// A shared-state backend decides half-open cycles (see [`Remote`]).
+    remote: bool,
+    /// In remote mode: probes this replica may admit in the current cycle.
+    allowance: u32,
 }
 
 /// Bookkeeping of one half-open cycle.
@@ -186,6 +190,8 @@ impl Breaker {
                     tripped: WindowStats::default(),
                     cycle: Cycle::default(),
                     rng: splitmix64(seed) | 1,
+                    remote: false,
+                    allowance: 0,
                 }),
                 slow_ns,
                 epoch: Instant::now(),
@@ -251,6 +257,14 @@ impl Breaker {
     pub fn changed(&self) -> Changed {
         Changed {
             inner: Arc::clone(&self.shared.changes).notified_owned(),
+        }
+    }
+
+    /// Controls for a shared-state backend (such as the Redis one) that keeps
+    /// this breaker in step with other replicas.
+    pub fn remote(&self) -> Remote<'_> {
+        Remote {
+            shared: &self.shared,
         }
     }
 
@@ -355,7 +369,12 @@ impl Shared {
         }
         let generation = self.load().generation();
         ctl.cycle.reclaim(now);
-        let admitted = (ctl.cycle.used() < self.config.probes).then(|| {
+        let budget = if ctl.remote {
+            ctl.allowance
+        } else {
+            self.config.probes
+        };
+        let admitted = (ctl.cycle.used() < budget).then(|| {
             let id = ctl.cycle.next_id;
             ctl.cycle.next_id += 1;
             ctl.cycle
@@ -506,17 +525,21 @@ impl Shared {
         let next = match outcome {
             Outcome::Success if !slow => {
                 ctl.cycle.successes += 1;
+                self.counters.incr(Counter::ProbeSuccesses);
                 (ctl.cycle.successes >= c.close_after)
                     .then_some((State::Closed, Reason::ProbesSucceeded))
             }
             Outcome::Success | Outcome::Failure => {
                 ctl.cycle.failures += 1;
+                self.counters.incr(Counter::ProbeFailures);
                 (c.probes - ctl.cycle.failures < c.close_after)
                     .then_some((State::Open, Reason::ProbesFailed))
             }
             // Ignored and rate-limited probes give their slot back.
             _ => None,
         };
+        // With a shared-state backend the cluster decides the cycle.
+        let next = next.filter(|_| !ctl.remote);
         if let Some((to, reason)) = next {
             let t = self.transition(&mut ctl, to, reason, self.now());
             drop(ctl);
@@ -537,16 +560,30 @@ impl Shared {
 
     /// Moves to `to` under the control lock, starting a new generation.
     fn transition(&self, ctl: &mut Control, to: State, reason: Reason, now: u64) -> Transition {
+        self.transition_for(ctl, to, reason, now, None)
+    }
+
+    /// Like [`transition`](Self::transition); an `Open` state lasts `open_ns`
+    /// when given, instead of the backoff's next duration.
+    fn transition_for(
+        &self,
+        ctl: &mut Control,
+        to: State,
+        reason: Reason,
+        now: u64,
+        open_ns: Option<u64>,
+    ) -> Transition {
         let from = self.load();
         let generation = from.generation() + 1;
         let mut open_for = None;
         ctl.cycle = Cycle::default();
+        ctl.allowance = 0;
         match to {
             State::Open => {
                 if from.state() == State::HalfOpen {
                     ctl.reopens = ctl.reopens.saturating_add(1);
                 }
-                let d = self.open_duration(ctl);
+                let d = open_ns.unwrap_or_else(|| self.open_duration(ctl)).max(1);
                 self.hot
                     .open_until
                     .store(now.saturating_add(d), Ordering::Release);
@@ -634,6 +671,89 @@ impl Shared {
             reopens: ctl.reopens,
             counters: self.counters.sum(),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
+        }
+    }
+}
+
+// === impl Remote ===
+
+/// The controls a shared-state backend uses to keep a breaker in step with
+/// its replicas; see [`Breaker::remote`].
+///
+/// In shared mode the breaker still evaluates its own rules (a trip is
+/// local first, then shared), but a half-open cycle admits only the probes
+/// the backend granted from the cluster-wide budget, and the cluster decides
+/// when the cycle closes or reopens. Leaving shared mode (when the store is
+/// unreachable) restores local half-open decisions at once.
+pub struct Remote<'a> {
+    shared: &'a Shared,
+}
+
+impl fmt::Debug for Remote<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Remote")
+            .field("name", &self.shared.name)
+            .finish()
+    }
+}
+
+impl Remote<'_> {
+    /// Enters or leaves shared mode.
+    pub fn set_shared(&self, on: bool) {
+        let mut ctl = lock(&self.shared.control);
+        ctl.remote = on;
+    }
+
+    /// Whether the breaker is in shared mode.
+    pub fn is_shared(&self) -> bool {
+        lock(&self.shared.control).remote
+    }
+
+    /// Lets the current half-open cycle admit `n` more probes. Ignored unless
+    /// the circuit is half-open in shared mode.
+    pub fn grant_probes(&self, n: u32) {
+        let mut ctl = lock(&self.shared.control);
+        if ctl.remote && self.shared.load().state() == State::HalfOpen {
+            ctl.allowance = ctl.allowance.saturating_add(n);
+        }
+    }
+
+    /// Opens the circuit for `remaining`, as the cluster decided (the reopen
+    /// backoff is the cluster's too). Already open: only the deadline moves.
+    /// Forced-open and disabled circuits are left alone.
+    pub fn open_for(&self, remaining: Duration) {
+        let s = self.shared;
+        let mut ctl = lock(&s.control);
+        let now = s.now();
+        let until = now.saturating_add(nanos(remaining).max(1));
+        match s.load().state() {
+            State::ForcedOpen | State::Disabled => {}
+            State::Open => s.hot.open_until.store(until, Ordering::Release),
+            State::Closed | State::HalfOpen => {
+                if s.load().state() == State::Closed {
+                    ctl.tripped = s.rates.stats(now);
+                }
+                let t = s.transition_for(
+                    &mut ctl,
+                    State::Open,
+                    Reason::Remote,
+                    now,
+                    Some(until - now),
+                );
+                drop(ctl);
+                s.emit(t);
+            }
+        }
+    }
+
+    /// Closes an open or half-open circuit, as the cluster decided.
+    pub fn close(&self) {
+        let s = self.shared;
+        let mut ctl = lock(&s.control);
+        if matches!(s.load().state(), State::Open | State::HalfOpen) {
+            let t = s.transition(&mut ctl, State::Closed, Reason::Remote, s.now());
+            drop(ctl);
+            s.emit(t);
         }
     }
 }

@@ -111,6 +111,8 @@ pub enum Reason {
     Disabled,
     /// An operator called [`Breaker::reset`](crate::Breaker::reset).
     Reset,
+    /// A shared-state backend applied the cluster's decision.
+    Remote,
 }
 
 impl Reason {
@@ -126,6 +128,7 @@ impl Reason {
             Reason::ForcedOpen => "forced open",
             Reason::Disabled => "disabled",
             Reason::Reset => "reset",
+            Reason::Remote => "shared state",
         }
     }
 }
@@ -218,6 +221,11 @@ pub struct Counters {
     /// Calls the volume guard turned away (also counted in `rejected`, or in
     /// `would_reject` in metrics-only mode).
     pub volume_limited: u64,
+    /// Half-open probes that succeeded (also counted in `successes`).
+    pub probe_successes: u64,
+    /// Half-open probes that failed or were slow (also counted in
+    /// `successes` or `failures`).
+    pub probe_failures: u64,
 }
 
 /// A point-in-time view of a breaker.

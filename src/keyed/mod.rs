@@ -179,6 +179,15 @@ impl KeyedBreakers {
             .map(|e| e.breaker.clone())
     }
 
+    /// The breaker of `key`, created if the set has none yet (the overflow
+    /// breaker if the set is full). A shared-state backend uses this to apply
+    /// another replica's decision to a key this one has not seen yet.
+    pub fn get_or_insert(&self, key: &str) -> Breaker {
+        let hash = self.inner.hasher.hash_one(key);
+        self.get(key)
+            .unwrap_or_else(|| self.inner.insert(key, hash))
+    }
+
     /// How many keys the set holds.
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Relaxed)
