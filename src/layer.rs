@@ -78,6 +78,11 @@ impl<C, P> CircuitBreakerLayer<C, P> {
     pub fn select(&self) -> &P {
         &self.select
     }
+
+    /// The classifier every service made by this layer uses.
+    pub fn classifier(&self) -> &C {
+        &self.classifier
+    }
 }
 
 impl From<Breaker> for CircuitBreakerLayer {

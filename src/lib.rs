@@ -82,6 +82,26 @@ mod layer;
 mod service;
 mod sync;
 
+#[cfg(any(
+    feature = "reqwest",
+    feature = "reqwest-middleware",
+    feature = "async-openai"
+))]
+mod integrations;
+
+#[cfg(feature = "async-openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-openai")))]
+pub mod async_openai;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod reqwest;
+#[cfg(feature = "reqwest-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
+pub mod reqwest_middleware;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod tonic;
+
 pub use crate::body::ResponseBody;
 pub use crate::breaker::{
     Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Snapshot,

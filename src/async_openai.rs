@@ -1,0 +1,363 @@
+//! The breaker inside an [`async_openai::Client`](::async_openai::Client),
+//! through its `middleware` feature.
+//!
+//! async-openai sends every call through a tower stack of
+//! `Service<HttpRequestFactory, Response = reqwest::Response>` installed with
+//! `Client::with_http_service`. [`http_service`] builds that stack in one
+//! line, in the order this crate recommends: async-openai's own retry layer
+//! outside, the breaker inside, reqwest at the bottom. For another order or
+//! other layers, use [`OpenAiCircuitBreakerLayer`] in a `ServiceBuilder`.
+//!
+//! # What callers see
+//!
+//! * An open circuit fails the call with
+//!   `OpenAIError::Boxed(Box<CircuitOpen>)`: match it with
+//!   `Err(OpenAIError::Boxed(e)) if e.is::<CircuitOpen>()`, or use
+//!   [`circuit_open`] to get at the [`CircuitOpen`] and its
+//!   [`retry_after`](CircuitOpen::retry_after).
+//! * async-openai's retry (`OpenAIRetryLayer` and `SimpleRetryPolicy`) retries
+//!   429s, 5xx and `OpenAIError::Reqwest` connect errors only, so it never
+//!   retries a rejection: an open circuit ends the retry loop at once.
+//! * A streamed chat completion passes through: the body is wrapped so the
+//!   stream classifier sees it to the end. async-openai stops reading at
+//!   `data: [DONE]` and drops the body; a stream classifier that decides on
+//!   `[DONE]` (as the LLM classifier does) records that as a success.
+//!
+//! # Errors the classifier sees
+//!
+//! `OpenAIError::Reqwest` (connect, reset, timeout) goes to
+//! [`Classify::classify_error`] as the `reqwest::Error`, and
+//! `OpenAIError::Boxed` (say, a tower timeout inside the breaker) as the boxed
+//! error. The other variants are raised on the caller's side before or
+//! instead of a call (invalid arguments, unreadable files) and are
+//! [`Outcome::Ignored`].
+//!
+//! # Example
+//!
+//! ```
+//! use async_openai::{config::OpenAIConfig, error::OpenAIError, Client};
+//! use tower_circuit_breaker::{async_openai::http_service, Breaker, CircuitOpen};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let breaker = Breaker::builder().name("openai").build()?;
+//! let config = OpenAIConfig::new().with_api_base("http://127.0.0.1:9/v1");
+//! let client = Client::with_config(config)
+//!     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+//!
+//! breaker.force_open();
+//! let err = client.models().list().await.unwrap_err();
+//! assert!(matches!(&err, OpenAIError::Boxed(e) if e.is::<CircuitOpen>()));
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use ::async_openai::error::OpenAIError;
+use ::async_openai::middleware::retry::{OpenAIRetry, OpenAIRetryLayer};
+use ::async_openai::middleware::{HttpRequestFactory, ReqwestService};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::{Breaker, Permit};
+use crate::classify::Classify;
+use crate::error::CircuitOpen;
+use crate::integrations::{classify_client_error, record_response, DefaultClassifier};
+use crate::service::Select;
+use crate::{CircuitBreakerLayer, Outcome};
+
+/// The stack for `async_openai::Client::with_http_service`: async-openai's
+/// default retry (three retries with backoff, honouring `Retry-After`)
+/// around the breaker around `client`.
+///
+/// See the [module docs](self) for an example.
+pub fn http_service(
+    client: ::reqwest::Client,
+    breaker: Breaker,
+) -> OpenAIRetry<OpenAiCircuitBreaker<ReqwestService>> {
+    OpenAIRetryLayer::default().layer(OpenAiCircuitBreaker::new(
+        ReqwestService::new(client),
+        breaker,
+    ))
+}
+
+/// The rejection inside an async-openai error, if the circuit rejected the
+/// call.
+///
+/// ```
+/// use async_openai::error::OpenAIError;
+/// use tower_circuit_breaker::{async_openai::circuit_open, Breaker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().build().unwrap();
+/// breaker.force_open();
+/// let err = OpenAIError::Boxed(Box::new(breaker.admit().unwrap_err()));
+/// assert!(circuit_open(&err).is_some());
+/// assert!(circuit_open(&OpenAIError::InvalidArgument("model".into())).is_none());
+/// # }
+/// ```
+pub fn circuit_open(error: &OpenAIError) -> Option<&CircuitOpen> {
+    match error {
+        OpenAIError::Boxed(e) => e.downcast_ref(),
+        _ => None,
+    }
+}
+
+// === impl OpenAiCircuitBreaker ===
+
+/// A breaker for async-openai's middleware stack: a
+/// `Service<HttpRequestFactory>` answering `reqwest::Response` with
+/// `OpenAIError`, as `Client::with_http_service` and `OpenAIRetryLayer`
+/// expect.
+///
+/// Like [`CircuitBreaker`](crate::CircuitBreaker), `poll_ready` only drives
+/// the inner service and the decision is made in `call`.
+#[derive(Debug, Clone)]
+pub struct OpenAiCircuitBreaker<S = ReqwestService, C = DefaultClassifier, P = Breaker> {
+    inner: S,
+    select: P,
+    classifier: C,
+}
+
+impl<S> OpenAiCircuitBreaker<S> {
+    /// Wraps `inner` (usually async-openai's `ReqwestService`), with the
+    /// default classifier.
+    pub fn new(inner: S, breaker: Breaker) -> Self {
+        OpenAiCircuitBreaker {
+            inner,
+            select: breaker,
+            classifier: DefaultClassifier::default(),
+        }
+    }
+}
+
+impl<S, C> OpenAiCircuitBreaker<S, C> {
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<S, C, P> OpenAiCircuitBreaker<S, C, P> {
+    /// Wraps `inner`, choosing a breaker per request with `select` and
+    /// classifying with `classifier`.
+    pub const fn with_classifier(inner: S, select: P, classifier: C) -> Self {
+        OpenAiCircuitBreaker {
+            inner,
+            select,
+            classifier,
+        }
+    }
+
+    /// What chooses the breaker for each request.
+    pub fn select(&self) -> &P {
+        &self.select
+    }
+
+    /// The classifier.
+    pub fn classifier(&self) -> &C {
+        &self.classifier
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C, P> Service<HttpRequestFactory> for OpenAiCircuitBreaker<S, C, P>
+where
+    S: Service<HttpRequestFactory, Response = ::reqwest::Response>,
+    S::Error: Into<OpenAIError>,
+    C: Classify + Clone,
+    C::Stream: Send + Sync + 'static,
+    P: Select<HttpRequestFactory>,
+{
+    type Response = ::reqwest::Response;
+    type Error = OpenAIError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: HttpRequestFactory) -> Self::Future {
+        match self.select.admit(&request) {
+            Ok(permit) => ResponseFuture {
+                kind: Kind::Called {
+                    future: self.inner.call(request),
+                    permit: Some(permit),
+                    classifier: self.classifier.clone(),
+                },
+            },
+            Err(open) => ResponseFuture {
+                kind: Kind::Rejected { error: Some(open) },
+            },
+        }
+    }
+}
+
+// === impl OpenAiCircuitBreakerLayer ===
+
+/// Applies [`OpenAiCircuitBreaker`] to an async-openai HTTP service.
+///
+/// Build it from a [`CircuitBreakerLayer`] to share that layer's breaker and
+/// classifier, or from a [`Breaker`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use async_openai::middleware::{retry::OpenAIRetryLayer, ReqwestService};
+/// use tower::ServiceBuilder;
+/// use tower_circuit_breaker::async_openai::OpenAiCircuitBreakerLayer;
+/// use tower_circuit_breaker::Breaker;
+///
+/// let breaker = Breaker::builder().build().unwrap();
+/// let service = ServiceBuilder::new()
+///     .layer(OpenAIRetryLayer::new(2))
+///     .layer(OpenAiCircuitBreakerLayer::new(breaker))
+///     .service(ReqwestService::new(reqwest::Client::new()));
+/// let client = async_openai::Client::new().with_http_service(service);
+/// # let _ = client;
+/// ```
+#[derive(Debug, Clone)]
+pub struct OpenAiCircuitBreakerLayer<C = DefaultClassifier, P = Breaker> {
+    select: P,
+    classifier: C,
+}
+
+impl OpenAiCircuitBreakerLayer {
+    /// A layer around `breaker`, with the default classifier.
+    pub fn new(breaker: Breaker) -> Self {
+        OpenAiCircuitBreakerLayer {
+            select: breaker,
+            classifier: DefaultClassifier::default(),
+        }
+    }
+}
+
+impl<C, P> OpenAiCircuitBreakerLayer<C, P> {
+    /// Uses another classifier.
+    pub fn with_classifier<C2>(self, classifier: C2) -> OpenAiCircuitBreakerLayer<C2, P> {
+        OpenAiCircuitBreakerLayer {
+            select: self.select,
+            classifier,
+        }
+    }
+}
+
+impl From<Breaker> for OpenAiCircuitBreakerLayer {
+    fn from(breaker: Breaker) -> Self {
+        OpenAiCircuitBreakerLayer::new(breaker)
+    }
+}
+
+/// Shares the layer's breaker (or keyed breakers) and classifier.
+impl<C: Clone, P: Clone> From<&CircuitBreakerLayer<C, P>> for OpenAiCircuitBreakerLayer<C, P> {
+    fn from(layer: &CircuitBreakerLayer<C, P>) -> Self {
+        OpenAiCircuitBreakerLayer {
+            select: layer.select().clone(),
+            classifier: layer.classifier().clone(),
+        }
+    }
+}
+
+impl<S, C: Clone, P: Clone> Layer<S> for OpenAiCircuitBreakerLayer<C, P> {
+    type Service = OpenAiCircuitBreaker<S, C, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        OpenAiCircuitBreaker::with_classifier(inner, self.select.clone(), self.classifier.clone())
+    }
+}
+
+// === impl ResponseFuture ===
+
+pin_project! {
+    /// Response future of [`OpenAiCircuitBreaker`].
+    ///
+    /// Dropping it before it completes releases the call's permit as
+    /// [`Ignored`](crate::Outcome::Ignored).
+    pub struct ResponseFuture<F, C> {
+        #[pin]
+        kind: Kind<F, C>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, C> {
+        Called {
+            #[pin]
+            future: F,
+            permit: Option<Permit>,
+            classifier: C,
+        },
+        Rejected {
+            error: Option<CircuitOpen>,
+        },
+    }
+}
+
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, E, C> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<::reqwest::Response, E>>,
+    E: Into<OpenAIError>,
+    C: Classify,
+    C::Stream: Send + Sync + 'static,
+{
+    type Output = Result<::reqwest::Response, OpenAIError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called {
+                future,
+                permit,
+                classifier,
+            } => {
+                let result = ready!(future.poll(cx));
+                let permit = permit.take().expect("polled after completion");
+                Poll::Ready(match result {
+                    Ok(response) => Ok(record_response(permit, classifier, response)),
+                    Err(error) => {
+                        let error = error.into();
+                        permit.record(classify(classifier, &error));
+                        Err(error)
+                    }
+                })
+            }
+            KindProj::Rejected { error } => Poll::Ready(Err(OpenAIError::Boxed(Box::new(
+                error.take().expect("polled after completion"),
+            )))),
+        }
+    }
+}
+
+fn classify<C: Classify>(classifier: &C, error: &OpenAIError) -> Outcome {
+    match error {
+        OpenAIError::Reqwest(e) => classify_client_error(classifier, e),
+        OpenAIError::Boxed(e) => classify_client_error(classifier, &**e),
+        _ => Outcome::Ignored,
+    }
+}

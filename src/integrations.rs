@@ -1,0 +1,91 @@
+//! Glue shared by the client integrations (reqwest, reqwest-middleware,
+//! async-openai).
+
+/// The classifier the client integrations use unless told otherwise.
+#[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
+pub(crate) type DefaultClassifier = crate::classify::HttpClassifier;
+
+#[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
+pub(crate) use self::reqwest_response::{classify_client_error, record_response};
+
+#[cfg(any(
+    feature = "reqwest",
+    feature = "reqwest-middleware",
+    feature = "async-openai"
+))]
+pub(crate) use self::reqwest_response::keep_url;
+
+#[cfg(any(
+    feature = "reqwest",
+    feature = "reqwest-middleware",
+    feature = "async-openai"
+))]
+mod reqwest_response {
+    use ::reqwest::{ResponseBuilderExt, Url};
+
+    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
+    use crate::{
+        body::ResponseBody,
+        breaker::Permit,
+        classify::{Classify, ErrorRef, Verdict},
+        error::CircuitOpen,
+        Outcome,
+    };
+
+    /// Records a response head and, when the classifier defers, hands the
+    /// permit to the body so the end of the stream decides.
+    ///
+    /// reqwest keeps the body behind its own type, so the body takes a detour:
+    /// `reqwest::Response` -> `http::Response<reqwest::Body>` -> wrapped in
+    /// [`ResponseBody`] -> `reqwest::Body::wrap` -> `reqwest::Response`.
+    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
+    pub(crate) fn record_response<C>(
+        mut permit: Permit,
+        classifier: &C,
+        response: ::reqwest::Response,
+    ) -> ::reqwest::Response
+    where
+        C: Classify,
+        C::Stream: Send + Sync + 'static,
+    {
+        permit.head_received();
+        match classifier.classify_response(response.status(), response.headers()) {
+            Verdict::Done(outcome) => {
+                permit.record(outcome);
+                response
+            }
+            Verdict::Defer(stream) => {
+                let url = response.url().clone();
+                let response: http::Response<::reqwest::Body> = response.into();
+                let mut response = response.map(|body| {
+                    ::reqwest::Body::wrap(ResponseBody::deferred(body, permit, stream))
+                });
+                keep_url(&mut response, url);
+                ::reqwest::Response::from(response)
+            }
+        }
+    }
+
+    /// What a failed call through reqwest says about the upstream: an inner
+    /// breaker's rejection says nothing (the upstream was not called),
+    /// anything else is the classifier's to judge.
+    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
+    pub(crate) fn classify_client_error<C: Classify>(classifier: &C, error: ErrorRef<'_>) -> Outcome {
+        if error.is::<CircuitOpen>() {
+            Outcome::Ignored
+        } else {
+            classifier.classify_error(error)
+        }
+    }
+
+    /// reqwest keeps a response's final URL in an extension that only its
+    /// response builder can set; put it back so that `Response::url` survives
+    /// the trip through `http::Response`.
+    pub(crate) fn keep_url<B>(response: &mut http::Response<B>, url: Url) {
+        if let Ok(marker) = http::Response::builder().url(url).body(()) {
+            response
+                .extensions_mut()
+                .extend(marker.into_parts().0.extensions);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The breaker as a [`reqwest_middleware::Middleware`](::reqwest_middleware::Middleware).
+//!
+//! [`CircuitBreakerMiddleware`] admits every request through a [`Breaker`]
+//! (or a [`Select`], such as [keyed breakers](crate::keyed)) and classifies
+//! the answer with the same [`Classify`] implementations as the tower
+//! service. Build it from a [`CircuitBreakerLayer`] and it shares that
+//! layer's state and classifier, so one breaker can guard a tower stack and a
+//! middleware client at once.
+//!
+//! * An open circuit answers `reqwest_middleware::Error::Middleware` holding a
+//!   [`CircuitOpen`](crate::CircuitOpen): `err.downcast_ref::<CircuitOpen>()` on the inner error.
+//! * When the classifier defers to the end of the body (an SSE stream), the
+//!   response body is wrapped so the stream's end, error event or drop
+//!   decides the outcome.
+//! * Attach it after a retry middleware (middlewares run in the order they
+//!   are attached), so every attempt is admitted and recorded and an open
+//!   circuit ends the retry loop.
+//!
+//! # Example
+//!
+//! ```
+//! use reqwest_middleware::ClientBuilder;
+//! use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+//! use tower_circuit_breaker::{Breaker, CircuitOpen};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let breaker = Breaker::builder().name("openai").consecutive_failures(5).build()?;
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(CircuitBreakerMiddleware::new(breaker.clone()))
+//!     .build();
+//!
+//! breaker.force_open();
+//! let err = client.get("http://127.0.0.1:9/v1/models").send().await.unwrap_err();
+//! let open = match &err {
+//!     reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref::<CircuitOpen>(),
+//!     reqwest_middleware::Error::Reqwest(_) => None,
+//! };
+//! assert_eq!(open.unwrap().key(), Some("openai"));
+//! # Ok(()) }
+//! ```
+
+use ::reqwest::{Request, Response};
+use ::reqwest_middleware::{Error, Middleware, Next, Result};
+use http::Extensions;
+
+use crate::breaker::Breaker;
+use crate::classify::{Classify, ErrorRef};
+use crate::integrations::{classify_client_error, record_response, DefaultClassifier};
+use crate::service::Select;
+use crate::{CircuitBreakerLayer, Outcome};
+
+/// A [`reqwest_middleware::Middleware`](::reqwest_middleware::Middleware)
+/// that asks a breaker before every request and records how it went.
+///
+/// See the [module docs](self) for an example.
+#[derive(Debug, Clone)]
+pub struct CircuitBreakerMiddleware<C = DefaultClassifier, P = Breaker> {
+    select: P,
+    classifier: C,
+}
+
+impl CircuitBreakerMiddleware {
+    /// A middleware around `breaker`, with the default classifier.
+    pub fn new(breaker: Breaker) -> Self {
+        CircuitBreakerMiddleware {
+            select: breaker,
+            classifier: DefaultClassifier::default(),
+        }
+    }
+}
+
+impl<C> CircuitBreakerMiddleware<C> {
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<C, P> CircuitBreakerMiddleware<C, P> {
+    /// A middleware that chooses the breaker for each request with `select`
+    /// (a [`Breaker`], or [`Keyed`](crate::keyed::Keyed) breakers keyed on the
+    /// `reqwest::Request`) and classifies with `classifier`.
+    pub const fn with_select(select: P, classifier: C) -> Self {
+        CircuitBreakerMiddleware { select, classifier }
+    }
+
+    /// Uses another classifier.
+    pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerMiddleware<C2, P> {
+        CircuitBreakerMiddleware {
+            select: self.select,
+            classifier,
+        }
+    }
+
+    /// What chooses the breaker for each request.
+    pub fn select(&self) -> &P {
+        &self.select
+    }
+
+    /// The classifier.
+    pub fn classifier(&self) -> &C {
+        &self.classifier
+    }
+}
+
+impl From<Breaker> for CircuitBreakerMiddleware {
+    fn from(breaker: Breaker) -> Self {
+        CircuitBreakerMiddleware::new(breaker)
+    }
+}
+
+/// Shares the layer's breaker (or keyed breakers) and classifier.
+impl<C: Clone, P: Clone> From<&CircuitBreakerLayer<C, P>> for CircuitBreakerMiddleware<C, P> {
+    fn from(layer: &CircuitBreakerLayer<C, P>) -> Self {
+        CircuitBreakerMiddleware::with_select(layer.select().clone(), layer.classifier().clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl<C, P> Middleware for CircuitBreakerMiddleware<C, P>
+where
+    C: Classify + Send + Sync + 'static,
+    C::Stream: Send + Sync + 'static,
+    P: Select<Request> + Send + Sync + 'static,
+{
+    async fn handle(
+        &self,
+        request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        // The permit lives in this future: dropping the call records nothing
+        // but `Ignored`.
+        let permit = self.select.admit(&request).map_err(Error::middleware)?;
+        match next.run(request, extensions).await {
+            Ok(response) => Ok(record_response(permit, &self.classifier, response)),
+            Err(error) => {
+                permit.record(classify(&self.classifier, &error));
+                Err(error)
+            }
+        }
+    }
+}
+
+fn classify<C: Classify>(classifier: &C, error: &Error) -> Outcome {
+    match error {
+        Error::Reqwest(e) => classify_client_error(classifier, e),
+        Error::Middleware(e) => {
+            let e: ErrorRef<'_> = e.as_ref();
+            classify_client_error(classifier, e)
+        }
+    }
+}
