@@ -36,17 +36,11 @@ impl<B, S: ClassifyStream> ResponseBody<B, S> {
         }
     }
 
-    pub(crate) fn deferred(inner: B, permit: Permit, stream: S) -> Self
-    where
-        B: Body,
-        S: ClassifyStream,
-    {
-        let mut pending = Pending(Some((permit, stream)));
-        // A body with nothing in it may never be polled.
-        if inner.is_end_stream() {
-            settle(&mut pending, S::on_end);
+    pub(crate) fn deferred(inner: B, permit: Permit, stream: S) -> Self {
+        ResponseBody {
+            inner,
+            pending: Pending(Some((permit, stream))),
         }
-        ResponseBody { inner, pending }
     }
 
     /// Whether the body still holds its call's permit, waiting for the end of

@@ -1,7 +1,6 @@
 use std::task::{Context, Poll};
 
 use http::Response;
-use http_body::Body;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
@@ -104,7 +103,6 @@ impl<S, C, P, Request, B> Service<Request> for CircuitBreaker<S, C, P>
 where
     S: Service<Request, Response = Response<B>>,
     S::Error: Into<BoxError>,
-    B: Body,
     C: Classify + Clone,
     P: Select<Request>,
 {

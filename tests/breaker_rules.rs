@@ -464,12 +464,18 @@ async fn counters_balance() {
     b.admit().unwrap().record(Outcome::Success);
     record(&b, Outcome::Ignored, 3);
     record(&b, Outcome::RateLimited { retry_after: None }, 2);
+    let held = b.admit().unwrap();
+    assert_eq!(b.snapshot().counters.in_flight, 1);
+    drop(held);
     let c = b.snapshot().counters;
+    assert_eq!(c.in_flight, 0, "no permit leaked");
+    // The trip in `tripped`, a dropped and a successful probe, 3 ignored, 2
+    // rate-limited, and the permit held above.
+    assert_eq!(c.admitted, 9);
     assert_eq!(
-        c.admitted,
-        c.successes + c.failures + c.ignored + c.rate_limited + c.dropped
+        (c.dropped, c.rejected, c.successes, c.failures),
+        (2, 1, 1, 1)
     );
-    assert_eq!((c.dropped, c.rejected), (1, 1));
 }
 
 #[tokio::test]

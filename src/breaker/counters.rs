@@ -10,7 +10,6 @@ use super::state::Counters;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Counter {
-    Admitted,
     Rejected,
     Successes,
     Failures,
@@ -24,7 +23,7 @@ pub(crate) enum Counter {
     ProbeFailures,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 11;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -78,7 +77,8 @@ impl Striped {
         self.add(counter, 1);
     }
 
-    pub(crate) fn sum(&self) -> Counters {
+    /// Sums the stripes; `in_flight` is the number of live permits.
+    pub(crate) fn sum(&self, in_flight: u64) -> Counters {
         let mut total = [0u64; COUNTERS];
         for stripe in self.stripes.iter() {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
@@ -87,7 +87,15 @@ impl Striped {
         }
         let get = |c: Counter| total[c as usize];
         Counters {
-            admitted: get(Counter::Admitted),
+            // Every admitted call holds a permit until it records an outcome
+            // or is dropped, so admissions need no counter of their own.
+            admitted: get(Counter::Successes)
+                + get(Counter::Failures)
+                + get(Counter::Ignored)
+                + get(Counter::RateLimited)
+                + get(Counter::Dropped)
+                + in_flight,
+            in_flight,
             rejected: get(Counter::Rejected),
             successes: get(Counter::Successes),
             failures: get(Counter::Failures),

@@ -60,7 +60,20 @@ use crate::Outcome;
 /// See the [module docs](self) for an example.
 #[derive(Clone)]
 pub struct Breaker {
-    shared: Arc<Shared>,
+    shared: Arc<Anchor>,
+}
+
+/// Holds the one reference to the state that is not a permit's, so that the
+/// reference count tells how many calls are in flight without a counter of
+/// its own on the hot path.
+struct Anchor(Arc<Shared>);
+
+impl std::ops::Deref for Anchor {
+    type Target = Arc<Shared>;
+
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
 }
 
 impl fmt::Debug for Breaker {
@@ -167,7 +180,7 @@ impl Breaker {
         let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
         let has_window = config.has_rate_rule();
         Breaker {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Anchor(Arc::new(Shared {
                 hot: Hot {
                     state: AtomicU64::new(Packed::new(State::Closed, 0).0),
                     open_until: AtomicU64::new(0),
@@ -197,7 +210,7 @@ impl Breaker {
                 epoch: Instant::now(),
                 name,
                 config,
-            }),
+            }))),
         }
     }
 
@@ -222,7 +235,9 @@ impl Breaker {
 
     /// State, window, counters and timers at this moment.
     pub fn snapshot(&self) -> Snapshot {
-        self.shared.snapshot()
+        // One reference is the anchor's; every other is a live permit's.
+        let in_flight = Arc::strong_count(&self.shared.0) as u64 - 1;
+        self.shared.snapshot(in_flight)
     }
 
     /// Rejects every call until [`reset`](Self::reset). Does not advance the
@@ -270,7 +285,7 @@ impl Breaker {
 
     /// Whether two handles share one breaker.
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        Arc::ptr_eq(&self.shared.0, &other.shared.0)
     }
 }
 
@@ -292,10 +307,7 @@ impl Shared {
         let word = self.load();
         match word.state() {
             State::Closed => self.admit_closed(word.generation()),
-            State::Disabled => {
-                self.counters.incr(Counter::Admitted);
-                Ok(Permit::new(self, word.generation(), Kind::Passive, 0))
-            }
+            State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
             State::Open => {
                 let now = self.now();
                 let until = self.hot.open_until.load(Ordering::Acquire);
@@ -318,7 +330,6 @@ impl Shared {
                 return self.reject(Rejection::VolumeGuard, Some(wait));
             }
         }
-        self.counters.incr(Counter::Admitted);
         let Some(in_flight) = &self.in_flight else {
             return Ok(Permit::new(
                 self,
@@ -387,10 +398,7 @@ impl Shared {
             self.emit(t);
         }
         match admitted {
-            Some(id) => {
-                self.counters.incr(Counter::Admitted);
-                Ok(Permit::new(self, generation, Kind::Probe(id), now))
-            }
+            Some(id) => Ok(Permit::new(self, generation, Kind::Probe(id), now)),
             None => self.reject(Rejection::HalfOpenFull, None),
         }
     }
@@ -402,7 +410,6 @@ impl Shared {
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
             self.counters.incr(Counter::WouldReject);
-            self.counters.incr(Counter::Admitted);
             return Ok(Permit::new(
                 self,
                 self.load().generation(),
@@ -646,7 +653,7 @@ impl Shared {
         }
     }
 
-    fn snapshot(&self) -> Snapshot {
+    fn snapshot(&self, in_flight: u64) -> Snapshot {
         let now = self.now();
         let ctl = lock(&self.control);
         let word = self.load();
@@ -669,7 +676,7 @@ impl Shared {
             consecutive_failures: self.hot.consecutive.load(Ordering::Acquire),
             retry_in,
             reopens: ctl.reopens,
-            counters: self.counters.sum(),
+            counters: self.counters.sum(in_flight),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
         }
     }
@@ -854,7 +861,17 @@ impl Permit {
     /// Records the call's outcome.
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
-        self.finish(outcome, Counter::from(outcome));
+        self.done = true;
+        let shared = &*self.shared;
+        shared.counters.incr(Counter::from(outcome));
+        // The healthy steady state: a success in a full, clean window with no
+        // streak to break changes nothing, so it writes nothing.
+        if let (Outcome::Success, Kind::Closed { slow_id: None }) = (outcome, self.kind) {
+            if shared.hot.consecutive.load(Ordering::Relaxed) == 0 && shared.rates.is_clean() {
+                return;
+            }
+        }
+        shared.record(&self, outcome);
     }
 
     #[inline]

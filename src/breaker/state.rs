@@ -192,8 +192,9 @@ fn ratio(part: u64, whole: u64) -> f64 {
 /// Lifetime counters of a breaker, never reset.
 ///
 /// Every admitted call ends in exactly one of `successes`, `failures`,
-/// `ignored`, `rate_limited` or `dropped` (or is still in flight), so
-/// `admitted == successes + failures + ignored + rate_limited + dropped + in flight`.
+/// `ignored`, `rate_limited` or `dropped`, or is still `in_flight`; that is
+/// how `admitted` is counted. A permit that leaked (neither recorded nor
+/// dropped) would stay in `in_flight` for ever.
 /// Outcomes that arrive after the state that admitted them has ended are
 /// counted here too, although the trip rules no longer see them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -202,6 +203,8 @@ pub struct Counters {
     /// Calls admitted (including half-open probes and, in metrics-only mode,
     /// calls that would have been rejected).
     pub admitted: u64,
+    /// Calls admitted whose outcome is not recorded yet.
+    pub in_flight: u64,
     /// Calls rejected.
     pub rejected: u64,
     /// Outcomes recorded as [`Outcome::Success`](crate::Outcome::Success).

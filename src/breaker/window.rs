@@ -42,6 +42,16 @@ impl Rates {
         }
     }
 
+    /// Whether one more success would leave the window exactly as it is.
+    #[inline]
+    pub(crate) fn is_clean(&self) -> bool {
+        match self {
+            Rates::None => true,
+            Rates::Count(w) => w.is_full_and_clean(),
+            Rates::Time(_) => false,
+        }
+    }
+
     pub(crate) fn stats(&self, now: u64) -> WindowStats {
         match self {
             Rates::None => WindowStats::default(),
