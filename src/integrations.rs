@@ -8,11 +8,7 @@ pub(crate) type DefaultClassifier = crate::classify::HttpClassifier;
 #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
 pub(crate) use self::reqwest_response::{classify_client_error, record_response};
 
-#[cfg(any(
-    feature = "reqwest",
-    feature = "reqwest-middleware",
-    feature = "async-openai"
-))]
+#[cfg(feature = "reqwest")]
 pub(crate) use self::reqwest_response::keep_url;
 
 #[cfg(any(
@@ -70,7 +66,10 @@ mod reqwest_response {
     /// breaker's rejection says nothing (the upstream was not called),
     /// anything else is the classifier's to judge.
     #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
-    pub(crate) fn classify_client_error<C: Classify>(classifier: &C, error: ErrorRef<'_>) -> Outcome {
+    pub(crate) fn classify_client_error<C: Classify>(
+        classifier: &C,
+        error: ErrorRef<'_>,
+    ) -> Outcome {
         if error.is::<CircuitOpen>() {
             Outcome::Ignored
         } else {

@@ -95,10 +95,20 @@ async fn reqwest_trips_on_5xx_skips_the_upstream_while_open_and_heals_through_ha
     assert_eq!(breaker.state(), State::Open);
     assert_eq!(server.hits(), 4);
 
-    let err = svc.ready().await.unwrap().call(chat(&url)).await.unwrap_err();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(chat(&url))
+        .await
+        .unwrap_err();
     let open = err.circuit_open().expect("rejected");
     assert_eq!(open.retry_after(), Some(Duration::from_secs(30)));
-    assert_eq!(server.hits(), 4, "an open circuit does not call the upstream");
+    assert_eq!(
+        server.hits(),
+        4,
+        "an open circuit does not call the upstream"
+    );
 
     server.set(Mode::Json);
     tokio::time::advance(Duration::from_secs(30)).await;
@@ -165,7 +175,13 @@ async fn refused_connections_are_failures_and_stay_reqwest_errors() {
     let url = format!("http://{addr}/v1/chat/completions");
 
     for _ in 0..3 {
-        let err = svc.ready().await.unwrap().call(chat(&url)).await.unwrap_err();
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(chat(&url))
+            .await
+            .unwrap_err();
         let inner = err.inner().expect("an inner error, not a rejection");
         assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_connect());
         let boxed: BoxError = err.into();
@@ -205,7 +221,13 @@ async fn reqwest_timeouts_are_failures_and_stay_reqwest_errors() {
 
     for _ in 0..2 {
         let started = tokio::time::Instant::now();
-        let err = svc.ready().await.unwrap().call(chat(&url)).await.unwrap_err();
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(chat(&url))
+            .await
+            .unwrap_err();
         assert_eq!(started.elapsed(), Duration::from_secs(60));
         let boxed: BoxError = err.into();
         assert!(boxed.downcast::<reqwest::Error>().unwrap().is_timeout());

@@ -38,10 +38,15 @@ fn breaker() -> Breaker {
 }
 
 fn client(middleware: impl reqwest_middleware::Middleware) -> ClientWithMiddleware {
-    ClientBuilder::new(reqwest_client()).with(middleware).build()
+    ClientBuilder::new(reqwest_client())
+        .with(middleware)
+        .build()
 }
 
-async fn chat(client: &ClientWithMiddleware, server: &OpenAiServer) -> reqwest_middleware::Result<reqwest::Response> {
+async fn chat(
+    client: &ClientWithMiddleware,
+    server: &OpenAiServer,
+) -> reqwest_middleware::Result<reqwest::Response> {
     client
         .post(server.chat_url())
         .header("content-type", "application/json")
@@ -189,7 +194,11 @@ async fn middleware_hands_a_deferred_verdict_to_the_reqwest_body() {
     // The error event decides when it is read, not when the head arrives.
     let res = chat(&client, &server).await.unwrap();
     assert_eq!(res.status(), 200);
-    assert_eq!(res.url().as_str(), server.chat_url(), "the URL survives the body swap");
+    assert_eq!(
+        res.url().as_str(),
+        server.chat_url(),
+        "the URL survives the body swap"
+    );
     assert_eq!(breaker.snapshot().counters.failures, 0);
     let text = res.text().await.unwrap();
     assert!(text.contains("event: error"));
@@ -209,7 +218,10 @@ async fn middleware_hands_a_deferred_verdict_to_the_reqwest_body() {
     let res = chat(&client, &server).await.unwrap();
     drop(res);
     let counters = breaker.snapshot().counters;
-    assert_eq!((counters.successes, counters.failures, counters.ignored), (1, 1, 1));
+    assert_eq!(
+        (counters.successes, counters.failures, counters.ignored),
+        (1, 1, 1)
+    );
 }
 
 trait JsonBytes {
