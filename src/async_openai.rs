@@ -1,4 +1,4 @@
-//! The breaker inside an [`async_openai::Client`](::async_openai::Client),
+//! The breaker inside an [`async_openai::Client`],
 //! through its `middleware` feature.
 //!
 //! async-openai sends every call through a tower stack of

@@ -1,4 +1,4 @@
-//! A tower service around [`reqwest::Client`](::reqwest::Client), so the
+//! A tower service around [`reqwest::Client`], so the
 //! breaker can stand in front of it.
 //!
 //! reqwest has no request-level middleware hook of its own (its connector
@@ -66,7 +66,7 @@ use tower_service::Service;
 use crate::integrations::keep_url;
 use crate::BoxError;
 
-/// A [`reqwest::Client`](::reqwest::Client) as a `tower::Service` over `http`
+/// A [`reqwest::Client`] as a `tower::Service` over `http`
 /// types.
 ///
 /// It takes an `http::Request<B>` whose body converts into a

@@ -1,4 +1,4 @@
-//! The breaker as a [`reqwest_middleware::Middleware`](::reqwest_middleware::Middleware).
+//! The breaker as a [`reqwest_middleware::Middleware`].
 //!
 //! [`CircuitBreakerMiddleware`] admits every request through a [`Breaker`]
 //! (or a [`Select`], such as [keyed breakers](crate::keyed)) and classifies
@@ -50,7 +50,7 @@ use crate::integrations::{classify_client_error, record_response, DefaultClassif
 use crate::service::Select;
 use crate::{CircuitBreakerLayer, Outcome};
 
-/// A [`reqwest_middleware::Middleware`](::reqwest_middleware::Middleware)
+/// A [`reqwest_middleware::Middleware`]
 /// that asks a breaker before every request and records how it went.
 ///
 /// See the [module docs](self) for an example.

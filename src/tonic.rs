@@ -1,4 +1,4 @@
-//! An open circuit as a [`tonic::Status`](::tonic::Status) with code
+//! An open circuit as a [`tonic::Status`] with code
 //! `UNAVAILABLE`, not `UNKNOWN`.
 //!
 //! A tonic client turns the error of its transport into a `Status` with

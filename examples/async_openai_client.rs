@@ -1,0 +1,87 @@
+//! An async-openai client with the breaker in its HTTP stack, against a local
+//! OpenAI-compatible server that fails, then heals and streams.
+//!
+//! ```text
+//! cargo run --example async_openai_client --features async-openai
+//! ```
+
+#[path = "../tests/support_openai/mod.rs"]
+mod openai_server;
+
+use std::time::Duration;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::types::chat::{
+    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequest,
+    CreateChatCompletionRequestArgs,
+};
+use async_openai::Client;
+use futures::StreamExt;
+use openai_server::{Mode, OpenAiServer};
+use tower_circuit_breaker::async_openai::{circuit_open, http_service};
+use tower_circuit_breaker::{BoxError, Breaker};
+
+fn request() -> Result<CreateChatCompletionRequest, OpenAIError> {
+    CreateChatCompletionRequestArgs::default()
+        .model("gpt-test")
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content("ping")
+            .build()?
+            .into()])
+        .build()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let server = OpenAiServer::start(Mode::ServerError(503)).await;
+
+    let breaker = Breaker::builder()
+        .name("gpt-test")
+        .consecutive_failures(3)
+        // Longer than async-openai's backoff (0.1 + 0.2 + 0.4 s), so its
+        // fourth attempt finds the circuit open.
+        .open_duration(Duration::from_secs(1))
+        .probes(1)
+        .close_after(1)
+        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .build()?;
+    let config = OpenAIConfig::new()
+        .with_api_base(server.api_base())
+        .with_api_key("sk-local");
+    // async-openai's retry outside, the breaker inside, reqwest below.
+    let client = Client::with_config(config)
+        .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+
+    println!("upstream down:");
+    let mut retry_after = Duration::ZERO;
+    for i in 1..=2 {
+        match client.chat().create(request()?).await {
+            Ok(_) => println!("call {i}: answered"),
+            Err(err) => match circuit_open(&err) {
+                Some(open) => {
+                    retry_after = open.retry_after().unwrap_or_default();
+                    println!("call {i}: circuit open, next probe in {retry_after:?}");
+                }
+                None => println!("call {i}: {err}"),
+            },
+        }
+    }
+    println!(
+        "server saw {} requests (async-openai retried; the breaker cut it short)",
+        server.hits()
+    );
+
+    println!("upstream healed; waiting for the next probe");
+    server.set(Mode::Stream);
+    tokio::time::sleep(retry_after).await;
+    let mut stream = client.chat().create_stream(request()?).await?;
+    let mut text = String::new();
+    while let Some(chunk) = stream.next().await {
+        if let Some(delta) = chunk?.choices.first().and_then(|c| c.delta.content.clone()) {
+            text.push_str(&delta);
+        }
+    }
+    println!("streamed: {text:?}; breaker is {}", breaker.state());
+    Ok(())
+}

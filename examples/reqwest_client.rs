@@ -1,0 +1,76 @@
+//! The breaker in front of a `reqwest::Client`, as a tower stack, against a
+//! local OpenAI-compatible server that fails, then heals.
+//!
+//! ```text
+//! cargo run --example reqwest_client --features reqwest
+//! ```
+
+#[path = "../tests/support_openai/mod.rs"]
+mod openai_server;
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use openai_server::{Mode, OpenAiServer};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_circuit_breaker::reqwest::ReqwestService;
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let server = OpenAiServer::start(Mode::ServerError(503)).await;
+
+    let layer = CircuitBreakerLayer::builder()
+        .name("chat")
+        .consecutive_failures(3)
+        .open_duration(Duration::from_millis(300))
+        .probes(1)
+        .close_after(1)
+        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .build()?;
+    let mut client = ServiceBuilder::new()
+        .layer(layer)
+        .timeout(Duration::from_secs(10)) // attempt timeout: inside, so it counts
+        .service(ReqwestService::new(reqwest::Client::new()));
+
+    let request = || {
+        http::Request::post(server.chat_url())
+            .header("content-type", "application/json")
+            .body(r#"{"model":"gpt-test","messages":[{"role":"user","content":"ping"}]}"#)
+    };
+
+    println!("upstream down:");
+    let mut retry_after = Duration::ZERO;
+    for i in 1..=5 {
+        match client.ready().await?.call(request()?).await {
+            Ok(res) => println!("call {i}: {}", res.status()),
+            Err(err) => {
+                let err: BoxError = err.into();
+                let open = err.downcast_ref::<CircuitOpen>().ok_or("not a rejection")?;
+                retry_after = open.retry_after().unwrap_or_default();
+                println!("call {i}: rejected, next probe in {retry_after:?}");
+            }
+        }
+    }
+    println!("server saw {} requests", server.hits());
+
+    println!("upstream healed; waiting for the next probe");
+    server.set(Mode::Json);
+    tokio::time::sleep(retry_after).await;
+    for i in 6..=7 {
+        let res = client.ready().await?.call(request()?).await?;
+        let status = res.status();
+        let body = res.into_body().collect().await?.to_bytes();
+        println!("call {i}: {status} {} bytes", body.len());
+    }
+
+    // A refused connection stays a reqwest::Error.
+    let closed = openai_server::closed_port();
+    let request = http::Request::get(format!("http://{closed}/v1/models")).body("")?;
+    let err: BoxError = client.oneshot(request).await.unwrap_err().into();
+    let err = err
+        .downcast::<reqwest::Error>()
+        .map_err(|_| "not a reqwest error")?;
+    println!("refused connection: is_connect() = {}", err.is_connect());
+    Ok(())
+}

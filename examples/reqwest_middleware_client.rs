@@ -1,0 +1,71 @@
+//! One breaker guarding a reqwest-middleware client and a tower stack at
+//! once, against a local OpenAI-compatible server that fails, then heals.
+//!
+//! ```text
+//! cargo run --example reqwest_middleware_client --features reqwest,reqwest-middleware
+//! ```
+
+#[path = "../tests/support_openai/mod.rs"]
+mod openai_server;
+
+use std::time::Duration;
+
+use openai_server::{Mode, OpenAiServer};
+use reqwest_middleware::ClientBuilder;
+use tower::{Layer, ServiceExt};
+use tower_circuit_breaker::reqwest::ReqwestService;
+use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let server = OpenAiServer::start(Mode::ServerError(500)).await;
+
+    let layer = CircuitBreakerLayer::builder()
+        .name("chat")
+        .consecutive_failures(3)
+        .open_duration(Duration::from_millis(300))
+        .probes(1)
+        .close_after(1)
+        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .build()?;
+
+    // The same breaker in both clients.
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(CircuitBreakerMiddleware::from(&layer))
+        .build();
+    let tower = layer.layer(ReqwestService::new(reqwest::Client::new()));
+
+    println!("upstream down:");
+    for i in 1..=2 {
+        let res = client.post(server.chat_url()).body("{}").send().await?;
+        println!("middleware call {i}: {}", res.status());
+    }
+    let req = http::Request::post(server.chat_url()).body("{}")?;
+    println!("tower call: {}", tower.clone().oneshot(req).await?.status());
+
+    let err = client
+        .post(server.chat_url())
+        .body("{}")
+        .send()
+        .await
+        .unwrap_err();
+    let retry_after = match &err {
+        reqwest_middleware::Error::Middleware(e) => {
+            let open = e.downcast_ref::<CircuitOpen>().ok_or("not a rejection")?;
+            open.retry_after().unwrap_or_default()
+        }
+        reqwest_middleware::Error::Reqwest(e) => return Err(format!("unexpected: {e}").into()),
+    };
+    println!("middleware call: rejected ({err}), next probe in {retry_after:?}");
+    println!("server saw {} requests", server.hits());
+
+    println!("upstream healed; waiting for the next probe");
+    server.set(Mode::Json);
+    tokio::time::sleep(retry_after).await;
+    let res = client.post(server.chat_url()).body("{}").send().await?;
+    println!("probe: {} {}", res.status(), res.text().await?);
+    let req = http::Request::post(server.chat_url()).body("{}")?;
+    println!("tower call: {}", tower.oneshot(req).await?.status());
+    Ok(())
+}
