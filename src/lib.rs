@@ -78,6 +78,7 @@ pub mod classify;
 pub mod error;
 pub mod future;
 mod layer;
+pub mod response;
 mod service;
 
 pub use crate::body::ResponseBody;

@@ -14,12 +14,13 @@ pub(crate) enum Counter {
     Failures,
     Ignored,
     RateLimited,
+    QuotaExhausted,
     Dropped,
     Slow,
     WouldReject,
 }
 
-const COUNTERS: usize = 9;
+const COUNTERS: usize = 10;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -88,6 +89,7 @@ impl Striped {
             failures: get(Counter::Failures),
             ignored: get(Counter::Ignored),
             rate_limited: get(Counter::RateLimited),
+            quota_exhausted: get(Counter::QuotaExhausted),
             dropped: get(Counter::Dropped),
             slow: get(Counter::Slow),
             would_reject: get(Counter::WouldReject),

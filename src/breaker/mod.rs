@@ -471,7 +471,8 @@ impl Shared {
                 ctl.cycle.failures += 1;
                 (c.probes - ctl.cycle.failures < c.close_after).then_some((State::Open, Reason::ProbesFailed))
             }
-            // Ignored and rate-limited probes give their slot back.
+            // Ignored, rate-limited and quota-exhausted probes give their
+            // slot back.
             _ => None,
         };
         if let Some((to, reason)) = next {
@@ -709,6 +710,7 @@ impl From<Outcome> for Counter {
             Outcome::Failure => Counter::Failures,
             Outcome::Ignored => Counter::Ignored,
             Outcome::RateLimited { .. } => Counter::RateLimited,
+            Outcome::QuotaExhausted => Counter::QuotaExhausted,
         }
     }
 }
