@@ -346,3 +346,54 @@ async fn connection_refused_is_a_failure() {
     }
     assert_eq!(client.breaker().state(), State::Open);
 }
+
+#[test]
+fn response_bodies_stay_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<
+        tower_circuit_breaker::ResponseBody<
+            hyper::body::Incoming,
+            tower_circuit_breaker::classify::LlmStream,
+        >,
+    >();
+    send_sync::<
+        tower_circuit_breaker::ResponseBody<
+            hyper::body::Incoming,
+            tower_circuit_breaker::classify::GrpcStream,
+        >,
+    >();
+}
+
+#[tokio::test(start_paused = true)]
+async fn quota_exhausted_is_neutral_in_half_open_too() {
+    let breaker = tower_circuit_breaker::Breaker::builder()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(1))
+        .probes(1)
+        .close_after(1)
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    breaker.admit().unwrap().record(Outcome::Failure);
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+
+    // The only probe slot, given back by a quota answer...
+    breaker.admit().unwrap().record(Outcome::QuotaExhausted);
+    assert_eq!(breaker.state(), State::HalfOpen);
+    // ...so the next call is admitted as a probe and decides.
+    breaker
+        .admit()
+        .expect("the slot came back")
+        .record(Outcome::Success);
+    assert_eq!(breaker.state(), State::Closed);
+    let counters = breaker.snapshot().counters;
+    assert_eq!(
+        (
+            counters.quota_exhausted,
+            counters.failures,
+            counters.successes
+        ),
+        (1, 1, 1)
+    );
+}

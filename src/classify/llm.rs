@@ -707,12 +707,15 @@ mod json {
     /// the index after its closing quote; `None` if it never closes.
     fn string(input: &[u8], start: usize) -> Option<(&[u8], usize)> {
         let mut i = start + 1;
-        while let Some(&b) = input.get(i) {
-            match b {
-                b'\\' => i += 2,
-                b'"' => return Some((&input[start + 1..i], i + 1)),
-                _ => i += 1,
+        while let Some(at) = input
+            .get(i..)
+            .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+        {
+            i += at;
+            if input[i] == b'"' {
+                return Some((&input[start + 1..i], i + 1));
             }
+            i += 2;
         }
         None
     }

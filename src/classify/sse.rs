@@ -99,7 +99,7 @@ impl SseScanner {
                 chunk = &chunk[1..];
             }
         }
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
             let (head, rest) = chunk.split_at(end);
             let eol = match rest {
                 [b'\r', b'\n', ..] => 2,
