@@ -32,6 +32,9 @@ use super::{Classify, ClassifyStream, ErrorRef, Outcome, Verdict};
 /// protocol, which is what gRPC clients report as `UNKNOWN` or `INTERNAL`;
 /// both count as failures here too.
 ///
+/// This reads gRPC over HTTP/2. gRPC-Web, which carries its trailers inside
+/// the body, is not understood: its answers would all lack a status.
+///
 /// # Example
 ///
 /// ```

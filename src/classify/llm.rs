@@ -111,6 +111,8 @@ impl LlmClassifier {
     /// Of the `x-ratelimit-reset-*` headers, those whose
     /// `x-ratelimit-remaining-*` twin is `0` are the limits that were hit; the
     /// longest of them is taken (the longest of all when none says `0`).
+    /// Anthropic's `anthropic-ratelimit-*-reset` timestamps are not read: its
+    /// 429 answers carry `retry-after`.
     ///
     /// ```
     /// use std::time::Duration;
