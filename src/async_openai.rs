@@ -20,10 +20,16 @@
 //!   retries a rejection: an open circuit ends the retry loop at once.
 //! * A streamed chat completion passes through: the body is wrapped so the
 //!   stream classifier sees it to the end. async-openai stops reading at
-//!   `data: [DONE]` and drops the body; a stream classifier that decides on
-//!   `[DONE]` (as the LLM classifier does) records that as a success.
+//!   `data: [DONE]` and drops the body; the default classifier,
+//!   [`LlmClassifier`](crate::classify::LlmClassifier), records that as a
+//!   success, and a stream that carries an `event: error` (overloaded, API
+//!   error) as a failure.
 //!
-//! # Errors the classifier sees
+//! # Classification
+//!
+//! [`LlmClassifier`](crate::classify::LlmClassifier) unless told otherwise
+//! (`with_classifier`): 5xx fail, 400 content filters and other caller errors
+//! are ignored, 429s are rate-limited and passed through to the retry layer.
 //!
 //! `OpenAIError::Reqwest` (connect, reset, timeout) goes to
 //! [`Classify::classify_error`] as the `reqwest::Error`, and
@@ -124,8 +130,8 @@ pub struct OpenAiCircuitBreaker<S = ReqwestService, C = DefaultClassifier, P = B
 }
 
 impl<S> OpenAiCircuitBreaker<S> {
-    /// Wraps `inner` (usually async-openai's `ReqwestService`), with the
-    /// default classifier.
+    /// Wraps `inner` (usually async-openai's `ReqwestService`), classifying
+    /// with [`LlmClassifier`](crate::classify::LlmClassifier).
     pub fn new(inner: S, breaker: Breaker) -> Self {
         OpenAiCircuitBreaker {
             inner,
@@ -243,7 +249,8 @@ pub struct OpenAiCircuitBreakerLayer<C = DefaultClassifier, P = Breaker> {
 }
 
 impl OpenAiCircuitBreakerLayer {
-    /// A layer around `breaker`, with the default classifier.
+    /// A layer around `breaker`, classifying with
+    /// [`LlmClassifier`](crate::classify::LlmClassifier).
     pub fn new(breaker: Breaker) -> Self {
         OpenAiCircuitBreakerLayer {
             select: breaker,

@@ -3,7 +3,7 @@
 
 /// The classifier the client integrations use unless told otherwise.
 #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
-pub(crate) type DefaultClassifier = crate::classify::HttpClassifier;
+pub(crate) type DefaultClassifier = crate::classify::LlmClassifier;
 
 #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
 pub(crate) use self::reqwest_response::{classify_client_error, record_response};

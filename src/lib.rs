@@ -79,6 +79,7 @@ pub mod error;
 pub mod future;
 pub mod keyed;
 mod layer;
+pub mod response;
 mod service;
 mod sync;
 

@@ -3,7 +3,8 @@
 //! [`CircuitBreakerMiddleware`] admits every request through a [`Breaker`]
 //! (or a [`Select`], such as [keyed breakers](crate::keyed)) and classifies
 //! the answer with the same [`Classify`] implementations as the tower
-//! service. Build it from a [`CircuitBreakerLayer`] and it shares that
+//! service ([`LlmClassifier`](crate::classify::LlmClassifier) unless told
+//! otherwise). Build it from a [`CircuitBreakerLayer`] and it shares that
 //! layer's state and classifier, so one breaker can guard a tower stack and a
 //! middleware client at once.
 //!
@@ -61,7 +62,8 @@ pub struct CircuitBreakerMiddleware<C = DefaultClassifier, P = Breaker> {
 }
 
 impl CircuitBreakerMiddleware {
-    /// A middleware around `breaker`, with the default classifier.
+    /// A middleware around `breaker`, classifying with
+    /// [`LlmClassifier`](crate::classify::LlmClassifier).
     pub fn new(breaker: Breaker) -> Self {
         CircuitBreakerMiddleware {
             select: breaker,

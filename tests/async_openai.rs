@@ -19,7 +19,6 @@ use async_openai::types::chat::{
 };
 use async_openai::Client;
 use futures::StreamExt;
-use support_openai::classify::SseDone;
 use support_openai::{closed_port, Mode, OpenAiServer};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
@@ -225,19 +224,14 @@ async fn a_layer_shares_its_breaker_with_the_async_openai_stack() {
     assert_eq!(layer.breaker().state(), State::Open);
 }
 
-// === streams ===
-//
-// These use an SSE-aware test classifier. The crate's LLM classifier decides
-// `[DONE]` as a success and an `event: error` as a failure in the same way.
+// === streams, with the default classifier (LlmClassifier) ===
 
 #[tokio::test(start_paused = true)]
 async fn a_streamed_chat_completion_read_to_done_is_a_success() {
     let server = OpenAiServer::start(Mode::Stream).await;
     let breaker = breaker(4);
-    let service = ServiceBuilder::new()
-        .layer(OpenAiCircuitBreakerLayer::new(breaker.clone()).with_classifier(SseDone))
-        .service(ReqwestService::new(reqwest_client()));
-    let client = Client::with_config(config(&server)).with_http_service(service);
+    let client = Client::with_config(config(&server))
+        .with_http_service(http_service(reqwest_client(), breaker.clone()));
 
     let mut stream = client.chat().create_stream(request()).await.unwrap();
     let mut text = String::new();
@@ -258,10 +252,8 @@ async fn a_streamed_chat_completion_read_to_done_is_a_success() {
 async fn a_streamed_chat_completion_that_ends_in_an_error_event_is_a_failure() {
     let server = OpenAiServer::start(Mode::StreamError).await;
     let breaker = breaker(4);
-    let service = ServiceBuilder::new()
-        .layer(OpenAiCircuitBreakerLayer::new(breaker.clone()).with_classifier(SseDone))
-        .service(ReqwestService::new(reqwest_client()));
-    let client = Client::with_config(config(&server)).with_http_service(service);
+    let client = Client::with_config(config(&server))
+        .with_http_service(http_service(reqwest_client(), breaker.clone()));
 
     let stream = client.chat().create_stream(request()).await.unwrap();
     let items: Vec<_> = stream.collect().await;

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use support_openai::classify::SseDone;
 use support_openai::{closed_port, Mode, OpenAiServer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_circuit_breaker::classify::{Classify, NeverDefer};
+use tower_circuit_breaker::classify::{Classify, LlmClassifier, LlmStream, NeverDefer};
 use tower_circuit_breaker::reqwest::{into_reqwest_response, ReqwestService};
 use tower_circuit_breaker::{
     BoxError, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, ResponseBody, State,
@@ -65,6 +65,10 @@ where
 #[test]
 fn response_body_over_reqwest_is_send_sync_default_and_forwards_data_and_error() {
     assert_send_sync::<ResponseBody<reqwest::Body>>();
+    assert_send_sync::<ResponseBody<reqwest::Body, LlmStream>>();
+    assert_default::<ResponseBody<reqwest::Body, LlmStream>>();
+    assert_body::<ResponseBody<reqwest::Body, LlmStream>>();
+    let _ = assert_wrappable(ResponseBody::<reqwest::Body, LlmStream>::default());
     assert_send_sync::<ResponseBody<reqwest::Body, <SseDone as Classify>::Stream>>();
     assert_default::<ResponseBody<reqwest::Body>>();
     assert_default::<ResponseBody<reqwest::Body, <SseDone as Classify>::Stream>>();
@@ -272,9 +276,9 @@ async fn reqwest_requests_go_through_and_come_back_as_reqwest_responses() {
 // === streams ===
 
 #[tokio::test(start_paused = true)]
-async fn a_deferring_classifier_decides_a_reqwest_stream_at_its_events() {
+async fn the_llm_classifier_decides_a_reqwest_stream_at_its_events() {
     let server = OpenAiServer::start(Mode::StreamError).await;
-    let layer = layer().with_classifier(SseDone);
+    let layer = layer().with_classifier(LlmClassifier::new());
     let breaker = layer.breaker().clone();
     let svc = layer.layer(ReqwestService::new(client()));
 
@@ -300,4 +304,17 @@ async fn a_deferring_classifier_decides_a_reqwest_stream_at_its_events() {
     drop(res);
     let counters = breaker.snapshot().counters;
     assert_eq!((counters.successes, counters.failures), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn any_deferring_classifier_plugs_in() {
+    let server = OpenAiServer::start(Mode::StreamError).await;
+    let layer = layer().with_classifier(SseDone);
+    let breaker = layer.breaker().clone();
+    let svc = layer.layer(ReqwestService::new(client()));
+
+    let res = svc.oneshot(chat(&server.chat_url())).await.unwrap();
+    assert!(res.body().is_pending());
+    into_reqwest_response(res).text().await.unwrap();
+    assert_eq!(breaker.snapshot().counters.failures, 1);
 }

@@ -8,7 +8,6 @@ mod support_openai;
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use support_openai::classify::SseDone;
 use support_openai::{closed_port, Mode, OpenAiServer};
 use tower::{Layer, ServiceExt};
 use tower_circuit_breaker::reqwest::ReqwestService;
@@ -189,7 +188,8 @@ async fn a_tower_stack_and_a_middleware_client_share_one_breaker() {
 async fn middleware_hands_a_deferred_verdict_to_the_reqwest_body() {
     let server = OpenAiServer::start(Mode::StreamError).await;
     let breaker = breaker();
-    let client = client(CircuitBreakerMiddleware::new(breaker.clone()).with_classifier(SseDone));
+    // The default classifier, LlmClassifier, reads SSE streams.
+    let client = client(CircuitBreakerMiddleware::new(breaker.clone()));
 
     // The error event decides when it is read, not when the head arrives.
     let res = chat(&client, &server).await.unwrap();

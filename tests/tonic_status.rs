@@ -19,6 +19,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tower::ServiceBuilder;
+use tower_circuit_breaker::classify::GrpcClassifier;
 use tower_circuit_breaker::tonic::{RejectionStatusLayer, RETRY_PUSHBACK_MS};
 use tower_circuit_breaker::{
     Breaker, CircuitBreakerLayer, CircuitOpen, Outcome, ResponseBody, State,
@@ -74,6 +75,8 @@ struct Server {
     up: Arc<AtomicBool>,
     connections: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
+    /// Whether calls answer `UNAVAILABLE`.
+    failing: Arc<AtomicBool>,
 }
 
 async fn server(up: bool) -> Server {
@@ -83,11 +86,13 @@ async fn server(up: bool) -> Server {
         up: Arc::new(AtomicBool::new(up)),
         connections: Arc::new(AtomicUsize::new(0)),
         calls: Arc::new(AtomicUsize::new(0)),
+        failing: Arc::new(AtomicBool::new(false)),
     };
-    let (up, connections, calls) = (
+    let (up, connections, calls, failing) = (
         server.up.clone(),
         server.connections.clone(),
         server.calls.clone(),
+        server.failing.clone(),
     );
     tokio::spawn(async move {
         loop {
@@ -99,17 +104,19 @@ async fn server(up: bool) -> Server {
                 drop(stream);
                 continue;
             }
-            let calls = calls.clone();
+            let (calls, failing) = (calls.clone(), failing.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     calls.fetch_add(1, Ordering::SeqCst);
+                    let fail = failing.load(Ordering::SeqCst);
                     async move {
-                        let say = tower::service_fn(|req: tonic::Request<String>| async move {
-                            Ok::<_, Status>(tonic::Response::new(format!(
-                                "hello {}",
-                                req.into_inner()
-                            )))
-                        });
+                        let say =
+                            tower::service_fn(move |req: tonic::Request<String>| async move {
+                                if fail {
+                                    return Err(Status::unavailable("model overloaded"));
+                                }
+                                Ok(tonic::Response::new(format!("hello {}", req.into_inner())))
+                            });
                         let res = tonic::server::Grpc::new(StringCodec).unary(say, req).await;
                         Ok::<_, Infallible>(res)
                     }
@@ -245,6 +252,42 @@ async fn without_the_status_layer_tonic_reports_a_rejection_as_unknown() {
     assert_eq!(status.message(), "circuit open (forced open)");
     assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_none());
     assert_eq!(server.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_grpc_classifier_unavailable_answers_trip_it_and_the_client_tells_them_apart() {
+    let server = server(true).await;
+    server.failing.store(true, Ordering::SeqCst);
+    let layer = layer().with_classifier(GrpcClassifier);
+    let breaker = layer.breaker().clone();
+    let svc = ServiceBuilder::new()
+        .layer(RejectionStatusLayer::new())
+        .layer(layer)
+        .service(channel(server.addr));
+    let mut grpc = tonic::client::Grpc::new(svc);
+
+    // The server's own UNAVAILABLE: no pushback, the server's message.
+    for _ in 0..2 {
+        let status = say(&mut grpc, "world").await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), "model overloaded");
+        assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_none());
+    }
+    assert_eq!(breaker.state(), State::Open);
+
+    // The breaker's: same code, with the wait and the rejection inside.
+    let status = say(&mut grpc, "world").await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.metadata().get(RETRY_PUSHBACK_MS).unwrap(), "30000");
+    assert!(std::error::Error::source(&status)
+        .and_then(|s| s.downcast_ref::<CircuitOpen>())
+        .is_some());
+    assert_eq!(server.calls.load(Ordering::SeqCst), 2);
+
+    server.failing.store(false, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(say(&mut grpc, "probe").await.unwrap(), "hello probe");
+    assert_eq!(breaker.state(), State::Closed);
 }
 
 // === the conversion ===

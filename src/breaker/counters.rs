@@ -15,6 +15,7 @@ pub(crate) enum Counter {
     Failures,
     Ignored,
     RateLimited,
+    QuotaExhausted,
     Dropped,
     Slow,
     WouldReject,
@@ -23,7 +24,7 @@ pub(crate) enum Counter {
     ProbeFailures,
 }
 
-const COUNTERS: usize = 11;
+const COUNTERS: usize = 12;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -93,6 +94,7 @@ impl Striped {
                 + get(Counter::Failures)
                 + get(Counter::Ignored)
                 + get(Counter::RateLimited)
+                + get(Counter::QuotaExhausted)
                 + get(Counter::Dropped)
                 + in_flight,
             in_flight,
@@ -101,6 +103,7 @@ impl Striped {
             failures: get(Counter::Failures),
             ignored: get(Counter::Ignored),
             rate_limited: get(Counter::RateLimited),
+            quota_exhausted: get(Counter::QuotaExhausted),
             dropped: get(Counter::Dropped),
             slow: get(Counter::Slow),
             would_reject: get(Counter::WouldReject),

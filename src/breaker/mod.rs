@@ -542,7 +542,8 @@ impl Shared {
                 (c.probes - ctl.cycle.failures < c.close_after)
                     .then_some((State::Open, Reason::ProbesFailed))
             }
-            // Ignored and rate-limited probes give their slot back.
+            // Ignored, rate-limited and quota-exhausted probes give their
+            // slot back.
             _ => None,
         };
         // With a shared-state backend the cluster decides the cycle.
@@ -897,6 +898,7 @@ impl From<Outcome> for Counter {
             Outcome::Failure => Counter::Failures,
             Outcome::Ignored => Counter::Ignored,
             Outcome::RateLimited { .. } => Counter::RateLimited,
+            Outcome::QuotaExhausted => Counter::QuotaExhausted,
         }
     }
 }

@@ -192,9 +192,9 @@ fn ratio(part: u64, whole: u64) -> f64 {
 /// Lifetime counters of a breaker, never reset.
 ///
 /// Every admitted call ends in exactly one of `successes`, `failures`,
-/// `ignored`, `rate_limited` or `dropped`, or is still `in_flight`; that is
-/// how `admitted` is counted. A permit that leaked (neither recorded nor
-/// dropped) would stay in `in_flight` for ever.
+/// `ignored`, `rate_limited`, `quota_exhausted` or `dropped`, or is still
+/// `in_flight`; that is how `admitted` is counted. A permit that leaked
+/// (neither recorded nor dropped) would stay in `in_flight` for ever.
 /// Outcomes that arrive after the state that admitted them has ended are
 /// counted here too, although the trip rules no longer see them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -215,6 +215,8 @@ pub struct Counters {
     pub ignored: u64,
     /// Outcomes recorded as [`Outcome::RateLimited`](crate::Outcome::RateLimited).
     pub rate_limited: u64,
+    /// Outcomes recorded as [`Outcome::QuotaExhausted`](crate::Outcome::QuotaExhausted).
+    pub quota_exhausted: u64,
     /// Permits dropped without an outcome (a cancelled call).
     pub dropped: u64,
     /// Calls counted as slow (at completion or while still in flight).

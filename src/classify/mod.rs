@@ -25,9 +25,15 @@
 //! ));
 //! ```
 
+mod grpc;
 mod http;
+mod llm;
+mod sse;
 
+pub use self::grpc::{GrpcClassifier, GrpcStream};
 pub use self::http::{parse_retry_after, HttpClassifier};
+pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
+pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -52,6 +58,11 @@ pub enum Outcome {
         /// How long the upstream asked to wait, if it said.
         retry_after: Option<Duration>,
     },
+    /// The account's quota or credit ran out (OpenAI's `insufficient_quota`,
+    /// HTTP 402): the upstream is healthy but will refuse this caller until
+    /// someone pays, so retrying soon is pointless. Neutral for every rule,
+    /// like [`RateLimited`](Self::RateLimited).
+    QuotaExhausted,
 }
 
 /// The error type classifiers see: the inner service's error, boxed.
