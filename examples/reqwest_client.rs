@@ -13,6 +13,7 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use openai_server::{Mode, OpenAiServer};
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::reqwest::ReqwestService;
 use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
 
@@ -27,7 +28,8 @@ async fn main() -> Result<(), BoxError> {
         .probes(1)
         .close_after(1)
         .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
-        .build()?;
+        .build()?
+        .with_classifier(LlmClassifier::new());
     let mut client = ServiceBuilder::new()
         .layer(layer)
         .timeout(Duration::from_secs(10)) // attempt timeout: inside, so it counts

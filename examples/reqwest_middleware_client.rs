@@ -13,6 +13,7 @@ use std::time::Duration;
 use openai_server::{Mode, OpenAiServer};
 use reqwest_middleware::ClientBuilder;
 use tower::{Layer, ServiceExt};
+use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::reqwest::ReqwestService;
 use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
 use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
@@ -28,7 +29,8 @@ async fn main() -> Result<(), BoxError> {
         .probes(1)
         .close_after(1)
         .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
-        .build()?;
+        .build()?
+        .with_classifier(LlmClassifier::new());
 
     // The same breaker in both clients.
     let client = ClientBuilder::new(reqwest::Client::new())

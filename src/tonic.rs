@@ -14,7 +14,11 @@
 //! * the [`CircuitOpen`] itself as the status's
 //!   [`source`](std::error::Error::source).
 //!
-//! `From<CircuitOpen> for tonic::Status` builds the same status by hand.
+//! `From<CircuitOpen> for tonic::Status` builds the same status by hand. To
+//! trip on the statuses a server sends, classify with
+//! [`GrpcClassifier`](crate::classify::GrpcClassifier).
+//!
+//! This feature needs Rust 1.88, tonic 0.14's minimum.
 //!
 //! # Example
 //!
