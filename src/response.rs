@@ -139,7 +139,8 @@ pub fn grpc_unavailable<B: Default>(open: &CircuitOpen) -> Response<B> {
     headers.insert("grpc-status", HeaderValue::from_static("14"));
     headers.insert("grpc-message", HeaderValue::from_static("circuit open"));
     if let Some(wait) = open.retry_after() {
-        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        // Rounded up, like `Retry-After`: never invite a call too early.
+        let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
         headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
     }
     res
