@@ -472,6 +472,10 @@ impl Shared {
     #[cold]
     fn record_probe(&self, generation: u64, id: u64, outcome: Outcome, slow: bool) {
         let mut ctl = lock(&self.control);
+        let now = self.now();
+        // A lease that ran out is over whether or not an admission has
+        // reclaimed its slot yet.
+        ctl.cycle.reclaim(now);
         if self.load() != Packed::new(State::HalfOpen, generation) || !ctl.cycle.release(id) {
             // From an older cycle, or its lease expired: dropped.
             return;
@@ -492,7 +496,7 @@ impl Shared {
             _ => None,
         };
         if let Some((to, reason)) = next {
-            let t = self.transition(&mut ctl, to, reason, self.now());
+            let t = self.transition(&mut ctl, to, reason, now);
             drop(ctl);
             self.emit(t);
         }
