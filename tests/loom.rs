@@ -20,13 +20,24 @@ use loom::thread;
 use tower_circuit_breaker::{Breaker, Builder, Outcome, Permit, State};
 
 /// Explores every interleaving, with a preemption bound of
-/// `LOOM_MAX_PREEMPTIONS` (3 when unset, so a plain run finishes in minutes).
+/// `LOOM_MAX_PREEMPTIONS` (3 when unset, so a plain run finishes in minutes),
+/// and prints how many it explored.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(3);
     }
-    builder.check(f);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    builder.check(move || {
+        counter.fetch_add(1, SeqCst);
+        f();
+    });
+    eprintln!(
+        "{} interleavings explored (preemption bound {:?})",
+        runs.load(SeqCst),
+        builder.preemption_bound
+    );
 }
 
 fn base() -> Builder<Breaker> {

@@ -391,7 +391,12 @@ fn compare(b: &Breaker, m: &Model, step: usize) {
     } else {
         m.tripped
     };
-    assert_eq!((s.window.calls, s.window.failures), window, "window; {}", ctx());
+    assert_eq!(
+        (s.window.calls, s.window.failures),
+        window,
+        "window; {}",
+        ctx()
+    );
     assert_eq!(s.consecutive_failures, m.streak, "streak; {}", ctx());
     assert_eq!(s.reopens, m.reopens, "reopens; {}", ctx());
     let retry_in =
@@ -507,7 +512,7 @@ fn a_scripted_run_goes_through_trip_reopen_backoff_and_close() {
         Op::Finish(0, Fin::Failure),
         Op::Finish(0, Fin::Failure), // 2 of 2 failed: open for 4 ticks
         Op::Advance(4),
-        Op::Admit, // half-open
+        Op::Admit,                   // half-open
         Op::Finish(0, Fin::Failure), // reopen, now for 8 ticks
         Op::Advance(7),
         Op::Admit, // still open
@@ -565,4 +570,58 @@ fn a_probe_that_outlived_its_lease_has_its_late_outcome_dropped() {
         run(cfg, ops),
         [State::Closed, State::Open, State::HalfOpen, State::Closed]
     );
+}
+
+// === outside the model: the slow-call rule ===
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_success_breaks_a_failure_streak() {
+    let b = Breaker::builder()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(1), 1.0)
+        .consecutive_failures(3)
+        .build()
+        .unwrap();
+    b.admit().unwrap().record(Outcome::Failure);
+    b.admit().unwrap().record(Outcome::Failure);
+    let slow = b.admit().unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    slow.record(Outcome::Success);
+    assert_eq!(b.snapshot().counters.slow, 1);
+    assert_eq!(
+        b.snapshot().consecutive_failures,
+        0,
+        "a success, slow or not"
+    );
+    b.admit().unwrap().record(Outcome::Failure);
+    assert_eq!(
+        b.state(),
+        State::Closed,
+        "failures 1, 2, success, 3 are not 3 in a row"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_crossing_the_slow_threshold_does_not_break_a_failure_streak() {
+    let b = Breaker::builder()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(1), 1.0)
+        .consecutive_failures(2)
+        .build()
+        .unwrap();
+    let hanging = b.admit().unwrap();
+    b.admit().unwrap().record(Outcome::Failure);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // This admission counts the hanging call as slow: it has not finished,
+    // so it says nothing about the streak.
+    let next = b.admit().unwrap();
+    assert_eq!(b.snapshot().counters.slow, 1);
+    assert_eq!(b.snapshot().consecutive_failures, 1);
+    next.record(Outcome::Failure);
+    assert_eq!(b.state(), State::Open);
+    drop(hanging);
 }
