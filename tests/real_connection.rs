@@ -1,4 +1,5 @@
 //! A hyper-util client -> breaker -> hyper server on 127.0.0.1:0.
+#![cfg(not(loom))]
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -351,7 +351,7 @@ impl Shared {
             // closed, even if these crossings open the circuit.
             self.counters.add(Counter::Slow, crossed);
             for _ in 0..crossed {
-                self.record_closed(generation, SLOW, now);
+                self.record_closed(generation, SLOW, false, now);
             }
         }
         Ok(permit)
@@ -443,7 +443,8 @@ impl Shared {
                 } else {
                     0
                 };
-                self.record_closed(permit.generation, entry | if slow { SLOW } else { 0 }, now);
+                let entry = entry | if slow { SLOW } else { 0 };
+                self.record_closed(permit.generation, entry, true, now);
             }
             Kind::Probe(id) => self.record_probe(permit.generation, id, outcome, slow),
         }
@@ -473,7 +474,10 @@ impl Shared {
         slow
     }
 
-    fn record_closed(&self, generation: u64, entry: u8, now: u64) {
+    /// Adds one entry to the window and the streak. `finished` is false for
+    /// a call counted as slow while still in flight: it is no outcome, so it
+    /// does not break a failure streak.
+    fn record_closed(&self, generation: u64, entry: u8, finished: bool, now: u64) {
         if self.load() != Packed::new(State::Closed, generation) {
             // An outcome counts only in the period that admitted its call.
             return;
@@ -481,7 +485,8 @@ impl Shared {
         let streak = if entry & FAILED != 0 {
             self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1
         } else {
-            if entry == 0 && self.hot.consecutive.load(Ordering::Acquire) != 0 {
+            // Any finished call that did not fail, slow or not.
+            if finished && self.hot.consecutive.load(Ordering::Acquire) != 0 {
                 self.hot.consecutive.store(0, Ordering::Release);
             }
             0
@@ -524,6 +529,10 @@ impl Shared {
     #[cold]
     fn record_probe(&self, generation: u64, id: u64, outcome: Outcome, slow: bool) {
         let mut ctl = lock(&self.control);
+        let now = self.now();
+        // A lease that ran out is over whether or not an admission has
+        // reclaimed its slot yet.
+        ctl.cycle.reclaim(now);
         if self.load() != Packed::new(State::HalfOpen, generation) || !ctl.cycle.release(id) {
             // From an older cycle, or its lease expired: dropped.
             return;
@@ -549,7 +558,7 @@ impl Shared {
         // With a shared-state backend the cluster decides the cycle.
         let next = next.filter(|_| !ctl.remote);
         if let Some((to, reason)) = next {
-            let t = self.transition(&mut ctl, to, reason, self.now());
+            let t = self.transition(&mut ctl, to, reason, now);
             drop(ctl);
             self.emit(t);
         }

@@ -60,8 +60,8 @@ impl Rates {
         }
     }
 
-    /// Empties the window. Called only while the circuit is not closed, under
-    /// the breaker's control lock.
+    /// Empties the window, under the breaker's control lock. Records of an
+    /// earlier period may still be landing.
     pub(crate) fn clear(&self) {
         match self {
             Rates::None => {}
@@ -125,21 +125,34 @@ impl CountWindow {
     }
 
     fn stats(&self) -> WindowStats {
+        let calls = self.head.load(Ordering::Acquire).min(self.len());
         WindowStats {
-            calls: self.head.load(Ordering::Acquire).min(self.len()),
-            failures: u64::from(self.failures.load(Ordering::Acquire)),
-            slow: u64::from(self.slow.load(Ordering::Acquire)),
+            calls,
+            failures: settled(&self.failures, calls),
+            slow: settled(&self.slow, calls),
         }
     }
 
     fn clear(&self) {
+        // Every change of a slot goes with its own counter update, here too:
+        // a record racing this clear (a late outcome, or `reset()` while
+        // closed) then still leaves each counter equal to its bits in the
+        // slots once both are done, instead of one off for good.
         for slot in self.slots.iter() {
-            slot.store(0, Ordering::Relaxed);
+            let old = slot.swap(0, Ordering::AcqRel);
+            adjust(&self.failures, old & FAILED != 0, false);
+            adjust(&self.slow, old & SLOW != 0, false);
         }
-        self.failures.store(0, Ordering::Relaxed);
-        self.slow.store(0, Ordering::Relaxed);
         self.head.store(0, Ordering::Release);
     }
+}
+
+/// Reads a counter that racing writers may have pushed transiently below
+/// zero (a decrement landing before the increment it undoes) or above the
+/// calls, as a count in `0..=calls`.
+fn settled(counter: &AtomicU32, calls: u64) -> u64 {
+    let n = counter.load(Ordering::Acquire) as i32;
+    u64::try_from(n).unwrap_or(0).min(calls)
 }
 
 fn adjust(counter: &AtomicU32, was: bool, is: bool) {

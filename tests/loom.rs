@@ -1,0 +1,346 @@
+//! Model checks of the state machine's concurrent core with loom.
+//!
+//! Every interleaving of the threads below (up to the preemption bound) is
+//! explored. Run with:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//!     LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom
+//! ```
+//!
+//! Time plays no part: circuits open for 1ns (so they are due for half-open
+//! by the time any thread runs) and probes hold hour-long leases.
+#![cfg(loom)]
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use loom::thread;
+use tower_circuit_breaker::{Breaker, Builder, Outcome, Permit, State};
+
+/// Explores every interleaving, with a preemption bound of
+/// `LOOM_MAX_PREEMPTIONS` (3 when unset, so a plain run finishes in minutes),
+/// and prints how many it explored.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    builder.check(move || {
+        counter.fetch_add(1, SeqCst);
+        f();
+    });
+    eprintln!(
+        "{} interleavings explored (preemption bound {:?})",
+        runs.load(SeqCst),
+        builder.preemption_bound
+    );
+}
+
+fn base() -> Builder<Breaker> {
+    Breaker::builder()
+        .counter_stripes(1)
+        .open_duration(Duration::from_nanos(1))
+        .max_open_duration(Duration::from_nanos(1))
+        .probe_lease(Duration::from_secs(3600))
+        .jitter(0.0)
+        .seed(1)
+}
+
+/// A breaker that opens on one failure, with `probes` probe slots.
+fn tripped(probes: u32, close_after: u32) -> Breaker {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .probes(probes)
+        .close_after(close_after)
+        .build()
+        .unwrap();
+    b.admit().unwrap().record(Outcome::Failure);
+    assert_eq!(b.state(), State::Open);
+    b
+}
+
+/// Waits (on the real clock, not modelled) until the 1ns open period is over
+/// and the breaker admits a probe, then gives that probe's slot back.
+fn into_half_open(b: &Breaker) {
+    loop {
+        if let Ok(p) = b.admit() {
+            assert!(p.is_probe());
+            drop(p);
+            break;
+        }
+    }
+    assert_eq!(b.state(), State::HalfOpen);
+}
+
+fn balance(b: &Breaker, in_flight: u64) {
+    let c = b.snapshot().counters;
+    assert_eq!(
+        c.admitted,
+        c.successes + c.failures + c.ignored + c.rate_limited + c.dropped + in_flight,
+        "{c:?}"
+    );
+}
+
+// === admission and half-open probe accounting ===
+
+#[test]
+fn three_threads_racing_out_of_open_get_exactly_two_probes() {
+    model(|| {
+        let b = tripped(2, 2);
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || b.admit().ok())
+            })
+            .collect();
+        let permits: Vec<Permit> = handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap())
+            .collect();
+        // The open period is over before any thread runs, and no slot is
+        // given back: exactly two are admitted, both as probes.
+        assert_eq!(permits.len(), 2);
+        assert!(permits.iter().all(Permit::is_probe));
+        assert_eq!(b.state(), State::HalfOpen);
+        let c = b.snapshot().counters;
+        assert_eq!((c.admitted, c.rejected), (3, 1)); // the trip's call and two probes; one rejected
+        for p in permits {
+            p.record(Outcome::Success);
+        }
+        assert_eq!(b.state(), State::Closed);
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn a_dropped_probe_gives_its_slot_back_and_never_more_than_two_are_held() {
+    model(|| {
+        let b = tripped(2, 2);
+        into_half_open(&b);
+        let held = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let (b, held) = (b.clone(), held.clone());
+                thread::spawn(move || {
+                    let p = b.admit().ok()?;
+                    let now = held.fetch_add(1, SeqCst) + 1;
+                    assert!(now <= 2, "{now} probes held at once");
+                    if i == 0 {
+                        // A cancelled probe: its slot comes back.
+                        held.fetch_sub(1, SeqCst);
+                        drop(p);
+                        None
+                    } else {
+                        Some(p)
+                    }
+                })
+            })
+            .collect();
+        let permits: Vec<Permit> = handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap())
+            .collect();
+        assert!(permits.len() <= 2);
+        // Whatever the order, a slot is free now exactly when fewer than two
+        // probes are held.
+        let extra = b.admit();
+        assert_eq!(extra.is_ok(), permits.len() < 2, "held {}", permits.len());
+        drop(extra);
+        drop(permits);
+        assert_eq!(b.state(), State::HalfOpen);
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn a_failed_and_a_successful_probe_racing_reopen_once() {
+    model(|| {
+        let transitions = Arc::new(AtomicUsize::new(0));
+        let t = transitions.clone();
+        let b = base()
+            .no_window()
+            .consecutive_failures(1)
+            .probes(2)
+            .close_after(2)
+            .on_transition(move |tr| {
+                if tr.to == State::Open {
+                    t.fetch_add(1, SeqCst);
+                }
+            })
+            .build()
+            .unwrap();
+        b.admit().unwrap().record(Outcome::Failure);
+        into_half_open(&b);
+        let p1 = b.admit().unwrap();
+        let p2 = b.admit().unwrap();
+        let h1 = thread::spawn(move || p1.record(Outcome::Failure));
+        let h2 = thread::spawn(move || p2.record(Outcome::Success));
+        h1.join().unwrap();
+        h2.join().unwrap();
+        // Two successes were needed; one failure makes that impossible,
+        // whichever outcome lands first. The success that lands after the
+        // reopen belongs to a finished cycle and is dropped.
+        let s = b.snapshot();
+        assert_eq!(s.state, State::Open);
+        assert_eq!(s.reopens, 1);
+        assert_eq!(transitions.load(SeqCst), 2, "the trip and one reopen");
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn closed_admissions_racing_a_trip_neither_double_trip_nor_count_late() {
+    model(|| {
+        let transitions = Arc::new(AtomicUsize::new(0));
+        let t = transitions.clone();
+        let b = base()
+            .no_window()
+            .consecutive_failures(2)
+            .open_duration(Duration::from_secs(3600))
+            .max_open_duration(Duration::from_secs(3600))
+            .on_transition(move |_| {
+                t.fetch_add(1, SeqCst);
+            })
+            .build()
+            .unwrap();
+        b.admit().unwrap().record(Outcome::Failure);
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || {
+                    if let Ok(p) = b.admit() {
+                        p.record(Outcome::Failure);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let s = b.snapshot();
+        assert_eq!(s.state, State::Open);
+        assert_eq!(s.reopens, 0);
+        assert_eq!(transitions.load(SeqCst), 1, "exactly one trip");
+        balance(&b, 0);
+    });
+}
+
+// === count window ===
+
+/// A count window of 2 that opens only when both calls failed.
+fn window_of_two() -> Breaker {
+    base()
+        .count_window(2)
+        .min_calls(2)
+        .failure_rate(1.0)
+        .open_duration(Duration::from_secs(3600))
+        .max_open_duration(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+}
+
+fn record(b: &Breaker, outcome: Outcome) {
+    b.admit().unwrap().record(outcome);
+}
+
+/// Once `n` successes have pushed everything else out of a window of `n`,
+/// its failure counter must read zero, and one failure must read one: the
+/// counter equals the failure bits in the slots.
+fn assert_window_is_consistent(b: &Breaker, n: u64) {
+    for _ in 0..n {
+        record(b, Outcome::Success);
+    }
+    let w = b.snapshot().window;
+    assert_eq!((w.calls, w.failures), (n, 0), "after {n} successes");
+    record(b, Outcome::Failure);
+    let w = b.snapshot().window;
+    assert_eq!((w.calls, w.failures), (n, 1), "after one more failure");
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[test]
+fn concurrent_records_keep_the_failure_counter_equal_to_the_slots() {
+    model(|| {
+        let b = window_of_two();
+        // Three writers on the two slots of a window still filling up: the
+        // first and the last write the same slot, and their counter updates
+        // may land in either order.
+        let handles: Vec<_> = [Outcome::Failure, Outcome::Success, Outcome::Success]
+            .into_iter()
+            .map(|o| {
+                let p = b.admit().unwrap();
+                thread::spawn(move || p.record(o))
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        // One failure can never fill a window of two with failures.
+        assert_eq!(b.state(), State::Closed, "{:?}", b.snapshot());
+        let w = b.snapshot().window;
+        assert!(w.failures <= 1, "{w:?}");
+        assert_window_is_consistent(&b, 2);
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn a_failure_and_a_success_on_one_slot_never_report_more_failures_than_calls() {
+    model(|| {
+        let b = base()
+            .count_window(1)
+            .min_calls(1)
+            .failure_rate(1.0)
+            .open_duration(Duration::from_secs(3600))
+            .max_open_duration(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        // Both land on the one slot of an empty window.
+        let p1 = b.admit().unwrap();
+        let p2 = b.admit().unwrap();
+        let h1 = thread::spawn(move || p1.record(Outcome::Failure));
+        let h2 = thread::spawn(move || p2.record(Outcome::Success));
+        h1.join().unwrap();
+        h2.join().unwrap();
+        // Either order may trip (a window of one that held a failure), but
+        // the window reported, live or the one that tripped, is a real one.
+        let w = b.snapshot().window;
+        assert!(w.failures <= w.calls && w.calls <= 1, "{w:?}");
+        balance(&b, 0);
+    });
+}
+
+fn reset_racing_a_record(prefill: [Outcome; 2], late: Outcome) {
+    model(move || {
+        let b = window_of_two();
+        for o in prefill {
+            record(&b, o);
+        }
+        let p = b.admit().unwrap();
+        let b2 = b.clone();
+        let writer = thread::spawn(move || p.record(late));
+        let operator = thread::spawn(move || b2.reset());
+        writer.join().unwrap();
+        operator.join().unwrap();
+        assert_eq!(b.state(), State::Closed);
+        assert_window_is_consistent(&b, 2);
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn a_failure_recorded_during_reset_leaves_a_consistent_window() {
+    // The late failure overwrites a success.
+    reset_racing_a_record([Outcome::Success, Outcome::Success], Outcome::Failure);
+}
+
+#[test]
+fn a_success_recorded_during_reset_leaves_a_consistent_window() {
+    // The late success overwrites a failure.
+    reset_racing_a_record([Outcome::Failure, Outcome::Success], Outcome::Success);
+}
