@@ -79,6 +79,9 @@ pub mod error;
 pub mod future;
 pub mod keyed;
 mod layer;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod service;
 mod sync;
 

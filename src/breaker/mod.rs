@@ -272,6 +272,13 @@ impl Breaker {
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
+
+    /// The validated configuration, for backends that apply the same rules
+    /// elsewhere.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn config(&self) -> &Config {
+        &self.shared.config
+    }
 }
 
 // === impl Shared ===
