@@ -734,3 +734,55 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
     );
     drop(attachment);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
+    let prefix = unique_prefix("many");
+    let config = || {
+        KeyedBreakers::builder()
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (config(), config());
+    let attach_a = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&a)
+        .unwrap();
+    let attach_b = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&b)
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            attach_a.is_shared() && attach_b.is_shared()
+        })
+        .await
+    );
+
+    // 700 keys on both replicas; every tenth fails once on replica a.
+    let keys: Vec<String> = (0..700).map(|i| format!("model-{i}")).collect();
+    for k in &keys {
+        b.admit(k).unwrap().record(Outcome::Success);
+        let outcome = if k.ends_with('0') {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        a.admit(k).unwrap().record(outcome);
+    }
+    let in_step = eventually(WAIT, || async {
+        keys.iter().all(|k| {
+            let open = k.ends_with('0');
+            b.get(k)
+                .is_some_and(|br| (br.state() == State::Open) == open)
+        })
+    })
+    .await;
+    assert!(in_step, "replica b follows all 70 trips and no other key");
+    assert!(attach_a.is_shared() && attach_b.is_shared());
+}

@@ -30,6 +30,9 @@ const MARGIN: Duration = Duration::from_millis(2);
 /// atomic load each), so a trip is sent before the next flush.
 const TRIP_SCAN: Duration = Duration::from_millis(5);
 
+/// Script calls per round trip.
+const CHUNK: usize = 256;
+
 /// The longest breaker key a pub/sub message may name.
 const MAX_KEY_LEN: usize = 1024;
 
@@ -363,30 +366,36 @@ impl Worker {
             }
             return Ok(());
         }
-        let mut pipe = ::redis::pipe();
-        for p in &pending {
-            let t = &self.tracked[&p.name];
-            let unit = next_unit(&mut self.rng);
-            script::push(
-                &mut pipe,
-                &self.channel,
-                &t.name,
-                &t.keys,
-                &t.rule,
-                unit,
-                &p.request,
-            );
-        }
-        let sent = Instant::now();
-        let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
-        if values.len() != pending.len() {
-            return Err(Failure::Reply);
-        }
-        for (p, value) in pending.into_iter().zip(&values) {
-            let reply = Reply::parse(value).ok_or(Failure::Reply)?;
-            if let Some(t) = self.tracked.get_mut(&p.name) {
-                t.apply(reply, p, sent, self.settings.flush);
+        // In chunks, so a large keyed set neither holds Redis up with one
+        // huge pipeline nor runs one round trip past the timeout.
+        while !pending.is_empty() {
+            let rest = pending.split_off(pending.len().min(CHUNK));
+            let mut pipe = ::redis::pipe();
+            for p in &pending {
+                let t = &self.tracked[&p.name];
+                let unit = next_unit(&mut self.rng);
+                script::push(
+                    &mut pipe,
+                    &self.channel,
+                    &t.name,
+                    &t.keys,
+                    &t.rule,
+                    unit,
+                    &p.request,
+                );
             }
+            let sent = Instant::now();
+            let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
+            if values.len() != pending.len() {
+                return Err(Failure::Reply);
+            }
+            for (p, value) in pending.into_iter().zip(&values) {
+                let reply = Reply::parse(value).ok_or(Failure::Reply)?;
+                if let Some(t) = self.tracked.get_mut(&p.name) {
+                    t.apply(reply, p, sent, self.settings.flush);
+                }
+            }
+            pending = rest;
         }
         Ok(())
     }
