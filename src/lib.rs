@@ -80,6 +80,9 @@ pub mod future;
 pub mod keyed;
 mod layer;
 pub mod response;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod service;
 mod sync;
 

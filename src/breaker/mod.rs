@@ -287,6 +287,13 @@ impl Breaker {
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
         Arc::ptr_eq(&self.shared.0, &other.shared.0)
     }
+
+    /// The validated configuration, for backends that apply the same rules
+    /// elsewhere.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn config(&self) -> &Config {
+        &self.shared.config
+    }
 }
 
 // === impl Shared ===

@@ -1,0 +1,285 @@
+//! The one Lua script every exchange with Redis goes through, its arguments
+//! and its reply.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use ::redis::{Pipeline, Script, Value};
+
+use crate::breaker::{Config, Window};
+
+/// Source of the script; see the comments at its top for its contract.
+const SOURCE: &str = include_str!("sync.lua");
+
+pub(super) static SYNC: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+
+/// The cluster-wide rules of one breaker, taken from its configuration.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rule {
+    span_ms: u64,
+    buckets: u32,
+    min_calls: u32,
+    failure_rate: f64,
+    slow_rate: f64,
+    open_ms: u64,
+    open_max_ms: u64,
+    multiplier: f64,
+    jitter: f64,
+    pub(super) probes: u32,
+    close_after: u32,
+    pub(super) lease: Duration,
+}
+
+impl Rule {
+    /// The breaker's own rules over a time window in Redis: the breaker's
+    /// time window when it has one, else `window`.
+    pub(super) fn new(config: &Config, window: Option<(Duration, u32)>) -> Rule {
+        let (span, buckets) = match (window, config.window) {
+            (Some(w), _) => w,
+            (None, Window::Time { span, buckets }) => (span, buckets.min(1000)),
+            (None, _) => (Duration::from_secs(10), 10),
+        };
+        let windowed = !matches!(config.window, Window::None);
+        Rule {
+            span_ms: ms(span).max(1),
+            buckets: buckets.max(1),
+            min_calls: config.min_calls,
+            failure_rate: config.failure_rate.filter(|_| windowed).unwrap_or(0.0),
+            slow_rate: config
+                .slow_call
+                .filter(|_| windowed)
+                .map_or(0.0, |(_, r)| r),
+            open_ms: ms(config.open).max(1),
+            open_max_ms: ms(config.open_max).max(1),
+            multiplier: config.backoff_multiplier,
+            jitter: config.jitter,
+            probes: config.probes,
+            close_after: config.close_after,
+            lease: config.lease(),
+        }
+    }
+
+    /// Whether outcomes are worth aggregating at all.
+    pub(super) fn aggregates(&self) -> bool {
+        self.failure_rate > 0.0 || self.slow_rate > 0.0
+    }
+}
+
+/// What a replica tells the cluster about one breaker.
+#[derive(Debug, Default)]
+pub(super) struct Request {
+    /// The epoch the probe reports belong to.
+    pub(super) epoch: u64,
+    pub(super) trip: bool,
+    pub(super) calls: u64,
+    pub(super) failures: u64,
+    pub(super) slow: u64,
+    /// A probe lease id to claim.
+    pub(super) claim: Option<String>,
+    /// Probe lease ids with `s` (succeeded), `f` (failed) or `r` (unused).
+    pub(super) reports: Vec<(String, &'static str)>,
+}
+
+impl Request {
+    /// Whether this request only reads.
+    pub(super) fn is_read(&self) -> bool {
+        !self.trip && self.calls == 0 && self.claim.is_none() && self.reports.is_empty()
+    }
+}
+
+/// Keys and channel of one breaker.
+pub(super) struct Keys {
+    pub(super) state: String,
+    pub(super) window: String,
+    pub(super) probes: String,
+}
+
+impl Keys {
+    /// `{prefix:name}:state` and so on: the hash tag keeps one breaker's keys
+    /// in one Redis Cluster slot, so one script may touch them all.
+    pub(super) fn new(prefix: &str, name: &str) -> Keys {
+        Keys {
+            state: format!("{{{prefix}:{name}}}:state"),
+            window: format!("{{{prefix}:{name}}}:win"),
+            probes: format!("{{{prefix}:{name}}}:probes"),
+        }
+    }
+}
+
+/// Adds one script call to `pipe`.
+pub(super) fn push(
+    pipe: &mut Pipeline,
+    channel: &str,
+    name: &str,
+    keys: &Keys,
+    rule: &Rule,
+    jitter_unit: f64,
+    req: &Request,
+) {
+    let mut inv = SYNC.prepare_invoke();
+    inv.key(&keys.state)
+        .key(&keys.window)
+        .key(&keys.probes)
+        .arg(channel)
+        .arg(name)
+        .arg(req.epoch)
+        .arg(u8::from(req.trip))
+        .arg(req.calls)
+        .arg(req.failures)
+        .arg(req.slow)
+        .arg(rule.span_ms)
+        .arg(rule.buckets)
+        .arg(rule.min_calls)
+        .arg(rule.failure_rate)
+        .arg(rule.slow_rate)
+        .arg(rule.open_ms)
+        .arg(rule.open_max_ms)
+        .arg(rule.multiplier)
+        .arg(rule.jitter * jitter_unit)
+        .arg(rule.probes)
+        .arg(rule.close_after)
+        .arg(ms(rule.lease).max(1))
+        .arg(req.claim.as_deref().unwrap_or(""));
+    for (id, code) in &req.reports {
+        inv.arg(id.as_str()).arg(*code);
+    }
+    pipe.invoke_script(&inv);
+}
+
+/// The cluster state of one breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cluster {
+    Closed,
+    /// Open for this much longer.
+    Open(Duration),
+    /// Open, with its open duration elapsed: probes decide.
+    HalfOpen,
+}
+
+impl Cluster {
+    pub(super) fn is_closed(self) -> bool {
+        self == Cluster::Closed
+    }
+}
+
+/// What the script answered.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reply {
+    pub(super) cluster: Cluster,
+    pub(super) epoch: u64,
+    pub(super) granted: bool,
+}
+
+impl Reply {
+    /// Parses a reply; `None` for anything that is not the script's shape.
+    pub(super) fn parse(value: &Value) -> Option<Reply> {
+        let Value::Array(items) = value else {
+            return None;
+        };
+        let int = |i: usize| match items.get(i) {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
+        let cluster = match int(0)? {
+            0 => Cluster::Closed,
+            1 => Cluster::Open(Duration::from_millis(u64::try_from(int(1)?).ok()?)),
+            2 => Cluster::HalfOpen,
+            _ => return None,
+        };
+        Some(Reply {
+            cluster,
+            epoch: u64::try_from(int(2)?).ok()?,
+            granted: int(3)? == 1,
+        })
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_breaker_share_a_hash_tag() {
+        let k = Keys::new("svc", "gpt-4o/eu");
+        assert_eq!(k.state, "{svc:gpt-4o/eu}:state");
+        assert_eq!(k.window, "{svc:gpt-4o/eu}:win");
+        assert_eq!(k.probes, "{svc:gpt-4o/eu}:probes");
+    }
+
+    #[test]
+    fn replies_of_another_shape_are_refused() {
+        let good = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(250),
+            Value::Int(7),
+            Value::Int(0),
+        ]);
+        let r = Reply::parse(&good).unwrap();
+        assert_eq!(r.cluster, Cluster::Open(Duration::from_millis(250)));
+        assert_eq!(r.epoch, 7);
+        assert!(!r.granted);
+        for bad in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![
+                Value::Int(9),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(-5),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![Value::Int(0)]),
+            Value::Array(vec![
+                Value::Nil,
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+        ] {
+            assert!(Reply::parse(&bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rule_follows_the_breaker_configuration() {
+        let c = Config {
+            window: Window::Count(20),
+            min_calls: 10,
+            failure_rate: Some(0.5),
+            probes: 3,
+            close_after: 2,
+            ..Config::default()
+        };
+        let r = Rule::new(&c, None);
+        assert_eq!((r.span_ms, r.buckets, r.min_calls), (10_000, 10, 10));
+        assert!(r.aggregates());
+        let off = Rule::new(
+            &Config {
+                window: Window::None,
+                ..c.clone()
+            },
+            None,
+        );
+        assert!(!off.aggregates());
+        let timed = Rule::new(
+            &Config {
+                window: Window::Time {
+                    span: Duration::from_secs(30),
+                    buckets: 6,
+                },
+                ..c
+            },
+            None,
+        );
+        assert_eq!((timed.span_ms, timed.buckets), (30_000, 6));
+    }
+}

@@ -1,0 +1,264 @@
+-- One replica's exchange with the cluster state of one breaker, atomically.
+--
+-- KEYS[1]  state   hash: state ("closed" | "open"), until (ms), reopens,
+--                  epoch, ok, failed
+-- KEYS[2]  window  hash: "c:<bucket>", "f:<bucket>", "s:<bucket>" counts
+-- KEYS[3]  probes  sorted set: probe lease id -> lease deadline (ms)
+--
+-- ARGV[1]  channel for transition messages
+-- ARGV[2]  breaker name (named in messages)
+-- ARGV[3]  epoch the probe reports below belong to
+-- ARGV[4]  1 if the replica's breaker tripped on its own
+-- ARGV[5..7]   closed-state calls, failures and slow calls since last time
+-- ARGV[8..9]   window span (ms) and bucket count
+-- ARGV[10]     min_calls
+-- ARGV[11..12] failure rate and slow-call rate thresholds (0 = off)
+-- ARGV[13..16] open (ms), open cap (ms), backoff multiplier, jitter fraction
+-- ARGV[17..19] probes, close_after, probe lease (ms)
+-- ARGV[20]     probe lease id to claim ("" = none)
+-- ARGV[21..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
+--              "r" (released unused)
+--
+-- Returns { state (0 closed, 1 open, 2 half-open), ms until half-open,
+--           epoch, 1 if the claim was granted }.
+--
+-- Time comes from this server's clock only. Anything unreadable in the keys
+-- (wrong type, non-numeric field, unknown state, absurd deadline) is treated
+-- as absent and overwritten on the next write, never raised as an error.
+
+local S, W, P = KEYS[1], KEYS[2], KEYS[3]
+
+local function num(v)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n > 1e17 or n < -1e17 then
+    return nil
+  end
+  return n
+end
+
+local function int(v, lo, hi, default)
+  local n = num(v)
+  if n == nil then
+    return default
+  end
+  n = math.floor(n)
+  if n < lo then
+    return lo
+  end
+  if n > hi then
+    return hi
+  end
+  return n
+end
+
+local function kind(key)
+  local t = redis.call('TYPE', key)
+  if type(t) == 'table' then
+    return t.ok
+  end
+  return t
+end
+
+-- Integers go to Redis as decimal strings: never in exponent notation.
+local function str(n)
+  return string.format('%d', n)
+end
+
+local function own(key, want)
+  local k = kind(key)
+  if k ~= 'none' and k ~= want then
+    redis.call('DEL', key)
+  end
+end
+
+local channel, name = ARGV[1], ARGV[2]
+local known = ARGV[3]
+local trip = ARGV[4] == '1'
+local dc = int(ARGV[5], 0, 1e12, 0)
+local df = int(ARGV[6], 0, dc, 0)
+local ds = int(ARGV[7], 0, dc, 0)
+local span = int(ARGV[8], 1, 1e10, 10000)
+local buckets = int(ARGV[9], 1, 1000, 10)
+local min_calls = int(ARGV[10], 0, 1e12, 0)
+local fail_rate = num(ARGV[11]) or 0
+local slow_rate = num(ARGV[12]) or 0
+local open_ms = int(ARGV[13], 1, 1e10, 30000)
+local open_max = int(ARGV[14], open_ms, 1e10, open_ms)
+local mult = num(ARGV[15]) or 1
+if mult < 1 or mult > 1e6 then
+  mult = 1
+end
+local jitter = num(ARGV[16]) or 0
+if jitter < 0 or jitter >= 1 then
+  jitter = 0
+end
+local probes = int(ARGV[17], 1, 1e6, 1)
+local close_after = int(ARGV[18], 1, probes, 1)
+local lease = int(ARGV[19], 1, 1e10, open_ms)
+local claim = ARGV[20] or ''
+
+local t = redis.call('TIME')
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+local now = sec * 1000 + math.floor(usec / 1000)
+local now_us = sec * 1000000 + usec
+
+own(S, 'hash')
+own(W, 'hash')
+own(P, 'zset')
+
+-- === read the state ===
+
+local f = redis.call('HMGET', S, 'state', 'until', 'reopens', 'epoch', 'ok', 'failed')
+local state, untl, reopens = 'closed', 0, 0
+local epoch = int(f[4], 0, 1e17, 0)
+local ok, failed = 0, 0
+if f[1] == 'open' then
+  local u = num(f[2])
+  -- A deadline further out than any backoff could set is not ours.
+  if u ~= nil and u - now <= 2 * open_max + 60000 then
+    state, untl = 'open', math.floor(u)
+    reopens = int(f[3], 0, 1000, 0)
+    ok = int(f[5], 0, probes, 0)
+    failed = int(f[6], 0, probes, 0)
+  end
+end
+
+local changed = false
+
+local function set_open(reopen)
+  if reopen then
+    reopens = math.min(reopens + 1, 1000)
+  else
+    reopens = 0
+  end
+  local d = math.min(open_ms * mult ^ math.min(reopens, 64), open_max)
+  d = math.max(math.floor(d * (1 - jitter)), 1)
+  state, untl, ok, failed = 'open', now + d, 0, 0
+  epoch = math.max(epoch + 1, now_us)
+  redis.call('DEL', W, P)
+  redis.call('HSET', S, 'state', 'open', 'until', str(untl), 'reopens', str(reopens),
+    'epoch', str(epoch), 'ok', '0', 'failed', '0')
+  redis.call('PEXPIRE', S, str(d + 2 * lease + 86400000))
+  changed = true
+end
+
+local function set_closed()
+  state, untl, reopens, ok, failed = 'closed', 0, 0, 0, 0
+  epoch = math.max(epoch + 1, now_us)
+  redis.call('DEL', W, P)
+  redis.call('HSET', S, 'state', 'closed', 'until', '0', 'reopens', '0',
+    'epoch', str(epoch), 'ok', '0', 'failed', '0')
+  redis.call('PEXPIRE', S, '86400000')
+  changed = true
+end
+
+local half_open = state == 'open' and now >= untl
+
+-- === probe outcomes ===
+
+if #ARGV > 20 and half_open and num(known) == epoch then
+  local counted = false
+  for i = 21, #ARGV - 1, 2 do
+    local id, code = ARGV[i], ARGV[i + 1]
+    -- A lease that expired was taken back: its late outcome is dropped.
+    if redis.call('ZREM', P, id) == 1 then
+      if code == 's' then
+        ok = ok + 1
+        counted = true
+      elseif code == 'f' then
+        failed = failed + 1
+        counted = true
+      end
+    end
+  end
+  if ok >= close_after then
+    set_closed()
+  elseif probes - math.min(failed, probes) < close_after then
+    set_open(true)
+  elseif counted then
+    redis.call('HSET', S, 'ok', str(ok), 'failed', str(failed))
+  end
+end
+
+-- === a replica's own trip ===
+
+if state == 'closed' and trip then
+  set_open(false)
+end
+
+-- === the cluster window ===
+
+if state == 'closed' and dc > 0 and (fail_rate > 0 or slow_rate > 0) then
+  local width = math.max(math.floor(span / buckets), 1)
+  local cur = math.floor(now / width)
+  local oldest = cur - buckets + 1
+  if redis.call('HLEN', W) > 3 * buckets + 32 then
+    redis.call('DEL', W)
+  end
+  local calls, fails, slows = dc, df, ds
+  local stale = {}
+  local all = redis.call('HGETALL', W)
+  for i = 1, #all - 1, 2 do
+    local field, value = all[i], all[i + 1]
+    local what, idx = string.match(field, '^([cfs]):(%d+)$')
+    local b = num(idx)
+    local v = num(value)
+    if what == nil or b == nil or b < oldest or b > cur
+        or v == nil or v < 0 or v > 1e12 or v ~= math.floor(v) then
+      stale[#stale + 1] = field
+    elseif what == 'c' then
+      calls = calls + v
+    elseif what == 'f' then
+      fails = fails + v
+    else
+      slows = slows + v
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', W, unpack(stale))
+  end
+  local suffix = ':' .. str(cur)
+  redis.call('HINCRBY', W, 'c' .. suffix, str(dc))
+  if df > 0 then
+    redis.call('HINCRBY', W, 'f' .. suffix, str(df))
+  end
+  if ds > 0 then
+    redis.call('HINCRBY', W, 's' .. suffix, str(ds))
+  end
+  redis.call('PEXPIRE', W, str(span + width))
+  if calls >= min_calls and calls > 0 then
+    if (fail_rate > 0 and fails / calls >= fail_rate)
+        or (slow_rate > 0 and slows / calls >= slow_rate) then
+      set_open(false)
+    end
+  end
+end
+
+-- === claiming a probe slot ===
+
+local granted = 0
+half_open = state == 'open' and now >= untl
+if half_open and claim ~= '' then
+  redis.call('ZREMRANGEBYSCORE', P, '-inf', str(now))
+  -- Nothing of ours leases beyond one lease from now.
+  redis.call('ZREMRANGEBYSCORE', P, '(' .. str(now + lease), '+inf')
+  if redis.call('ZCARD', P) + ok + failed < probes then
+    redis.call('ZADD', P, str(now + lease), claim)
+    redis.call('PEXPIRE', P, str(2 * lease))
+    granted = 1
+  end
+end
+
+if changed then
+  redis.call('PUBLISH', channel, state .. ' ' .. str(epoch) .. ' ' .. name)
+end
+
+local code, remaining = 0, 0
+if state == 'open' then
+  if now >= untl then
+    code = 2
+  else
+    code, remaining = 1, untl - now
+  end
+end
+return { code, remaining, epoch, granted }

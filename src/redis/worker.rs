@@ -1,0 +1,695 @@
+//! The background task of one attachment. All Redis I/O happens here; the
+//! breakers it serves never wait for it.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use ::redis::aio::{MultiplexedConnection, PubSubStream};
+use ::redis::{AsyncConnectionConfig, Msg, RedisError, Value};
+use futures_core::Stream;
+use tokio::sync::watch;
+use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
+
+use super::script::{self, Cluster, Keys, Reply, Request, Rule};
+use super::Settings;
+use crate::breaker::{Config, Counters};
+use crate::keyed::KeyedBreakers;
+use crate::{Breaker, Changed, State};
+
+/// Applied open durations run this much past the cluster's deadline, so a
+/// replica never turns half-open before the cluster does.
+const MARGIN: Duration = Duration::from_millis(2);
+
+/// How often the breakers of a keyed set are checked for a local trip (one
+/// atomic load each), so a trip is sent before the next flush.
+const TRIP_SCAN: Duration = Duration::from_millis(5);
+
+/// Script calls per round trip.
+const CHUNK: usize = 256;
+
+/// The longest breaker key a pub/sub message may name.
+const MAX_KEY_LEN: usize = 1024;
+
+/// What an attachment keeps in step.
+pub(super) enum Target {
+    One(Breaker),
+    Keyed(KeyedBreakers),
+}
+
+/// Why a session with Redis ended.
+#[derive(Debug)]
+enum Failure {
+    Redis(RedisError),
+    Timeout,
+    SubscriptionClosed,
+    Reply,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Redis(e) => fmt::Display::fmt(e, f),
+            Failure::Timeout => f.write_str("timed out"),
+            Failure::SubscriptionClosed => f.write_str("subscription connection closed"),
+            Failure::Reply => f.write_str("unexpected reply from the state script"),
+        }
+    }
+}
+
+impl From<RedisError> for Failure {
+    fn from(e: RedisError) -> Self {
+        Failure::Redis(e)
+    }
+}
+
+/// Runs `fut` with the backend's timeout.
+async fn bounded<T, E: Into<Failure>>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, Failure> {
+    match timeout(limit, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(Failure::Timeout),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Every breaker, whether or not anything changed (resync).
+    All,
+    /// Breakers with something to tell or to learn.
+    Changes,
+    /// Breakers that tripped locally since the last exchange.
+    Trips,
+}
+
+/// The cluster state of a breaker as this replica last learned it.
+#[derive(Debug, Clone, Copy)]
+struct View {
+    cluster: Cluster,
+    epoch: u64,
+}
+
+/// One breaker kept in step.
+struct Tracked {
+    breaker: Breaker,
+    name: Arc<str>,
+    keys: Keys,
+    rule: Rule,
+    /// Lifetime counters at the last exchange.
+    base: Counters,
+    view: Option<View>,
+    /// Apply the next reply even if its epoch is known.
+    force: bool,
+    /// A message said the cluster state changed.
+    dirty: bool,
+    /// Probe slots granted to this replica in the current cycle, with the
+    /// instant they must stop being used.
+    leases: VecDeque<(String, Instant)>,
+    /// Granted slots the breaker could not take.
+    releases: Vec<String>,
+    /// Marks breakers still in a keyed set.
+    seen: u64,
+    /// Calls admitted and rejected at the last resync: a closed breaker
+    /// without calls since has nothing to protect and skips the next one.
+    activity: u64,
+}
+
+/// A request in flight, and what applying its reply needs.
+struct Pending {
+    name: Arc<str>,
+    request: Request,
+    /// The breaker's state when the request was made.
+    local: State,
+}
+
+pub(super) struct Worker {
+    settings: Arc<Settings>,
+    target: Target,
+    tracked: HashMap<Arc<str>, Tracked>,
+    shared: Arc<AtomicBool>,
+    stop: watch::Receiver<()>,
+    channel: String,
+    replica: String,
+    next_lease: u64,
+    rng: u64,
+    round: u64,
+}
+
+impl Worker {
+    pub(super) fn new(
+        settings: Arc<Settings>,
+        target: Target,
+        shared: Arc<AtomicBool>,
+        stop: watch::Receiver<()>,
+    ) -> Worker {
+        let seed = random_seed();
+        let channel = format!("{}:events", settings.prefix);
+        let mut w = Worker {
+            settings,
+            target,
+            tracked: HashMap::new(),
+            shared,
+            stop,
+            channel,
+            replica: format!("{seed:016x}"),
+            next_lease: 0,
+            rng: seed | 1,
+            round: 0,
+        };
+        w.refresh(false);
+        w
+    }
+
+    pub(super) async fn run(mut self) {
+        let mut backoff = self.settings.backoff.0;
+        let mut warned = false;
+        loop {
+            let err = match self.session(&mut warned, &mut backoff).await {
+                Ok(()) => break,
+                Err(e) => e,
+            };
+            self.fallback();
+            if warned {
+                tracing::debug!(
+                    target: "tower_circuit_breaker",
+                    prefix = &*self.settings.prefix,
+                    error = %err,
+                    "redis still unavailable"
+                );
+            } else {
+                tracing::warn!(
+                    target: "tower_circuit_breaker",
+                    prefix = &*self.settings.prefix,
+                    error = %err,
+                    "redis unavailable; breakers fall back to local state until it is back"
+                );
+                warned = true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.stop.changed() => break,
+            }
+            backoff = backoff.saturating_mul(2).min(self.settings.backoff.1);
+        }
+        // Dropping the worker leaves shared mode.
+    }
+
+    /// One connection's life: connect, resync everything, then keep in step
+    /// until stopped (`Ok`) or until Redis fails (`Err`).
+    async fn session(&mut self, warned: &mut bool, backoff: &mut Duration) -> Result<(), Failure> {
+        let limit = self.settings.timeout;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(limit))
+            .set_response_timeout(Some(limit));
+        let client = &self.settings.client;
+        let mut conn = bounded(
+            limit,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await?;
+        let mut pubsub = bounded(limit, client.get_async_pubsub()).await?;
+        bounded(limit, pubsub.subscribe(&self.channel)).await?;
+        let mut messages: Pin<Box<PubSubStream>> = Box::pin(pubsub.into_on_message());
+        bounded(limit, script::SYNC.load_async(&mut conn)).await?;
+
+        // Whatever happened while away: outcomes of that time are not sent,
+        // and the cluster state is applied even where the epoch is known.
+        self.refresh(false);
+        for t in self.tracked.values_mut() {
+            t.base = t.breaker.snapshot().counters;
+            t.force = true;
+            t.leases.clear();
+            t.releases.clear();
+        }
+        self.exchange(&mut conn, Pass::All).await?;
+        for t in self.tracked.values() {
+            t.breaker.remote().set_shared(true);
+        }
+        self.shared.store(true, Ordering::Release);
+        if *warned {
+            tracing::info!(
+                target: "tower_circuit_breaker",
+                prefix = &*self.settings.prefix,
+                "redis reachable again; breakers share state"
+            );
+            *warned = false;
+        }
+        *backoff = self.settings.backoff.0;
+
+        let start = Instant::now();
+        let mut flush = interval_at(start + self.settings.flush, self.settings.flush);
+        flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut resync = interval_at(start + self.settings.resync, self.settings.resync);
+        resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut changed = self.changed();
+        let mut scan = interval_at(start + TRIP_SCAN, TRIP_SCAN);
+        scan.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let keyed = matches!(self.target, Target::Keyed(_));
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => return Ok(()),
+                msg = next(&mut messages) => match msg {
+                    Some(msg) => self.on_message(&mut conn, &msg).await?,
+                    None => return Err(Failure::SubscriptionClosed),
+                },
+                _ = wait(&mut changed) => {
+                    changed = self.changed();
+                    self.exchange(&mut conn, Pass::Changes).await?;
+                }
+                _ = flush.tick() => self.exchange(&mut conn, Pass::Changes).await?,
+                _ = resync.tick() => self.exchange(&mut conn, Pass::All).await?,
+                _ = scan.tick(), if keyed => {
+                    if self.tracked.values().any(Tracked::tripped) {
+                        self.exchange(&mut conn, Pass::Trips).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// For a single breaker, a future completing at its next transition, so
+    /// a local trip is shared at once rather than at the next flush.
+    fn changed(&self) -> Option<Pin<Box<Changed>>> {
+        match &self.target {
+            Target::One(b) => Some(Box::pin(b.changed())),
+            Target::Keyed(_) => None,
+        }
+    }
+
+    /// Leaves shared mode everywhere: every breaker decides alone again.
+    fn fallback(&mut self) {
+        self.shared.store(false, Ordering::Release);
+        for t in self.tracked.values_mut() {
+            t.breaker.remote().set_shared(false);
+            t.leases.clear();
+            t.releases.clear();
+        }
+    }
+
+    /// Picks up keys new to the set and forgets evicted ones.
+    fn refresh(&mut self, shared: bool) {
+        let Target::Keyed(set) = &self.target else {
+            if self.tracked.is_empty() {
+                if let Target::One(b) = &self.target {
+                    if let Some(name) = b.name() {
+                        let t = Tracked::new(b.clone(), name.into(), &self.settings);
+                        self.tracked.insert(t.name.clone(), t);
+                    }
+                }
+            }
+            return;
+        };
+        self.round += 1;
+        let round = self.round;
+        for b in set.breakers() {
+            let Some(name) = b.name() else { continue };
+            match self.tracked.get_mut(name) {
+                Some(t) if t.breaker.ptr_eq(&b) => t.seen = round,
+                _ => {
+                    // New, or evicted and created again.
+                    if shared {
+                        b.remote().set_shared(true);
+                    }
+                    let mut t = Tracked::new(b.clone(), name.into(), &self.settings);
+                    t.seen = round;
+                    self.tracked.insert(t.name.clone(), t);
+                }
+            }
+        }
+        self.tracked.retain(|_, t| t.seen == round);
+    }
+
+    /// One round trip: every breaker with something to say or learn, in one
+    /// pipeline of script calls.
+    async fn exchange(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        pass: Pass,
+    ) -> Result<(), Failure> {
+        let shared = self.shared.load(Ordering::Acquire);
+        self.refresh(shared);
+        let now = Instant::now();
+        let mut pending = Vec::new();
+        for t in self.tracked.values_mut() {
+            if pass == Pass::Trips && !t.tripped() {
+                continue;
+            }
+            let claim = || {
+                self.next_lease += 1;
+                format!("{}:{}", self.replica, self.next_lease)
+            };
+            if let Some((request, local)) = t.prepare(now, pass == Pass::All, shared, claim) {
+                pending.push(Pending {
+                    name: t.name.clone(),
+                    request,
+                    local,
+                });
+            }
+        }
+        if pending.is_empty() {
+            if pass == Pass::All {
+                // Nothing to resync: still make sure Redis answers in time.
+                let pong: Value = bounded(
+                    self.settings.timeout,
+                    ::redis::cmd("PING").query_async(conn),
+                )
+                .await?;
+                drop(pong);
+            }
+            return Ok(());
+        }
+        // In chunks, so a large keyed set neither holds Redis up with one
+        // huge pipeline nor runs one round trip past the timeout.
+        while !pending.is_empty() {
+            let rest = pending.split_off(pending.len().min(CHUNK));
+            let mut pipe = ::redis::pipe();
+            for p in &pending {
+                let t = &self.tracked[&p.name];
+                let unit = next_unit(&mut self.rng);
+                script::push(
+                    &mut pipe,
+                    &self.channel,
+                    &t.name,
+                    &t.keys,
+                    &t.rule,
+                    unit,
+                    &p.request,
+                );
+            }
+            let sent = Instant::now();
+            let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
+            if values.len() != pending.len() {
+                return Err(Failure::Reply);
+            }
+            for (p, value) in pending.into_iter().zip(&values) {
+                let reply = Reply::parse(value).ok_or(Failure::Reply)?;
+                if let Some(t) = self.tracked.get_mut(&p.name) {
+                    t.apply(reply, p, sent, self.settings.flush);
+                }
+            }
+            pending = rest;
+        }
+        Ok(())
+    }
+
+    async fn on_message(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        msg: &Msg,
+    ) -> Result<(), Failure> {
+        // `<state> <epoch> <key>`; anything else is not ours and is ignored.
+        let Ok(text) = std::str::from_utf8(msg.get_payload_bytes()) else {
+            return Ok(());
+        };
+        let mut parts = text.splitn(3, ' ');
+        let (Some(state), Some(epoch), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(());
+        };
+        let Ok(epoch) = epoch.parse::<u64>() else {
+            return Ok(());
+        };
+        if name.is_empty() || name.len() > MAX_KEY_LEN {
+            return Ok(());
+        }
+        if let Some(t) = self.tracked.get_mut(name) {
+            if t.view.is_none_or(|v| v.epoch != epoch) {
+                t.dirty = true;
+                self.exchange(conn, Pass::Changes).await?;
+            }
+            return Ok(());
+        }
+        if state == "closed" {
+            return Ok(());
+        }
+        self.discover(conn, name).await
+    }
+
+    /// A key this replica has not seen opened elsewhere: read its state, and
+    /// only if Redis really holds it open, create the key's breaker here.
+    async fn discover(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        name: &str,
+    ) -> Result<(), Failure> {
+        let Target::Keyed(set) = &self.target else {
+            return Ok(());
+        };
+        let keys = Keys::new(&self.settings.prefix, name);
+        let rule = Rule::new(&Config::default(), self.settings.window);
+        let mut pipe = ::redis::pipe();
+        script::push(
+            &mut pipe,
+            &self.channel,
+            name,
+            &keys,
+            &rule,
+            0.0,
+            &Request::default(),
+        );
+        let sent = Instant::now();
+        let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
+        let reply = values
+            .first()
+            .and_then(Reply::parse)
+            .ok_or(Failure::Reply)?;
+        if reply.cluster.is_closed() {
+            return Ok(());
+        }
+        let breaker = set.get_or_insert(name);
+        // A full set hands out its overflow breaker, which must not be opened
+        // for one key.
+        if breaker.name() != Some(name) {
+            return Ok(());
+        }
+        let mut t = Tracked::new(breaker, name.into(), &self.settings);
+        t.seen = self.round;
+        t.force = true;
+        let local = t.breaker.state();
+        t.apply(
+            reply,
+            Pending {
+                name: t.name.clone(),
+                request: Request::default(),
+                local,
+            },
+            sent,
+            self.settings.flush,
+        );
+        t.breaker.remote().set_shared(true);
+        self.tracked.insert(t.name.clone(), t);
+        Ok(())
+    }
+}
+
+impl Drop for Worker {
+    /// However the task ends (detached, or its runtime shut down), the
+    /// breakers must not wait for grants that will never come.
+    fn drop(&mut self) {
+        self.fallback();
+    }
+}
+
+// === impl Tracked ===
+
+impl Tracked {
+    fn new(breaker: Breaker, name: Arc<str>, settings: &Settings) -> Tracked {
+        let rule = Rule::new(breaker.config(), settings.window);
+        Tracked {
+            keys: Keys::new(&settings.prefix, &name),
+            base: breaker.snapshot().counters,
+            breaker,
+            name,
+            rule,
+            view: None,
+            force: true,
+            dirty: false,
+            leases: VecDeque::new(),
+            releases: Vec::new(),
+            seen: 0,
+            activity: 0,
+        }
+    }
+
+    /// Whether the breaker tripped on its own since the cluster was last
+    /// known closed.
+    fn tripped(&self) -> bool {
+        self.view.is_some_and(|v| v.cluster.is_closed()) && self.breaker.state() == State::Open
+    }
+
+    /// What to tell the cluster, if anything; with the breaker's state at
+    /// this moment.
+    fn prepare(
+        &mut self,
+        now: Instant,
+        all: bool,
+        shared: bool,
+        claim: impl FnOnce() -> String,
+    ) -> Option<(Request, State)> {
+        let snap = self.breaker.snapshot();
+        let (c, b) = (
+            snap.counters,
+            std::mem::replace(&mut self.base, snap.counters),
+        );
+        let probe_ok = c.probe_successes.saturating_sub(b.probe_successes);
+        let probe_failed = c.probe_failures.saturating_sub(b.probe_failures);
+        // Closed-state outcomes: the lifetime counters less the probes'.
+        let successes = c
+            .successes
+            .saturating_sub(b.successes)
+            .saturating_sub(probe_ok);
+        let failures = c
+            .failures
+            .saturating_sub(b.failures)
+            .saturating_sub(probe_failed);
+        let slow = c.slow.saturating_sub(b.slow);
+        let rejected = c.rejected.saturating_sub(b.rejected);
+        let local = snap.state;
+        // A shadow-mode breaker listens but never opens anyone else's.
+        let active = !snap.metrics_only;
+        let view_closed = self.view.is_none_or(|v| v.cluster.is_closed());
+
+        let mut req = Request {
+            epoch: self.view.map_or(0, |v| v.epoch),
+            ..Request::default()
+        };
+        if self.leases.front().is_some_and(|&(_, until)| until <= now) {
+            // The cluster takes an unreported slot back when its lease runs
+            // out; stop using it first by starting a fresh local cycle.
+            self.leases.clear();
+            if local == State::HalfOpen {
+                self.breaker.remote().open_for(Duration::ZERO);
+            }
+        }
+        let outcomes = std::iter::repeat_n("s", probe_ok as usize)
+            .chain(std::iter::repeat_n("f", probe_failed as usize));
+        for code in outcomes {
+            match self.leases.pop_front() {
+                Some((id, _)) => req.reports.push((id, code)),
+                None => break,
+            }
+        }
+        if local != State::HalfOpen {
+            req.reports
+                .extend(self.leases.drain(..).map(|(id, _)| (id, "r")));
+        }
+        req.reports
+            .extend(self.releases.drain(..).map(|id| (id, "r")));
+        if active && local == State::Open && view_closed {
+            req.trip = true;
+        }
+        if active && local == State::Closed && view_closed && self.rule.aggregates() {
+            req.calls = successes + failures;
+            req.failures = failures;
+            req.slow = slow.min(req.calls);
+        }
+        if shared
+            && local == State::HalfOpen
+            && rejected > 0
+            && self.leases.len() < self.rule.probes as usize
+        {
+            req.claim = Some(claim());
+        }
+        let inconsistent = match (local, self.view) {
+            (_, None) => true,
+            (State::HalfOpen, Some(v)) => v.cluster.is_closed(),
+            (State::Closed, Some(v)) => !v.cluster.is_closed(),
+            _ => false,
+        };
+        let activity = c.admitted + c.rejected;
+        let resync = all
+            && (activity != std::mem::replace(&mut self.activity, activity)
+                || local != State::Closed
+                || !view_closed);
+        let needed = resync || self.force || self.dirty || inconsistent || !req.is_read();
+        needed.then_some((req, local))
+    }
+
+    /// Applies the cluster's answer to the local breaker.
+    fn apply(&mut self, reply: Reply, pending: Pending, sent: Instant, flush: Duration) {
+        let remote = self.breaker.remote();
+        let local = self.breaker.state();
+        if local != pending.local {
+            // It moved on while we asked (a fresh local trip, say): ask
+            // again rather than act on a stale picture.
+            self.force = true;
+            if reply.granted {
+                self.releases.extend(pending.request.claim);
+            }
+            return;
+        }
+        let changed =
+            std::mem::take(&mut self.force) || self.view.is_none_or(|v| v.epoch != reply.epoch);
+        self.dirty = false;
+        if changed {
+            // The cluster cleared its probe slots with the transition.
+            self.leases.clear();
+        }
+        match (reply.cluster, local) {
+            (Cluster::Closed, State::HalfOpen) => remote.close(),
+            // Epoch 0: Redis holds no state (it restarted empty, say). An
+            // open breaker here trips the cluster again rather than close.
+            (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
+            (Cluster::Open(left), State::Closed | State::HalfOpen) => {
+                remote.open_for(left + MARGIN)
+            }
+            (Cluster::Open(left), State::Open) if changed => remote.open_for(left + MARGIN),
+            (Cluster::HalfOpen, State::Closed) => remote.open_for(Duration::ZERO),
+            (Cluster::HalfOpen, State::Open | State::HalfOpen) if changed => {
+                remote.open_for(Duration::ZERO)
+            }
+            _ => {}
+        }
+        self.view = Some(View {
+            cluster: reply.cluster,
+            epoch: reply.epoch,
+        });
+        if let Some(id) = pending.request.claim.filter(|_| reply.granted) {
+            if self.breaker.state() == State::HalfOpen && remote.is_shared() {
+                remote.grant_probes(1);
+                let until = sent + self.rule.lease.saturating_sub(flush * 2);
+                self.leases.push_back((id, until));
+            } else {
+                self.releases.push(id);
+            }
+        }
+    }
+}
+
+// === helpers ===
+
+async fn next(stream: &mut Pin<Box<PubSubStream>>) -> Option<Msg> {
+    std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
+}
+
+async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
+    match changed {
+        Some(c) => c.as_mut().await,
+        None => std::future::poll_fn(|_| Poll::<()>::Pending).await,
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x2545_f491_4f6c_dd1d);
+    h.finish()
+}
+
+/// A uniform number in `[0, 1)` from an xorshift64* state.
+fn next_unit(state: &mut u64) -> f64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+}

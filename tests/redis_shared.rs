@@ -1,0 +1,788 @@
+//! Breakers on several replicas sharing state through a real Redis server.
+//!
+//! Each replica is its own breaker with its own backend and connections.
+//! Tests share the server on 6379 under unique prefixes; those that kill the
+//! server start their own. Real time is unavoidable with a real server: every
+//! wait is bounded, and no assertion is about how long anything took.
+
+mod redis_support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+use tower_circuit_breaker::keyed::KeyedBreakers;
+use tower_circuit_breaker::redis::{Attachment, Backend, Client, SetupError};
+use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, State};
+
+use redis_support::{backend, connection, eventually, unique_prefix, Server, SHARED_URL};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// `n` replicas of the breaker `name`, each with its own backend on `url`.
+async fn replicas(
+    n: usize,
+    url: &str,
+    prefix: &str,
+    config: impl Fn() -> Builder<Breaker>,
+) -> Vec<(Breaker, Attachment)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let breaker = config().build().expect("valid configuration");
+        let attachment = backend(url, prefix)
+            .build()
+            .unwrap()
+            .attach(&breaker)
+            .expect("named breaker in a runtime");
+        out.push((breaker, attachment));
+    }
+    let all_shared = eventually(WAIT, || async {
+        out.iter()
+            .all(|(b, a)| a.is_shared() && b.remote().is_shared())
+    })
+    .await;
+    assert!(all_shared, "every replica reaches redis");
+    out
+}
+
+async fn all_in(replicas: &[(Breaker, Attachment)], state: State) -> bool {
+    eventually(WAIT, || async {
+        replicas.iter().all(|(b, _)| b.state() == state)
+    })
+    .await
+}
+
+fn trip(breaker: &Breaker, failures: usize) {
+    for _ in 0..failures {
+        breaker.admit().unwrap().record(Outcome::Failure);
+    }
+}
+
+/// Sums the cluster window's counts of `kind` (`c`, `f` or `s`).
+async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
+    let mut conn = connection(SHARED_URL).await;
+    let all: Vec<(String, i64)> = conn
+        .hgetall(format!("{{{prefix}:{name}}}:win"))
+        .await
+        .unwrap();
+    all.iter()
+        .filter(|(f, _)| f.starts_with(kind))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trip_on_one_replica_opens_every_replica() {
+    let prefix = unique_prefix("trip");
+    let replicas = replicas(3, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(3)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+
+    trip(&replicas[0].0, 3);
+    assert_eq!(replicas[0].0.state(), State::Open);
+
+    let rejecting = eventually(WAIT, || async {
+        replicas[1..].iter().all(|(b, _)| b.admit().is_err())
+    })
+    .await;
+    assert!(rejecting, "the other replicas reject too");
+    for (b, _) in &replicas[1..] {
+        let err = b.admit().unwrap_err();
+        let wait = err.retry_after().expect("open circuits say when to retry");
+        assert!(wait <= Duration::from_secs(30) + Duration::from_millis(10));
+        assert!(wait > Duration::from_secs(25), "{wait:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_under_the_threshold_on_their_own_trip_together() {
+    let prefix = unique_prefix("aggregate");
+    let replicas = replicas(5, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .count_window(20)
+            .min_calls(10)
+            .failure_rate(0.5)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+
+    // Four failures each: under min_calls (10) on every replica alone, 20
+    // failures of 20 calls together.
+    for (b, _) in &replicas {
+        trip(b, 4);
+        assert_eq!(b.state(), State::Closed, "not enough calls to trip alone");
+    }
+    assert!(
+        all_in(&replicas, State::Open).await,
+        "the cluster trips them all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_together_under_the_threshold_stay_closed() {
+    let prefix = unique_prefix("under");
+    let replicas = replicas(5, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .count_window(20)
+            .min_calls(10)
+            .failure_rate(0.5)
+    })
+    .await;
+
+    // One failure and one success each: 10 calls, 5 failures, 50 %... but
+    // only once all ten are in. Send them one replica at a time and watch
+    // the cluster count them.
+    for (b, _) in &replicas[..4] {
+        trip(b, 1);
+        b.admit().unwrap().record(Outcome::Success);
+    }
+    let counted = eventually(WAIT, || async {
+        window_sum(&prefix, "upstream", 'c').await == 8
+    })
+    .await;
+    assert!(counted, "every replica's outcomes reach the cluster window");
+    assert_eq!(window_sum(&prefix, "upstream", 'f').await, 4);
+    for (b, _) in &replicas {
+        assert_eq!(b.state(), State::Closed, "8 calls are under min_calls");
+    }
+
+    // The last two calls, both successes: 10 calls at 40 % stay closed.
+    replicas[4].0.admit().unwrap().record(Outcome::Success);
+    replicas[4].0.admit().unwrap().record(Outcome::Success);
+    let counted = eventually(WAIT, || async {
+        window_sum(&prefix, "upstream", 'c').await == 10
+    })
+    .await;
+    assert!(counted);
+    for (b, _) in &replicas {
+        assert_eq!(b.state(), State::Closed, "40 % is under the 50 % rate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes() {
+    const PROBES: usize = 3;
+    let prefix = unique_prefix("probes");
+    let replicas = replicas(8, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_millis(300))
+            .probes(PROBES as u32)
+            .close_after(2)
+            .probe_lease(Duration::from_secs(20))
+    })
+    .await;
+    trip(&replicas[0].0, 1);
+    assert!(all_in(&replicas, State::Open).await);
+
+    // The upstream counts calls and holds each one until released, so every
+    // probe stays in flight while the callers keep trying.
+    let upstream_calls = Arc::new(AtomicUsize::new(0));
+    let (release, released) = tokio::sync::watch::channel(false);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for (breaker, _) in &replicas {
+        let layer = CircuitBreakerLayer::new(breaker.clone());
+        for _ in 0..100 {
+            let calls = upstream_calls.clone();
+            let released = released.clone();
+            let svc = layer.layer(tower::service_fn(move |_req: http::Request<String>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let mut released = released.clone();
+                async move {
+                    let _ = released.wait_for(|r| *r).await;
+                    Ok::<_, Infallible>(http::Response::new(String::new()))
+                }
+            }));
+            let stop = stop.clone();
+            callers.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let res = svc.clone().oneshot(http::Request::new(String::new())).await;
+                    if res.is_err() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }));
+        }
+    }
+
+    // Open 300 ms, then half-open; give every replica ample time to claim.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let probes = upstream_calls.load(Ordering::SeqCst);
+    assert!(
+        (1..=PROBES).contains(&probes),
+        "{probes} calls reached the upstream in half-open, budget {PROBES}"
+    );
+
+    // The probes succeed: the cluster closes on every replica.
+    stop.store(true, Ordering::Relaxed);
+    release.send_replace(true);
+    assert!(all_in(&replicas, State::Closed).await, "the cluster closes");
+    for c in callers {
+        tokio::time::timeout(WAIT, c).await.unwrap().unwrap();
+    }
+}
+
+/// Admits a call on `breaker`, retrying while it is turned away.
+async fn admit_probe(breaker: &Breaker) -> tower_circuit_breaker::Permit {
+    let mut permit = None;
+    let admitted = eventually(WAIT, || {
+        permit = permit.take().or_else(|| breaker.admit().ok());
+        let got = permit.is_some();
+        async move { got }
+    })
+    .await;
+    assert!(admitted, "a probe is admitted");
+    let permit = permit.unwrap();
+    assert!(permit.is_probe());
+    permit
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_probes_reopen_every_replica_with_backoff() {
+    let prefix = unique_prefix("reopen");
+    let replicas = replicas(2, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_millis(200))
+            .max_open_duration(Duration::from_secs(60))
+            .backoff_multiplier(20.0)
+            .probes(1)
+            .close_after(1)
+    })
+    .await;
+    trip(&replicas[0].0, 1);
+    assert!(all_in(&replicas, State::Open).await);
+
+    admit_probe(&replicas[1].0).await.record(Outcome::Failure);
+
+    // Reopened by the cluster for 200 ms × 20 = 4 s, on both replicas.
+    let reopened = eventually(WAIT, || async {
+        replicas.iter().all(|(b, _)| {
+            let s = b.snapshot();
+            s.state == State::Open && s.retry_in.is_some_and(|d| d > Duration::from_secs(3))
+        })
+    })
+    .await;
+    assert!(reopened, "every replica applies the reopen and its backoff");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
+    let prefix = unique_prefix("lease");
+    let config = || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_millis(200))
+            .probes(1)
+            .close_after(1)
+            .probe_lease(Duration::from_millis(800))
+    };
+    let mut replicas = replicas(2, SHARED_URL, &prefix, config).await;
+    trip(&replicas[0].0, 1);
+    assert!(all_in(&replicas, State::Open).await);
+
+    // Replica 0 takes the only slot, then dies with its probe in flight.
+    let (dead, attachment) = replicas.remove(0);
+    let permit = admit_probe(&dead).await;
+    let claimed = Instant::now();
+    drop(attachment);
+    std::mem::forget(permit);
+
+    // The other replica is turned away while the lease lasts, then probes.
+    let (alive, _a) = &replicas[0];
+    let permit = admit_probe(alive).await;
+    assert!(
+        claimed.elapsed() >= Duration::from_millis(700),
+        "the slot stayed taken while its lease lasted"
+    );
+    permit.record(Outcome::Success);
+    assert!(all_in(&replicas, State::Closed).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
+    let mut server = Server::start().await;
+    let url = server.url();
+    let prefix = unique_prefix("restart");
+    let replicas = replicas(3, &url, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(3)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+
+    // Steady traffic through replicas 1 and 2 to a healthy upstream; every
+    // result is kept with the time it came back.
+    let stop = Arc::new(AtomicBool::new(false));
+    // When each call came back, and whether it failed on an open circuit.
+    type Log = Vec<(Instant, Result<(), bool>)>;
+    let results: Arc<Mutex<Log>> = Arc::default();
+    let mut traffic = Vec::new();
+    for (breaker, _) in &replicas[1..] {
+        let svc = CircuitBreakerLayer::new(breaker.clone()).layer(tower::service_fn(
+            |_req: http::Request<String>| async {
+                Ok::<_, Infallible>(http::Response::new(String::new()))
+            },
+        ));
+        for _ in 0..4 {
+            let (svc, stop, results) = (svc.clone(), stop.clone(), results.clone());
+            traffic.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let res = svc.clone().oneshot(http::Request::new(String::new())).await;
+                    let res = res.map(drop).map_err(|e| e.is_circuit_open());
+                    results.lock().unwrap().push((Instant::now(), res));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+    }
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.kill().await;
+    let fell_back = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|(b, a)| !a.is_shared() && !b.remote().is_shared())
+    })
+    .await;
+    assert!(fell_back, "every replica falls back to its local breaker");
+
+    // While Redis is away, replica 0 sees the upstream fail and trips alone.
+    trip(&replicas[0].0, 3);
+    assert_eq!(replicas[0].0.state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        replicas[1..]
+            .iter()
+            .all(|(b, _)| b.state() == State::Closed),
+        "without redis the trip stays local"
+    );
+
+    let restarted = Instant::now();
+    server.restart().await;
+    let back = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|(b, a)| a.is_shared() && b.remote().is_shared())
+    })
+    .await;
+    assert!(back, "every replica shares state again");
+    assert!(
+        all_in(&replicas, State::Open).await,
+        "the trip made during the outage reaches every replica"
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    for t in traffic {
+        tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+    }
+    let results = results.lock().unwrap();
+    let ok = results.iter().filter(|(_, r)| r.is_ok()).count();
+    assert!(ok > 100, "traffic flowed throughout ({ok} calls)");
+    for (at, r) in results.iter() {
+        match r {
+            Ok(()) => {}
+            Err(true) => assert!(
+                *at >= restarted,
+                "only the cluster's open circuit, after the restart, rejects"
+            ),
+            Err(false) => panic!("a request failed for another reason"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_keys_is_treated_as_absent() {
+    let prefix = unique_prefix("garbage");
+    let name = "upstream";
+    let state_key = format!("{{{prefix}:{name}}}:state");
+    let win_key = format!("{{{prefix}:{name}}}:win");
+    let probes_key = format!("{{{prefix}:{name}}}:probes");
+    let mut conn = connection(SHARED_URL).await;
+
+    // Wrong types in every key.
+    let _: () = conn.rpush(&state_key, "open").await.unwrap();
+    let _: () = conn.set(&win_key, "garbage").await.unwrap();
+    let _: () = conn.hset(&probes_key, "x", "y").await.unwrap();
+
+    let replicas = replicas(2, SHARED_URL, &prefix, || {
+        Breaker::builder()
+            .name(name)
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_millis(300))
+            .probes(1)
+            .close_after(1)
+    })
+    .await;
+    assert!(replicas.iter().all(|(b, _)| b.state() == State::Closed));
+
+    // Well-typed nonsense: unknown state, non-numeric and absurd fields,
+    // a probe lease far in the future.
+    for fields in [
+        vec![("state", "banana"), ("until", "12"), ("epoch", "x")],
+        vec![("state", "open"), ("until", "soon"), ("reopens", "-3")],
+        vec![("state", "open"), ("until", "1e300"), ("epoch", "nan")],
+        vec![
+            ("state", "open"),
+            ("until", "99999999999999999"),
+            ("ok", "inf"),
+        ],
+    ] {
+        let _: () = conn.del(&state_key).await.unwrap();
+        let _: () = conn.hset_multiple(&state_key, &fields).await.unwrap();
+        let _: () = conn.del(&win_key).await.unwrap();
+        let _: () = conn
+            .hset_multiple(
+                &win_key,
+                &[
+                    ("c:abc", "1"),
+                    ("f:1", "x"),
+                    ("c:99999999999999", "1e999"),
+                    ("zzz", "1"),
+                ],
+            )
+            .await
+            .unwrap();
+        let _: () = conn.del(&probes_key).await.unwrap();
+        let _: () = conn.zadd(&probes_key, "squatter", 1e18).await.unwrap();
+        let _: () = redis::cmd("PUBLISH")
+            .arg(format!("{prefix}:events"))
+            .arg(format!("open 1 {name}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A closed-state outcome makes the replicas write to the window.
+        replicas[0].0.admit().unwrap().record(Outcome::Success);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (b, a) in &replicas {
+            assert!(a.is_shared(), "garbage must not break the exchange");
+            assert_eq!(
+                b.state(),
+                State::Closed,
+                "garbage is no open circuit: {fields:?}"
+            );
+        }
+    }
+
+    // Junk on the channel is ignored.
+    for junk in ["", "junk", "open", "open notanumber upstream", "open 1 "] {
+        let _: () = redis::cmd("PUBLISH")
+            .arg(format!("{prefix}:events"))
+            .arg(junk)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    // And the state machine still works over what is left: a trip spreads,
+    // and the far-future squatter does not take the only probe slot.
+    trip(&replicas[0].0, 2);
+    let rejecting = eventually(WAIT, || async { replicas[1].0.admit().is_err() }).await;
+    assert!(rejecting);
+    admit_probe(&replicas[1].0).await.record(Outcome::Success);
+    assert!(all_in(&replicas, State::Closed).await);
+    for (_, a) in &replicas {
+        assert!(a.is_shared());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
+    let prefix = unique_prefix("keyed");
+    let config = || {
+        KeyedBreakers::builder()
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (config(), config());
+    let attach_a = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&a)
+        .unwrap();
+    let attach_b = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&b)
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            attach_a.is_shared() && attach_b.is_shared()
+        })
+        .await
+    );
+
+    b.admit("claude/us").unwrap().record(Outcome::Success);
+    assert!(b.get("gpt-4o/eu").is_none());
+    for _ in 0..2 {
+        a.admit("gpt-4o/eu").unwrap().record(Outcome::Failure);
+    }
+    let learned = eventually(WAIT, || async {
+        b.get("gpt-4o/eu").is_some_and(|k| k.state() == State::Open)
+    })
+    .await;
+    assert!(learned, "replica b opens a key it had never seen");
+    assert!(b.admit("gpt-4o/eu").is_err());
+    assert!(b.admit("claude/us").is_ok(), "other keys are unaffected");
+
+    // Only breaker keys appear in Redis key names.
+    let mut conn = connection(SHARED_URL).await;
+    let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        let ok = ["gpt-4o/eu", "claude/us"].iter().any(|name| {
+            ["state", "win", "probes"]
+                .iter()
+                .any(|kind| *k == format!("{{{prefix}:{name}}}:{kind}"))
+        });
+        assert!(ok, "unexpected key {k}");
+    }
+}
+
+#[tokio::test]
+async fn attaching_needs_a_name_and_sane_settings() {
+    let client = || Client::open(SHARED_URL).unwrap();
+    let backend = Backend::builder(client()).build().unwrap();
+    let unnamed = Breaker::builder().build().unwrap();
+    assert_eq!(backend.attach(&unnamed).unwrap_err(), SetupError::Unnamed);
+    for bad in [
+        Backend::builder(client()).prefix(""),
+        Backend::builder(client()).prefix("a{b}"),
+        Backend::builder(client()).flush_interval(Duration::ZERO),
+        Backend::builder(client()).window(Duration::from_secs(1), 0),
+        Backend::builder(client())
+            .reconnect_backoff(Duration::from_secs(2), Duration::from_secs(1)),
+    ] {
+        assert!(matches!(bad.build().unwrap_err(), SetupError::Invalid(_)));
+    }
+}
+
+#[test]
+fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
+    let backend = Backend::builder(Client::open(SHARED_URL).unwrap())
+        .build()
+        .unwrap();
+    let named = Breaker::builder().name("x").build().unwrap();
+    assert_eq!(backend.attach(&named).unwrap_err(), SetupError::NoRuntime);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_replicas_tell_a_redis_that_lost_its_state() {
+    let mut server = Server::start().await;
+    let url = server.url();
+    let prefix = unique_prefix("lost");
+    let replicas = replicas(2, &url, &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+    trip(&replicas[0].0, 1);
+    assert!(all_in(&replicas, State::Open).await);
+
+    // Restarted without persistence: the open state is gone from Redis.
+    server.kill().await;
+    server.restart().await;
+    let back = eventually(WAIT, || async {
+        replicas.iter().all(|(_, a)| a.is_shared())
+    })
+    .await;
+    assert!(back);
+    let conn = connection(&url).await;
+    let state_key = format!("{{{prefix}:upstream}}:state");
+    let restored = eventually(WAIT, || {
+        let (mut conn, key) = (conn.clone(), state_key.clone());
+        async move {
+            let s: Option<String> = conn.hget(key, "state").await.unwrap();
+            s.as_deref() == Some("open")
+        }
+    })
+    .await;
+    assert!(restored, "the open replicas trip the cluster again");
+    assert!(replicas.iter().all(|(b, _)| b.state() == State::Open));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_counts_as_down_until_it_answers_again() {
+    let server = Server::start().await;
+    let url = server.url();
+    let prefix = unique_prefix("paused");
+    let replicas = replicas(2, &url, &prefix, || {
+        Breaker::builder().name("upstream").consecutive_failures(3)
+    })
+    .await;
+
+    let mut conn = connection(&url).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Calls made while it stalls go through the local breakers untouched.
+    replicas[0].0.admit().unwrap().record(Outcome::Success);
+    let fell_back = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|(b, a)| !a.is_shared() && !b.remote().is_shared())
+    })
+    .await;
+    assert!(
+        fell_back,
+        "an exchange past the timeout means redis is down"
+    );
+    for (b, _) in &replicas {
+        b.admit().unwrap().record(Outcome::Success);
+    }
+    let back = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|(b, a)| a.is_shared() && b.remote().is_shared())
+    })
+    .await;
+    assert!(back, "shared again once redis answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_leaves_the_breaker_local() {
+    // Accepts connections and says nothing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            conns.push(c);
+        }
+    });
+    let breaker = Breaker::builder()
+        .name("upstream")
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_millis(100))
+        .probes(1)
+        .close_after(1)
+        .build()
+        .unwrap();
+    let attachment = backend(&url, &unique_prefix("silent"))
+        .build()
+        .unwrap()
+        .attach(&breaker)
+        .unwrap();
+
+    // The local breaker runs a whole cycle on its own meanwhile.
+    trip(&breaker, 1);
+    assert_eq!(breaker.state(), State::Open);
+    admit_probe(&breaker).await.record(Outcome::Success);
+    assert_eq!(breaker.state(), State::Closed);
+    assert!(!attachment.is_shared());
+    assert!(!breaker.remote().is_shared());
+    attachment.detach().await;
+    held.abort();
+}
+
+#[test]
+fn a_runtime_shutting_down_leaves_the_breakers_local() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let breaker = Breaker::builder().name("upstream").build().unwrap();
+    let prefix = unique_prefix("runtime");
+    let attachment = rt.block_on(async {
+        let a = backend(SHARED_URL, &prefix)
+            .build()
+            .unwrap()
+            .attach(&breaker)
+            .unwrap();
+        assert!(eventually(WAIT, || async { a.is_shared() }).await);
+        a
+    });
+    assert!(breaker.remote().is_shared());
+    drop(rt);
+    assert!(
+        !breaker.remote().is_shared(),
+        "no task is left to grant probes, so the breaker decides alone"
+    );
+    drop(attachment);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
+    let prefix = unique_prefix("many");
+    let config = || {
+        KeyedBreakers::builder()
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (config(), config());
+    let attach_a = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&a)
+        .unwrap();
+    let attach_b = backend(SHARED_URL, &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&b)
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            attach_a.is_shared() && attach_b.is_shared()
+        })
+        .await
+    );
+
+    // 700 keys on both replicas; every tenth fails once on replica a.
+    let keys: Vec<String> = (0..700).map(|i| format!("model-{i}")).collect();
+    for k in &keys {
+        b.admit(k).unwrap().record(Outcome::Success);
+        let outcome = if k.ends_with('0') {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        a.admit(k).unwrap().record(outcome);
+    }
+    let in_step = eventually(WAIT, || async {
+        keys.iter().all(|k| {
+            let open = k.ends_with('0');
+            b.get(k)
+                .is_some_and(|br| (br.state() == State::Open) == open)
+        })
+    })
+    .await;
+    assert!(in_step, "replica b follows all 70 trips and no other key");
+    assert!(attach_a.is_shared() && attach_b.is_shared());
+}
