@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Instructions per call under callgrind: the bare service, the closed path
-# and the open (rejecting) path of tower-circuit-breaker, each polled directly
-# with no runtime. Each mode runs at two call counts; the difference divided by
+# Instructions per call under callgrind: the bare service (answering, and
+# failing), and the closed and open (rejecting) paths of tower-circuit-breaker,
+# each polled directly with no executor. Each mode runs at two call counts; the difference divided by
 # the difference in calls is the per-call figure, free of start-up costs.
 #
 #   bench/callgrind.sh            # N1=100000 N2=200000
@@ -36,12 +36,15 @@ per_call() { # mode -> Ir per call
 }
 
 bare=$(per_call bare)
+failing=$(per_call failing)
 closed=$(per_call closed)
 open=$(per_call open)
+minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
 echo "instructions per call (Ir), $n1 vs $n2 calls:"
-echo "  bare service_fn             $bare"
-echo "  closed                      $closed   (added over bare: $(awk -v c="$closed" -v b="$bare" 'BEGIN { printf "%.1f", c - b }'))"
-echo "  open, rejecting (whole call) $open"
+echo "  bare service_fn, ready at once    $bare"
+echo "  bare service_fn, failing at once  $failing"
+echo "  closed                            $closed  (added over bare: $(minus "$closed" "$bare"))"
+echo "  open, rejecting                   $open  (added over failing: $(minus "$open" "$failing"))"
 echo
 echo "closed path, Ir per call by function ($n2 calls; $out/closed.$n2.out):"
 callgrind_annotate --show-percs=no "$out/closed.$n2.out" 2>/dev/null |

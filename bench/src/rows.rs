@@ -73,6 +73,9 @@ impl Breaker {
 pub enum Path {
     /// The inner service alone.
     Bare,
+    /// A service failing at once with a zero-sized error: the floor under
+    /// every rejecting row (the loop, the ready future, the `Err`).
+    BareErr,
     /// Closed circuit, healthy upstream: admit, call, record a success.
     Closed,
     /// Open circuit: reject without calling the inner service.
@@ -90,6 +93,7 @@ impl Path {
     pub const fn label(self) -> &'static str {
         match self {
             Path::Bare => "ready at once",
+            Path::BareErr => "failing at once",
             Path::Closed => "closed",
             Path::Open => "open, rejecting",
             Path::HalfOpenFull => "half-open, probes out, rejecting",
@@ -129,6 +133,7 @@ pub fn all() -> Vec<Row> {
     use Breaker::*;
     vec![
         Row::new(Bare, Path::Bare, bare),
+        Row::new(Bare, Path::BareErr, bare_err),
         // === this crate ===
         Row::new(Ours, Path::Closed, ours_closed),
         Row::new(Ours, Path::Open, ours_open),
@@ -170,6 +175,11 @@ fn bare(plan: &Plan<'_>) -> Result<f64, String> {
     plan.drive(upstream::<Infallible>(StatusCode::OK), Expect::Admitted)
 }
 
+fn bare_err(plan: &Plan<'_>) -> Result<f64, String> {
+    let svc = service_fn(|_req: Request| ready(Err::<Response<String>, Rejected>(Rejected)));
+    plan.drive(svc, Expect::Rejected)
+}
+
 // === this crate ===
 
 fn ours_layer(open: Duration) -> CircuitBreakerLayer {
@@ -186,8 +196,10 @@ fn ours_layer(open: Duration) -> CircuitBreakerLayer {
         .expect("a valid configuration")
 }
 
-/// Trips the breaker with real failures through its own state machine.
-fn trip_ours(breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
+/// Trips the breaker with real failures through its own state machine,
+/// inside the plan's runtime as a call's future would.
+fn trip_ours(plan: &Plan<'_>, breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
+    let _runtime = plan.rt.enter();
     for _ in 0..WINDOW {
         let permit = breaker
             .admit()
@@ -207,7 +219,7 @@ fn ours_closed(plan: &Plan<'_>) -> Result<f64, String> {
 
 fn ours_open(plan: &Plan<'_>) -> Result<f64, String> {
     let layer = ours_layer(OPEN);
-    trip_ours(layer.breaker())?;
+    trip_ours(plan, layer.breaker())?;
     let svc = layer.layer(upstream::<Infallible>(StatusCode::OK));
     plan.drive(svc, Expect::Rejected)
 }
@@ -215,10 +227,10 @@ fn ours_open(plan: &Plan<'_>) -> Result<f64, String> {
 /// A breaker of its own open duration, tripped and waited out, so that the
 /// next admission starts a half-open cycle. The wait is real time, spent in
 /// set-up.
-fn ours_half_open() -> Result<CircuitBreakerLayer, String> {
+fn ours_half_open(plan: &Plan<'_>) -> Result<CircuitBreakerLayer, String> {
     let open = Duration::from_millis(2);
     let layer = ours_layer(open);
-    trip_ours(layer.breaker())?;
+    trip_ours(plan, layer.breaker())?;
     let deadline = std::time::Instant::now() + open * 2;
     while std::time::Instant::now() < deadline {
         std::hint::spin_loop();
@@ -227,7 +239,7 @@ fn ours_half_open() -> Result<CircuitBreakerLayer, String> {
 }
 
 fn ours_half_open_full(plan: &Plan<'_>) -> Result<f64, String> {
-    let layer = ours_half_open()?;
+    let layer = ours_half_open(plan)?;
     let breaker = layer.breaker().clone();
     let probes: Vec<_> = (0..PROBES)
         .map(|_| breaker.admit().map_err(|e| format!("probe rejected: {e}")))
@@ -242,7 +254,7 @@ fn ours_half_open_full(plan: &Plan<'_>) -> Result<f64, String> {
 }
 
 fn ours_half_open_probe(plan: &Plan<'_>) -> Result<f64, String> {
-    let layer = ours_half_open()?;
+    let layer = ours_half_open(plan)?;
     let breaker = layer.breaker().clone();
     let svc = layer.layer(upstream::<Infallible>(StatusCode::BAD_REQUEST));
     let result = plan.drive(svc, Expect::Admitted)?;

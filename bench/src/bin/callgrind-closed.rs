@@ -2,7 +2,7 @@
 //! (no runtime), for instruction counts under callgrind.
 //!
 //! ```text
-//! callgrind-closed <bare|closed|open|half-open-full> <calls>
+//! callgrind-closed <bare|failing|closed|open> <calls>
 //! ```
 //!
 //! `bench/callgrind.sh` runs it under `valgrind --tool=callgrind` at two
@@ -10,19 +10,19 @@
 //! adds over the bare service.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{ready, Future};
 use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use http::StatusCode;
+use http::{Response, StatusCode};
 use tower::{Layer, Service};
 use tower_circuit_breaker::{CircuitBreakerLayer, Outcome};
 use tower_circuit_breaker_bench::measure::Request;
-use tower_circuit_breaker_bench::rows::{upstream, FAILURE_RATE, OPEN, WINDOW};
+use tower_circuit_breaker_bench::rows::{upstream, Rejected, FAILURE_RATE, OPEN, WINDOW};
 
 fn usage() -> ! {
-    eprintln!("usage: callgrind-closed <bare|closed|open> <calls>");
+    eprintln!("usage: callgrind-closed <bare|failing|closed|open> <calls>");
     std::process::exit(2)
 }
 
@@ -62,8 +62,20 @@ fn main() {
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| usage());
+    // Calls are polled directly, but inside a runtime's context, as in a
+    // service: the breaker may use it when it trips.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a tokio runtime");
+    let _runtime = rt.enter();
     let ok = match mode.as_str() {
         "bare" => calls(&mut upstream::<Infallible>(StatusCode::OK), n),
+        "failing" => {
+            let mut svc =
+                tower::service_fn(|()| ready(Err::<Response<String>, Rejected>(Rejected)));
+            calls(&mut svc, n)
+        }
         "closed" | "open" => {
             let layer = CircuitBreakerLayer::builder()
                 .count_window(WINDOW)
