@@ -138,65 +138,90 @@ fn find(all: &[Measured], shape: Shape, breaker: Breaker, path: Path) -> Option<
         .find(|m| m.shape == shape && m.row.breaker == breaker && m.row.path == path)
 }
 
-/// The table, as printed.
+/// The table, as printed: one line per row, the shapes side by side.
 pub fn table(all: &[Measured], settings: &Settings) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "ns per call: median of {} runs, each about {} ms; spread = (max - min) / median.",
+        "ns = ns per call, median of {} runs of about {} ms each (±: (max - min) / median);",
         settings.runs,
         settings.target.as_millis()
     );
     let _ = writeln!(
         s,
-        "added = ns over the bare service in the same shape (rejecting rows: over the service failing at once);"
+        "added = ns over the bare service (rejecting rows: over the service failing at once);"
     );
-    let _ = writeln!(s, "ours/this = our ns on the same path / this row's ns.");
-    for &shape in &settings.shapes {
-        let rows: Vec<&Measured> = all.iter().filter(|m| m.shape == shape).collect();
-        if rows.is_empty() {
+    let _ = writeln!(
+        s,
+        "alloc = allocations per call; ours/it = our ns on the same path / this row's ns."
+    );
+    let shapes: Vec<Shape> = settings
+        .shapes
+        .iter()
+        .copied()
+        .filter(|&shape| all.iter().any(|m| m.shape == shape))
+        .collect();
+    let _ = write!(s, "{:<48}", "");
+    for shape in &shapes {
+        let _ = write!(s, " | {:<35}", shape.label());
+    }
+    let _ = writeln!(s);
+    let _ = write!(s, "{:<48}", "row");
+    for _ in &shapes {
+        let _ = write!(
+            s,
+            " | {:>7} {:>4} {:>7} {:>5} {:>7}",
+            "ns", "±", "added", "alloc", "ours/it"
+        );
+    }
+    let _ = writeln!(s);
+    let mut seen: Vec<(Breaker, Path)> = Vec::new();
+    for m in all {
+        if seen.contains(&(m.row.breaker, m.row.path)) {
             continue;
         }
-        let bare = find(all, shape, Breaker::Bare, Path::Bare).map(Measured::ns);
-        // Rejections are measured against a service that fails at once.
-        let floor = find(all, shape, Breaker::Bare, Path::BareErr).map(Measured::ns);
-        let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "{:<8} {:<58} {:>9} {:>7} {:>9} {:>7} {:>9}",
-            "shape", "row", "ns/call", "spread", "added", "allocs", "ours/this"
-        );
-        for m in rows {
-            let ns = m.ns();
-            let base = match m.row.path {
-                Path::Open | Path::HalfOpenFull => floor,
-                _ => bare,
-            };
-            let added = match (m.row.breaker, base) {
-                (Breaker::Bare, _) | (_, None) => "-".to_string(),
-                (_, Some(b)) => format!("{:.1}", ns - b),
-            };
-            let ratio = match m.row.breaker {
-                Breaker::Bare | Breaker::Ours => "-".to_string(),
-                _ => match find(all, shape, Breaker::Ours, m.row.path) {
-                    Some(ours) => format!("{:.3}", ours.ns() / ns),
-                    None => "-".to_string(),
-                },
-            };
-            let _ = writeln!(
-                s,
-                "{:<8} {:<58} {:>9.1} {:>6.0}% {:>9} {:>7.2} {:>9}",
-                shape.label(),
-                m.row.name(),
-                ns,
-                m.spread() * 100.0,
-                added,
-                m.allocs,
-                ratio
-            );
+        seen.push((m.row.breaker, m.row.path));
+        let _ = write!(s, "{:<48}", m.row.name());
+        for &shape in &shapes {
+            match find(all, shape, m.row.breaker, m.row.path) {
+                Some(m) => {
+                    let _ = write!(s, " | {}", cells(all, m));
+                }
+                None => {
+                    let _ = write!(s, " | {:<35}", "");
+                }
+            }
         }
+        let _ = writeln!(s);
     }
     s
+}
+
+/// ns, spread, added, allocations and our ratio for one row in one shape.
+fn cells(all: &[Measured], m: &Measured) -> String {
+    let ns = m.ns();
+    // Rejections are measured against a service that fails at once.
+    let base = match m.row.path {
+        Path::Open | Path::HalfOpenFull => Path::BareErr,
+        _ => Path::Bare,
+    };
+    let added = match (m.row.breaker, find(all, m.shape, Breaker::Bare, base)) {
+        (Breaker::Bare, _) | (_, None) => "-".to_string(),
+        (_, Some(b)) => format!("{:.1}", ns - b.ns()),
+    };
+    let ratio = match m.row.breaker {
+        Breaker::Bare | Breaker::Ours => "-".to_string(),
+        _ => find(all, m.shape, Breaker::Ours, m.row.path)
+            .map_or("-".to_string(), |ours| format!("{:.2}", ours.ns() / ns)),
+    };
+    format!(
+        "{:>7.1} {:>3.0}% {:>7} {:>5.2} {:>7}",
+        ns,
+        m.spread() * 100.0,
+        added,
+        m.allocs,
+        ratio
+    )
 }
 
 /// How this crate's rows fare against the performance budget and the peers.
