@@ -76,11 +76,14 @@ pub mod body;
 pub mod breaker;
 pub mod classify;
 pub mod error;
+pub mod failover;
 pub mod future;
 pub mod keyed;
 mod layer;
 pub mod response;
+pub mod retry;
 mod service;
+pub mod stack;
 mod sync;
 
 pub use crate::body::ResponseBody;
@@ -90,8 +93,11 @@ pub use crate::breaker::{
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error};
+pub use crate::failover::Failover;
 pub use crate::layer::CircuitBreakerLayer;
+pub use crate::retry::RetryPolicy;
 pub use crate::service::{CircuitBreaker, Select};
+pub use crate::stack::{Stack, StackLayer};
 
 /// The boxed error type used across tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
