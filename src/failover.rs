@@ -66,7 +66,7 @@ use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use crate::classify::{Classify, HttpClassifier, Verdict};
-use crate::retry::{AttemptError, Rng};
+use crate::retry::{head_outcome, AttemptError, Rng};
 use crate::Outcome;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
@@ -98,8 +98,11 @@ impl<S: Clone, Req> Clone for Route<S, Req> {
 /// is a `oneshot` on a clone of that upstream's service), so `poll_ready`
 /// is always ready.
 ///
-/// A response whose classifier defers to the end of the body (a stream) is
-/// returned as it is: once its head is out, there is no failing over.
+/// A failed, rate-limited or quota-exhausted answer (another provider's
+/// quota may be fine) moves on; any other answer is returned. When the
+/// classifier defers its verdict to the body, the head decides, as for
+/// [`RetryPolicy`](crate::retry::RetryPolicy): a success streams to the
+/// caller, and there is no failing over once its head is out.
 ///
 /// The upstream services are shared by every call through an `Arc`, so the
 /// response future is `Send` when they are `Send + Sync` (a hyper-util
@@ -347,7 +350,9 @@ where
                                 .classify_response(response.status(), response.headers())
                             {
                                 Verdict::Done(outcome) => then(outcome),
-                                Verdict::Defer(_) => Then::Return,
+                                Verdict::Defer(_) => {
+                                    then(head_outcome(response.status(), response.headers()))
+                                }
                             }
                         }
                         Err(error) if error.circuit_open().is_some() => Then::Skip,
@@ -389,7 +394,7 @@ where
 
 fn then(outcome: Outcome) -> Then {
     match outcome {
-        Outcome::Failure | Outcome::RateLimited { .. } => Then::Fallback,
+        Outcome::Failure | Outcome::RateLimited { .. } | Outcome::QuotaExhausted => Then::Fallback,
         _ => Then::Return,
     }
 }

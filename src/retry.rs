@@ -62,13 +62,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Response;
+use http::{HeaderMap, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 
 use crate::breaker::{Breaker, Changed, State};
-use crate::classify::{Classify, ErrorRef, HttpClassifier, Verdict};
+use crate::classify::{Classify, ErrorRef, HttpClassifier, LlmClassifier, Verdict};
 use crate::error::CircuitOpen;
 use crate::{BoxError, Error, Outcome};
 
@@ -132,9 +132,15 @@ impl AttemptError for Infallible {
 /// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` ≤ the cap | waits exactly `Retry-After`, then retries |
 /// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` > the cap | gives up: the 429 goes to the caller, who can read the header |
 /// | [`RateLimited`](Outcome::RateLimited) without `Retry-After` | backs off as for a failure |
-/// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored) | returns the answer |
+/// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored), [`QuotaExhausted`](Outcome::QuotaExhausted) | returns the answer |
 /// | a [`CircuitOpen`] rejection | returns it: never retried |
-/// | a response whose classifier defers to the body (a stream) | returns it: the body is already on its way |
+///
+/// When the classifier defers its verdict to the body (an
+/// [`LlmClassifier`] reading a stream or a 429's error body), the policy
+/// decides on the head: a success is returned (its body is on its way to
+/// the caller); 429 and 409 are rate-limited, with the wait read as
+/// [`LlmClassifier::retry_after`] reads it; 402 is a quota; 5xx a failure;
+/// other statuses are returned.
 ///
 /// At most [`max_retries`](Self::max_retries) retries follow the first
 /// attempt. Defaults: 3 retries, base 500 ms, cap 10 s, `Retry-After` cap
@@ -278,8 +284,7 @@ where
                 .classify_response(response.status(), response.headers())
             {
                 Verdict::Done(outcome) => outcome,
-                // The body is already streaming to the caller.
-                Verdict::Defer(_) => return None,
+                Verdict::Defer(_) => head_outcome(response.status(), response.headers()),
             },
             Err(error) => {
                 if error.circuit_open().is_some() {
@@ -295,6 +300,20 @@ where
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         (self.max_retries > 0).then(|| req.clone())
+    }
+}
+
+/// What a response head says when the classifier waits for the body.
+pub(crate) fn head_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
+    match status.as_u16() {
+        429 | 409 => Outcome::RateLimited {
+            retry_after: LlmClassifier::retry_after(headers),
+        },
+        402 => Outcome::QuotaExhausted,
+        500.. => Outcome::Failure,
+        400..=499 => Outcome::Ignored,
+        // A success streams to the caller as it is.
+        _ => Outcome::Success,
     }
 }
 

@@ -276,3 +276,28 @@ async fn plain_services_fail_over_naively() {
     // Without breakers the broken primary is tried every time.
     assert_eq!(names(&calls), ["a", "b", "a", "b", "a", "b"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn quota_and_deferred_rate_limits_fail_over() {
+    use tower_circuit_breaker::classify::LlmClassifier;
+
+    let calls = Calls::default();
+    let (a, b) = (status(402), status(200));
+    let llm = |name, code: &Arc<AtomicU16>| {
+        CircuitBreaker::with_classifier(
+            upstream(name, code, &calls),
+            breaker(name),
+            LlmClassifier::new(),
+        )
+    };
+    let svc = Failover::new(llm("a", &a))
+        .fallback(llm("b", &b))
+        .with_classifier(LlmClassifier::new())
+        .jitter(Duration::ZERO, Duration::ZERO);
+    // A 402: this account's quota ran out here, maybe not with the fallback.
+    assert_eq!(who(&svc.clone().oneshot(request()).await.unwrap()), "b");
+    // A 429, whose verdict LlmClassifier defers to the body.
+    a.store(429, Ordering::SeqCst);
+    assert_eq!(who(&svc.oneshot(request()).await.unwrap()), "b");
+    assert_eq!(names(&calls), ["a", "b", "a", "b"]);
+}

@@ -311,3 +311,28 @@ async fn a_flaky_upstream_is_retried_to_success() {
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(bodies(&calls), ["flaky", "flaky"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deferring_classifier_still_gets_retry_after_honoured() {
+    use tower_circuit_breaker::classify::LlmClassifier;
+
+    // LlmClassifier reads a 429's body to tell a quota from a rate limit;
+    // the policy decides on the head meanwhile.
+    let calls = Calls::default();
+    let breaker = breaker(5);
+    let policy = RetryPolicy::new()
+        .max_retries(1)
+        .with_classifier(LlmClassifier::new());
+    let inner = CircuitBreaker::with_classifier(upstream(&calls), breaker, LlmClassifier::new());
+    let svc = Retry::new(policy, inner);
+    let start = Instant::now();
+    let res = svc.oneshot(request("busy:2")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let times: Vec<Duration> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _)| *t - start)
+        .collect();
+    assert_eq!(times, [Duration::ZERO, Duration::from_secs(2)]);
+}

@@ -29,14 +29,12 @@ use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::timeout::{Timeout, TimeoutLayer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_circuit_breaker::classify::{
-    Classify, ClassifyStream, ErrorRef, HttpClassifier, Verdict,
-};
+use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::failover::Failover;
 use tower_circuit_breaker::retry::RetryPolicy;
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::{
-    BoxError, Breaker, Builder, CircuitBreaker, CircuitOpen, Outcome, State, Transition,
+    BoxError, Breaker, Builder, CircuitBreaker, CircuitOpen, State, Transition,
 };
 
 use crate::scenario::{Kind, Scenario, WindowConfig};
@@ -263,14 +261,14 @@ fn client(sim: &Arc<Sim>) -> SimClient {
     SimClient(Arc::clone(sim))
 }
 
-fn retry_policy(scenario: &Scenario) -> RetryPolicy<SimClassifier> {
+fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
     let c = &scenario.client;
     RetryPolicy::new()
         .max_retries(c.max_retries)
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
         .seed(scenario.seed)
-        .with_classifier(SimClassifier)
+        .with_classifier(LlmClassifier::new())
 }
 
 fn retry_after_cap(scenario: &Scenario) -> Duration {
@@ -353,7 +351,7 @@ fn breaker(
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
         .seed(scenario.seed)
-        .classifier(SimClassifier);
+        .classifier(LlmClassifier::new());
     if let Some(total) = c.total_timeout {
         builder = builder.total_timeout(total);
     }
@@ -374,7 +372,7 @@ fn naive_failover(
     let attempt = |sim: &Arc<Sim>| Timeout::new(client(sim), c.attempt_timeout);
     let mut failover = Failover::new(attempt(sim))
         .jitter(Duration::ZERO, Duration::ZERO)
-        .with_classifier(SimClassifier);
+        .with_classifier(LlmClassifier::new());
     for upstream in &scenario.upstreams[1..] {
         let model = upstream.name.clone();
         failover = failover.fallback_with(attempt(sim), move |req: &mut Request<String>| {
@@ -414,7 +412,7 @@ fn failover(
         routes.push(CircuitBreaker::with_classifier(
             attempt,
             breaker,
-            SimClassifier,
+            LlmClassifier::new(),
         ));
     }
     let mut routes = routes.into_iter();
@@ -422,7 +420,7 @@ fn failover(
     let mut failover = Failover::new(primary)
         .jitter(FAILOVER_JITTER.0, FAILOVER_JITTER.1)
         .seed(mix(scenario.seed ^ 0xfa11))
-        .with_classifier(SimClassifier);
+        .with_classifier(LlmClassifier::new());
     for (route, upstream) in routes.zip(&scenario.upstreams[1..]) {
         let model = upstream.name.clone();
         failover = failover.fallback_with(route, move |req: &mut Request<String>| {
@@ -784,48 +782,6 @@ impl Body for SimBody {
             SimBody::Full(data) => data.is_none(),
             SimBody::Sse { event, .. } => event.is_none(),
         }
-    }
-}
-
-// === classification ===
-
-/// [`HttpClassifier`], plus: a 200 event stream is judged at its end, and an
-/// `event: error` in it is a failure.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SimClassifier;
-
-impl Classify for SimClassifier {
-    type Stream = SseWatch;
-
-    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<SseWatch> {
-        let stream = headers
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        if status.is_success() && stream {
-            return Verdict::Defer(SseWatch);
-        }
-        match HttpClassifier.classify_response(status, headers) {
-            Verdict::Done(outcome) => Verdict::Done(outcome),
-            Verdict::Defer(never) => match never {},
-        }
-    }
-
-    fn classify_error(&self, error: ErrorRef<'_>) -> Outcome {
-        HttpClassifier.classify_error(error)
-    }
-}
-
-/// Watches an event stream for an error event.
-#[derive(Debug)]
-pub struct SseWatch;
-
-impl ClassifyStream for SseWatch {
-    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
-        contains(chunk, b"event: error").then_some(Outcome::Failure)
-    }
-
-    fn on_end(self) -> Outcome {
-        Outcome::Success
     }
 }
 

@@ -27,6 +27,10 @@
 //! up to 1. Every key is required (`window` or `window_s`, one of them);
 //! unknown keys are errors that name the key and the line.
 //!
+//! Every breaker, retry and failover classifies answers with the crate's
+//! `LlmClassifier`, so an `sse_error` stream is a failure once its error
+//! event arrives and a `content_filter` answer counts for nothing.
+//!
 //! Choices the file does not make: a `Retry-After` is waited out up to 20 s
 //! (and at most half the total timeout); a time window (`window_s`) has 20
 //! buckets; a breaker's probe lease is the longer of `open_s` and the attempt
