@@ -76,6 +76,7 @@ pub mod body;
 pub mod breaker;
 pub mod classify;
 pub mod error;
+pub mod failover;
 pub mod future;
 pub mod keyed;
 mod layer;
@@ -83,7 +84,9 @@ pub mod response;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub mod retry;
 mod service;
+pub mod stack;
 mod sync;
 
 #[cfg(any(
@@ -113,8 +116,11 @@ pub use crate::breaker::{
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error};
+pub use crate::failover::Failover;
 pub use crate::layer::CircuitBreakerLayer;
+pub use crate::retry::RetryPolicy;
 pub use crate::service::{CircuitBreaker, Select};
+pub use crate::stack::{Stack, StackLayer};
 
 /// The boxed error type used across tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,0 +1,815 @@
+//! The replay engine: simulated upstreams behind the real tower stacks, in
+//! virtual time.
+//!
+//! Every stack runs on its own current-thread runtime with the clock paused,
+//! so an 18-minute outage replays in seconds and every timer (attempt
+//! timeouts, backoff, open durations, upstream latency) is exact. Requests
+//! go through the crate's real layers: `tower::timeout`, `tower::retry` with
+//! [`RetryPolicy`], [`CircuitBreaker`] via the [`Stack`] helper, and
+//! [`Failover`].
+//!
+//! Stacks face the same requests (the same arrival times) and the same
+//! upstream behaviour, request by request: what an upstream does with the
+//! n-th attempt of request r is a pure function of the seed, the upstream,
+//! r and n, so it does not depend on what other requests did.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::time::{Instant, Sleep};
+use tower::retry::RetryLayer;
+use tower::timeout::{Timeout, TimeoutLayer};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_circuit_breaker::classify::LlmClassifier;
+use tower_circuit_breaker::failover::Failover;
+use tower_circuit_breaker::retry::RetryPolicy;
+use tower_circuit_breaker::stack::Stack;
+use tower_circuit_breaker::{
+    BoxError, Breaker, Builder, CircuitBreaker, CircuitOpen, State, Transition,
+};
+
+use crate::scenario::{Kind, Scenario, WindowConfig};
+
+/// Buckets of a time window (`window_s`).
+pub const TIME_BUCKETS: u32 = 20;
+/// The longest `Retry-After` a retry waits out (capped further by half the
+/// total timeout, when there is one).
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(20);
+/// Pause before a fallback in the `failover` stack.
+pub const FAILOVER_JITTER: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_millis(200));
+
+// === results ===
+
+/// Which stack a run replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackKind {
+    /// total timeout -> retry -> attempt timeout -> primary.
+    NoBreaker,
+    /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary.
+    Breaker,
+    /// total timeout -> retry -> try each upstream in order (attempt timeout each).
+    NaiveFailover,
+    /// total timeout -> retry -> failover -> per upstream: breaker -> attempt timeout.
+    Failover,
+}
+
+impl StackKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StackKind::NoBreaker => "no-breaker",
+            StackKind::Breaker => "breaker",
+            StackKind::NaiveFailover => "naive-failover",
+            StackKind::Failover => "failover",
+        }
+    }
+
+    /// The stacks replayed for a scenario.
+    pub fn for_scenario(scenario: &Scenario) -> Vec<StackKind> {
+        let mut kinds = vec![StackKind::NoBreaker, StackKind::Breaker];
+        if scenario.upstreams.len() > 1 {
+            kinds.extend([StackKind::NaiveFailover, StackKind::Failover]);
+        }
+        kinds
+    }
+
+    fn uses_fallbacks(self) -> bool {
+        matches!(self, StackKind::NaiveFailover | StackKind::Failover)
+    }
+}
+
+/// One replayed scenario.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    pub scenario: String,
+    pub seed: u64,
+    pub duration_s: f64,
+    pub upstreams: Vec<String>,
+    /// Arrival times, the same for every stack.
+    pub arrivals_s: Vec<f64>,
+    pub stacks: Vec<StackRun>,
+}
+
+impl Replay {
+    // The queries below serve tests/outage_replay.rs.
+    #[allow(dead_code)]
+    pub fn stack(&self, name: &str) -> Option<&StackRun> {
+        self.stacks.iter().find(|s| s.name == name)
+    }
+}
+
+/// What one stack did.
+#[derive(Debug, Clone)]
+pub struct StackRun {
+    pub name: &'static str,
+    pub requests: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    /// Attempts that reached each upstream the stack can call, in order.
+    pub attempts: Vec<(String, u64)>,
+    pub wait_mean_s: f64,
+    pub wait_p50_s: f64,
+    pub wait_p99_s: f64,
+    pub wait_max_s: f64,
+    pub transitions: Vec<TransitionRecord>,
+    /// Every upstream attempt, in the order they started.
+    pub attempt_log: Vec<AttemptRecord>,
+}
+
+impl StackRun {
+    /// Attempts that reached upstream `upstream` starting in `[from_s, to_s)`.
+    #[allow(dead_code)]
+    pub fn attempts_between(&self, upstream: usize, from_s: f64, to_s: f64) -> u64 {
+        self.attempt_log
+            .iter()
+            .filter(|a| a.upstream == upstream && a.t_s >= from_s && a.t_s < to_s)
+            .count() as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransitionRecord {
+    pub t_s: f64,
+    pub upstream: String,
+    pub to: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttemptRecord {
+    pub t_s: f64,
+    pub upstream: usize,
+    /// Whether the upstream failed this attempt (5xx, hang, reset, stream error).
+    pub failed: bool,
+}
+
+/// How one request ended for its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Succeeded,
+    /// An error or an unsuccessful answer reached the user after upstream work.
+    Failed,
+    /// Failed fast by an open circuit, without any upstream attempt.
+    Rejected,
+}
+
+// === replay ===
+
+/// Replays every stack of the scenario, in parallel threads (one paused
+/// runtime each).
+pub fn replay(scenario: &Scenario) -> Result<Replay, String> {
+    replay_stacks(scenario, &StackKind::for_scenario(scenario))
+}
+
+/// Replays the given stacks.
+pub fn replay_stacks(scenario: &Scenario, kinds: &[StackKind]) -> Result<Replay, String> {
+    let scenario = Arc::new(scenario.clone());
+    let arrivals: Arc<[Duration]> = arrivals(&scenario).into();
+    let runs = std::thread::scope(|scope| {
+        let handles: Vec<_> = kinds
+            .iter()
+            .map(|&kind| {
+                let scenario = Arc::clone(&scenario);
+                let arrivals = Arc::clone(&arrivals);
+                scope.spawn(move || run_stack(scenario, arrivals, kind))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a replay thread panicked".to_owned()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    Ok(Replay {
+        scenario: scenario.name.clone(),
+        seed: scenario.seed,
+        duration_s: scenario.duration.as_secs_f64(),
+        upstreams: scenario.upstreams.iter().map(|u| u.name.clone()).collect(),
+        arrivals_s: arrivals.iter().map(Duration::as_secs_f64).collect(),
+        stacks: runs,
+    })
+}
+
+/// Request arrival times in `[0, duration)`: evenly spaced, or a Poisson
+/// process drawn from the seed.
+pub fn arrivals(scenario: &Scenario) -> Vec<Duration> {
+    let end = scenario.duration.as_secs_f64();
+    let rate = scenario.rate_per_s;
+    let mut out = Vec::with_capacity((end * rate * 1.1) as usize + 16);
+    if scenario.poisson {
+        let mut state = mix(scenario.seed ^ 0x5eed_a771_7a15_0000);
+        let mut t = 0.0;
+        loop {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            t += -(1.0 - unit(mix(state))).ln() / rate;
+            if t >= end {
+                break;
+            }
+            out.push(Duration::from_secs_f64(t));
+        }
+    } else {
+        for i in 0u64.. {
+            let t = i as f64 / rate;
+            if t >= end {
+                break;
+            }
+            out.push(Duration::from_secs_f64(t));
+        }
+    }
+    out
+}
+
+type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
+
+fn run_stack(
+    scenario: Arc<Scenario>,
+    arrivals: Arc<[Duration]>,
+    kind: StackKind,
+) -> Result<StackRun, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    runtime.block_on(async move {
+        let sim = Arc::new(Sim::new(Arc::clone(&scenario), arrivals.len()));
+        let log = TransitionLog::default();
+        let fates = match kind {
+            StackKind::NoBreaker => drive(no_breaker(&sim), &sim, &arrivals).await?,
+            StackKind::Breaker => drive(breaker(&sim, &log)?, &sim, &arrivals).await?,
+            StackKind::NaiveFailover => drive(naive_failover(&sim), &sim, &arrivals).await?,
+            StackKind::Failover => drive(failover(&sim, &log)?, &sim, &arrivals).await?,
+        };
+        Ok(summarize(kind, &sim, &fates, &log))
+    })
+}
+
+// === the stacks ===
+
+fn client(sim: &Arc<Sim>) -> SimClient {
+    SimClient(Arc::clone(sim))
+}
+
+fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
+    let c = &scenario.client;
+    RetryPolicy::new()
+        .max_retries(c.max_retries)
+        .backoff(c.backoff_base, c.backoff_max)
+        .retry_after_cap(retry_after_cap(scenario))
+        .seed(scenario.seed)
+        .with_classifier(LlmClassifier::new())
+}
+
+fn retry_after_cap(scenario: &Scenario) -> Duration {
+    match scenario.client.total_timeout {
+        Some(total) => RETRY_AFTER_CAP.min(total / 2),
+        None => RETRY_AFTER_CAP,
+    }
+}
+
+/// The scenario's breaker configuration for upstream `i`.
+fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
+    let b = &scenario.breaker;
+    let mut builder = Breaker::builder()
+        .name(scenario.upstreams[i].name.as_str())
+        .open_duration(b.open)
+        .max_open_duration(b.open_max)
+        .probes(b.probes)
+        .close_after(b.close_after)
+        // A hanging probe is judged by its attempt timeout, not by its lease.
+        .probe_lease(
+            b.open
+                .max(scenario.client.attempt_timeout + Duration::from_secs(1)),
+        )
+        .seed(mix(scenario.seed ^ (i as u64 + 1)));
+    builder = match b.window {
+        WindowConfig::Off => builder.no_window(),
+        WindowConfig::Count(n) => builder
+            .count_window(n)
+            .min_calls(b.min_calls)
+            .failure_rate(b.failure_rate),
+        WindowConfig::Time(span) => builder
+            .time_window(span, TIME_BUCKETS)
+            .min_calls(b.min_calls)
+            .failure_rate(b.failure_rate),
+    };
+    if let Some(n) = b.consecutive_failures {
+        builder = builder.consecutive_failures(n);
+    }
+    if let Some((threshold, rate)) = b.slow_call {
+        builder = builder.slow_call(threshold, rate);
+    }
+    let log = Arc::clone(log);
+    builder.on_transition(move |t: &Transition| lock(&log).push((t.at, i, t.to)))
+}
+
+fn no_breaker(
+    sim: &Arc<Sim>,
+) -> impl Service<Request<String>, Response = Response<SimBody>, Error = BoxError, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    let c = &sim.scenario.client;
+    ServiceBuilder::new()
+        .option_layer(c.total_timeout.map(TimeoutLayer::new))
+        .layer(RetryLayer::new(retry_policy(&sim.scenario)))
+        .layer(TimeoutLayer::new(c.attempt_timeout))
+        .service(client(sim))
+}
+
+fn breaker(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+) -> Result<
+    impl Service<
+            Request<String>,
+            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    String,
+> {
+    let scenario = &sim.scenario;
+    let c = &scenario.client;
+    let mut builder = Stack::builder()
+        .attempt_timeout(c.attempt_timeout)
+        .breaker(breaker_builder(scenario, 0, log))
+        .max_retries(c.max_retries)
+        .backoff(c.backoff_base, c.backoff_max)
+        .retry_after_cap(retry_after_cap(scenario))
+        .seed(scenario.seed)
+        .classifier(LlmClassifier::new());
+    if let Some(total) = c.total_timeout {
+        builder = builder.total_timeout(total);
+    }
+    let layer = builder
+        .build()
+        .map_err(|e| format!("the breaker stack does not accept this scenario: {e}"))?;
+    Ok(layer.layer(client(sim)))
+}
+
+fn naive_failover(
+    sim: &Arc<Sim>,
+) -> impl Service<Request<String>, Response = Response<SimBody>, Error = BoxError, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    let scenario = &sim.scenario;
+    let c = &scenario.client;
+    let attempt = |sim: &Arc<Sim>| Timeout::new(client(sim), c.attempt_timeout);
+    let mut failover = Failover::new(attempt(sim))
+        .jitter(Duration::ZERO, Duration::ZERO)
+        .with_classifier(LlmClassifier::new());
+    for upstream in &scenario.upstreams[1..] {
+        let model = upstream.name.clone();
+        failover = failover.fallback_with(attempt(sim), move |req: &mut Request<String>| {
+            *req.body_mut() = chat_body(&model)
+        });
+    }
+    ServiceBuilder::new()
+        .option_layer(c.total_timeout.map(TimeoutLayer::new))
+        .layer(RetryLayer::new(retry_policy(scenario)))
+        .service(failover)
+}
+
+fn failover(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+) -> Result<
+    impl Service<
+            Request<String>,
+            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    String,
+> {
+    let scenario = &sim.scenario;
+    let c = &scenario.client;
+    let mut policy = retry_policy(scenario);
+    let mut routes = Vec::new();
+    for i in 0..scenario.upstreams.len() {
+        let breaker = breaker_builder(scenario, i, log)
+            .build()
+            .map_err(|e| format!("the breaker does not accept this scenario: {e}"))?;
+        policy = policy.watch_breaker(breaker.clone());
+        let attempt = Timeout::new(client(sim), c.attempt_timeout);
+        routes.push(CircuitBreaker::with_classifier(
+            attempt,
+            breaker,
+            LlmClassifier::new(),
+        ));
+    }
+    let mut routes = routes.into_iter();
+    let primary = routes.next().expect("a scenario has an upstream");
+    let mut failover = Failover::new(primary)
+        .jitter(FAILOVER_JITTER.0, FAILOVER_JITTER.1)
+        .seed(mix(scenario.seed ^ 0xfa11))
+        .with_classifier(LlmClassifier::new());
+    for (route, upstream) in routes.zip(&scenario.upstreams[1..]) {
+        let model = upstream.name.clone();
+        failover = failover.fallback_with(route, move |req: &mut Request<String>| {
+            *req.body_mut() = chat_body(&model)
+        });
+    }
+    Ok(ServiceBuilder::new()
+        .option_layer(c.total_timeout.map(TimeoutLayer::new))
+        .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
+        .layer(RetryLayer::new(policy))
+        .service(failover))
+}
+
+// === driving requests ===
+
+async fn drive<S, B>(
+    svc: S,
+    sim: &Arc<Sim>,
+    arrivals: &[Duration],
+) -> Result<Vec<(Duration, Fate)>, String>
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError> + Send,
+    B: Body + Send + 'static,
+    B::Data: Send,
+{
+    let start = sim.start;
+    let primary = sim.scenario.upstreams[0].name.clone();
+    let mut tasks = Vec::with_capacity(arrivals.len());
+    for (id, &at) in arrivals.iter().enumerate() {
+        tokio::time::sleep_until(start + at).await;
+        // The timer wheel wakes on whole milliseconds; a request arrives when
+        // the driver actually sends it.
+        let arrived = Instant::now();
+        let svc = svc.clone();
+        let sim = Arc::clone(sim);
+        let request = chat_request(id as u64, &primary);
+        tasks.push(tokio::spawn(async move {
+            let fate = match svc.oneshot(request).await {
+                Ok(response) => {
+                    let ok = response.status().is_success();
+                    let body = response.into_body().collect().await.map(|b| b.to_bytes());
+                    match body {
+                        Ok(body) if ok && !contains(&body, b"event: error") => Fate::Succeeded,
+                        _ => Fate::Failed,
+                    }
+                }
+                Err(error) => {
+                    let error: BoxError = error.into();
+                    if error.downcast_ref::<CircuitOpen>().is_some() && sim.tries_of(id) == 0 {
+                        Fate::Rejected
+                    } else {
+                        Fate::Failed
+                    }
+                }
+            };
+            (Instant::now() - arrived, fate)
+        }));
+    }
+    let mut fates = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        fates.push(
+            task.await
+                .map_err(|e| format!("a request task failed: {e}"))?,
+        );
+    }
+    Ok(fates)
+}
+
+fn summarize(
+    kind: StackKind,
+    sim: &Sim,
+    fates: &[(Duration, Fate)],
+    log: &TransitionLog,
+) -> StackRun {
+    let count = |f: Fate| fates.iter().filter(|(_, x)| *x == f).count() as u64;
+    let mut waits: Vec<f64> = fates.iter().map(|(w, _)| w.as_secs_f64()).collect();
+    waits.sort_by(f64::total_cmp);
+    let rank = |p: f64| -> f64 {
+        if waits.is_empty() {
+            return 0.0;
+        }
+        let i = ((p * waits.len() as f64).ceil() as usize).clamp(1, waits.len()) - 1;
+        waits[i]
+    };
+    let mean = if waits.is_empty() {
+        0.0
+    } else {
+        waits.iter().sum::<f64>() / waits.len() as f64
+    };
+    let state = sim.state();
+    let names = &sim.scenario.upstreams;
+    let reachable = if kind.uses_fallbacks() {
+        names.len()
+    } else {
+        1
+    };
+    let attempts = names[..reachable]
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let n = state.log.iter().filter(|a| a.upstream == i).count() as u64;
+            (u.name.clone(), n)
+        })
+        .collect();
+    let transitions = lock(log)
+        .iter()
+        .map(|&(at, i, to)| TransitionRecord {
+            t_s: (at - sim.start).as_secs_f64(),
+            upstream: names[i].name.clone(),
+            to: to.as_str(),
+        })
+        .collect();
+    StackRun {
+        name: kind.name(),
+        requests: fates.len() as u64,
+        succeeded: count(Fate::Succeeded),
+        failed: count(Fate::Failed),
+        rejected: count(Fate::Rejected),
+        attempts,
+        wait_mean_s: mean,
+        wait_p50_s: rank(0.50),
+        wait_p99_s: rank(0.99),
+        wait_max_s: waits.last().copied().unwrap_or(0.0),
+        transitions,
+        attempt_log: state.log.clone(),
+    }
+}
+
+// === the simulated upstreams ===
+
+/// The upstreams of one replay: their behaviour, and what reached them.
+struct Sim {
+    scenario: Arc<Scenario>,
+    start: Instant,
+    state: Mutex<SimState>,
+}
+
+struct SimState {
+    /// Attempts so far, per request and upstream.
+    tries: Vec<u32>,
+    log: Vec<AttemptRecord>,
+}
+
+impl Sim {
+    fn new(scenario: Arc<Scenario>, requests: usize) -> Self {
+        let slots = requests * scenario.upstreams.len();
+        Sim {
+            scenario,
+            start: Instant::now(),
+            state: Mutex::new(SimState {
+                tries: vec![0; slots],
+                log: Vec::with_capacity(requests * 2),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, SimState> {
+        lock(&self.state)
+    }
+
+    /// Starts attempt n of `request` on `upstream`: decides what the upstream
+    /// does with it and logs it.
+    fn begin(&self, upstream: usize, request: usize) -> Kind {
+        let now = Instant::now() - self.start;
+        let scenario = &self.scenario;
+        let mut state = self.state();
+        let slot = request * scenario.upstreams.len() + upstream;
+        let n = state.tries[slot];
+        state.tries[slot] += 1;
+        let u = draw(scenario.seed, upstream, request, n);
+        let kind = scenario.upstreams[upstream].phase_at(now).pick(u);
+        state.log.push(AttemptRecord {
+            t_s: now.as_secs_f64(),
+            upstream,
+            failed: kind.is_failure(),
+        });
+        kind
+    }
+
+    /// Attempts of `request` that reached any upstream.
+    fn tries_of(&self, request: usize) -> u32 {
+        let n = self.scenario.upstreams.len();
+        self.state().tries[request * n..(request + 1) * n]
+            .iter()
+            .sum()
+    }
+}
+
+/// The HTTP client of the replay: it routes by the `model` in the request
+/// body, so a fallback to another upstream is a request rewrite on the same
+/// client.
+#[derive(Clone)]
+struct SimClient(Arc<Sim>);
+
+type SimFuture = Pin<Box<dyn Future<Output = Result<Response<SimBody>, BoxError>> + Send>>;
+
+impl Service<Request<String>> for SimClient {
+    type Response = Response<SimBody>;
+    type Error = BoxError;
+    type Future = SimFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<String>) -> SimFuture {
+        let sim = &self.0;
+        let id = request
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&id| id * sim.scenario.upstreams.len() < lock(&sim.state).tries.len());
+        let upstream = model_of(request.body())
+            .and_then(|m| sim.scenario.upstreams.iter().position(|u| u.name == m));
+        let (Some(id), Some(upstream)) = (id, upstream) else {
+            return Box::pin(async {
+                Ok(json(StatusCode::NOT_FOUND, r#"{"error":"unknown model"}"#))
+            });
+        };
+        let kind = sim.begin(upstream, id);
+        Box::pin(answer(kind))
+    }
+}
+
+async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
+    match kind {
+        Kind::Ok { latency } => {
+            tokio::time::sleep(latency).await;
+            Ok(json(
+                StatusCode::OK,
+                r#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
+            ))
+        }
+        Kind::Status {
+            code,
+            latency,
+            retry_after,
+        } => {
+            tokio::time::sleep(latency).await;
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut response = json(status, r#"{"error":{"type":"upstream_error"}}"#);
+            if let Some(wait) = retry_after {
+                set_retry_after(response.headers_mut(), wait);
+            }
+            Ok(response)
+        }
+        Kind::Hang => std::future::pending().await,
+        Kind::Reset { latency } => {
+            tokio::time::sleep(latency).await;
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection reset by peer",
+            )
+            .into())
+        }
+        Kind::SseError { latency, stream } => {
+            tokio::time::sleep(latency).await;
+            let body = SimBody::Sse {
+                delay: Box::pin(tokio::time::sleep(stream)),
+                event: Some(Bytes::from_static(
+                    b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+                )),
+            };
+            let mut response = Response::new(body);
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            Ok(response)
+        }
+        Kind::ContentFilter { latency } => {
+            tokio::time::sleep(latency).await;
+            Ok(json(
+                StatusCode::BAD_REQUEST,
+                r#"{"error":{"code":"content_filter","message":"The response was filtered due to the prompt triggering content management policy.","type":"invalid_request_error"}}"#,
+            ))
+        }
+    }
+}
+
+fn set_retry_after(headers: &mut HeaderMap, wait: Duration) {
+    if wait.subsec_nanos() == 0 {
+        headers.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
+    } else {
+        headers.insert("retry-after-ms", HeaderValue::from(wait.as_millis() as u64));
+    }
+}
+
+fn json(status: StatusCode, body: &'static str) -> Response<SimBody> {
+    let mut response = Response::new(SimBody::Full(Some(Bytes::from_static(body.as_bytes()))));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A chat completion request for `model`, numbered `id`.
+fn chat_request(id: u64, model: &str) -> Request<String> {
+    let mut request = Request::new(chat_body(model));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = http::Uri::from_static("http://llm.invalid/v1/chat/completions");
+    request
+        .headers_mut()
+        .insert("x-request-id", HeaderValue::from(id));
+    request
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    request
+}
+
+fn chat_body(model: &str) -> String {
+    format!(
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":"Summarise this chapter."}}]}}"#
+    )
+}
+
+fn model_of(body: &str) -> Option<&str> {
+    let rest = body.split_once(r#""model":""#)?.1;
+    rest.split_once('"').map(|(model, _)| model)
+}
+
+/// The response body of a simulated upstream: a whole JSON document, or an
+/// event stream that sends one error event after a delay.
+enum SimBody {
+    Full(Option<Bytes>),
+    Sse {
+        delay: Pin<Box<Sleep>>,
+        event: Option<Bytes>,
+    },
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            SimBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            SimBody::Sse { delay, event } => {
+                if event.is_none() {
+                    return Poll::Ready(None);
+                }
+                match delay.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(event.take().map(|d| Ok(Frame::data(d)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            SimBody::Full(data) => data.is_none(),
+            SimBody::Sse { event, .. } => event.is_none(),
+        }
+    }
+}
+
+// === helpers ===
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The splitmix64 finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What upstream `upstream` does with attempt `n` of request `request`: a
+/// uniform number in `[0, 1)` that depends on nothing else.
+fn draw(seed: u64, upstream: usize, request: usize, n: u32) -> f64 {
+    let h = mix(mix(mix(mix(seed) ^ upstream as u64) ^ request as u64) ^ u64::from(n));
+    unit(h)
+}

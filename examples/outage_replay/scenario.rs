@@ -1,0 +1,652 @@
+//! Scenario files: parsing and validation.
+//!
+//! Every key is required unless noted, unknown keys are errors, and every
+//! error names the key and the line it is on.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Most requests a scenario may generate (rate × duration).
+pub const MAX_REQUESTS: f64 = 2_000_000.0;
+/// Most retries per request.
+pub const MAX_RETRIES: u32 = 100;
+/// The largest count window the breaker accepts.
+pub const MAX_WINDOW: u32 = 1 << 20;
+/// Most upstreams per scenario.
+pub const MAX_UPSTREAMS: usize = 16;
+
+/// A validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub seed: u64,
+    pub duration: Duration,
+    pub rate_per_s: f64,
+    pub poisson: bool,
+    pub client: Client,
+    pub breaker: BreakerConfig,
+    pub upstreams: Vec<Upstream>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub attempt_timeout: Duration,
+    pub total_timeout: Option<Duration>,
+    pub max_retries: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WindowConfig {
+    Off,
+    Count(u32),
+    Time(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct BreakerConfig {
+    pub window: WindowConfig,
+    pub min_calls: u32,
+    pub failure_rate: f64,
+    pub consecutive_failures: Option<u32>,
+    pub slow_call: Option<(Duration, f64)>,
+    pub open: Duration,
+    pub open_max: Duration,
+    pub probes: u32,
+    pub close_after: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    pub phases: Vec<Phase>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Phase {
+    pub from: Duration,
+    pub responses: Vec<Response>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub p: f64,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    Ok {
+        latency: Duration,
+    },
+    Status {
+        code: u16,
+        latency: Duration,
+        retry_after: Option<Duration>,
+    },
+    Hang,
+    Reset {
+        latency: Duration,
+    },
+    SseError {
+        latency: Duration,
+        stream: Duration,
+    },
+    ContentFilter {
+        latency: Duration,
+    },
+}
+
+impl Kind {
+    /// Whether the upstream failed (what a breaker should count).
+    pub fn is_failure(&self) -> bool {
+        match self {
+            Kind::Ok { .. } | Kind::ContentFilter { .. } => false,
+            Kind::Status { code, .. } => *code >= 500,
+            Kind::Hang | Kind::Reset { .. } | Kind::SseError { .. } => true,
+        }
+    }
+}
+
+impl Upstream {
+    /// The phase in force at `t` (the last one that started at or before it).
+    pub fn phase_at(&self, t: Duration) -> &Phase {
+        let i = self.phases.partition_point(|p| p.from <= t);
+        &self.phases[i.saturating_sub(1)]
+    }
+}
+
+impl Phase {
+    /// The response picked by a uniform draw `u` in `[0, 1)`.
+    pub fn pick(&self, u: f64) -> Kind {
+        let mut acc = 0.0;
+        let mut last = None;
+        for r in &self.responses {
+            if r.p <= 0.0 {
+                continue;
+            }
+            acc += r.p;
+            last = Some(r.kind);
+            if u < acc {
+                return r.kind;
+            }
+        }
+        // Rounding: the probabilities add up to 1 within 1e-9.
+        last.expect("a phase has a response with p > 0")
+    }
+}
+
+// === errors ===
+
+/// What is wrong with a scenario file, and where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScenarioError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file, line, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// Turns byte spans into line numbers and messages into errors.
+struct Source<'a> {
+    text: &'a str,
+    file: &'a str,
+}
+
+impl Source<'_> {
+    fn line(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    fn at<T>(&self, spanned: &Spanned<T>, message: impl Into<String>) -> ScenarioError {
+        ScenarioError {
+            file: self.file.to_owned(),
+            line: Some(self.line(spanned.span().start)),
+            message: message.into(),
+        }
+    }
+}
+
+// === raw form ===
+
+type S<T> = Spanned<T>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: S<String>,
+    seed: S<u64>,
+    duration_s: S<f64>,
+    rate_per_s: S<f64>,
+    poisson: S<bool>,
+    client: S<RawClient>,
+    breaker: S<RawBreaker>,
+    upstream: S<Vec<S<RawUpstream>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    attempt_timeout_s: S<f64>,
+    total_timeout_s: S<f64>,
+    max_retries: S<u32>,
+    backoff_base_ms: S<u64>,
+    backoff_max_ms: S<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    window: Option<S<u32>>,
+    window_s: Option<S<f64>>,
+    min_calls: S<u32>,
+    failure_rate: S<f64>,
+    consecutive_failures: S<u32>,
+    slow_call_ms: S<u64>,
+    slow_call_rate: S<f64>,
+    open_s: S<f64>,
+    open_max_s: S<f64>,
+    probes: S<u32>,
+    close_after: S<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: S<String>,
+    phase: S<Vec<S<RawPhase>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPhase {
+    from_s: S<f64>,
+    responses: S<Vec<S<RawResponse>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResponse {
+    p: S<f64>,
+    kind: S<String>,
+    latency_ms: Option<S<u64>>,
+    code: Option<S<u16>>,
+    retry_after_s: Option<S<f64>>,
+    stream_ms: Option<S<u64>>,
+}
+
+// === parsing ===
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        line: None,
+        message: format!("cannot read the file: {e}"),
+    })?;
+    parse(&text, &file)
+}
+
+/// Parses and validates a scenario; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
+    let src = Source { text, file };
+    let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError {
+        file: file.to_owned(),
+        line: e.span().map(|s| src.line(s.start)),
+        message: e.message().trim().to_owned(),
+    })?;
+
+    let name = raw.name.get_ref().trim().to_owned();
+    if name.is_empty() {
+        return Err(src.at(&raw.name, "`name` is empty"));
+    }
+    let duration = seconds(&src, &raw.duration_s, "duration_s")?;
+    let duration_s = positive(&src, &raw.duration_s, "duration_s")?;
+    let rate_per_s = positive(&src, &raw.rate_per_s, "rate_per_s")?;
+    if duration_s * rate_per_s > MAX_REQUESTS {
+        return Err(src.at(
+            &raw.rate_per_s,
+            format!(
+                "`rate_per_s` × `duration_s` = {:.0} requests; at most {MAX_REQUESTS:.0}",
+                duration_s * rate_per_s
+            ),
+        ));
+    }
+    let client = client(&src, raw.client.get_ref())?;
+    let breaker = breaker(&src, &raw.breaker, &client)?;
+
+    let raw_upstreams = raw.upstream.get_ref();
+    if raw_upstreams.is_empty() {
+        return Err(src.at(&raw.upstream, "`upstream` needs at least one [[upstream]]"));
+    }
+    if raw_upstreams.len() > MAX_UPSTREAMS {
+        return Err(src.at(
+            &raw.upstream,
+            format!(
+                "at most {MAX_UPSTREAMS} upstreams, got {}",
+                raw_upstreams.len()
+            ),
+        ));
+    }
+    let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw_upstreams.len());
+    for raw_upstream in raw_upstreams {
+        let u = upstream(&src, raw_upstream.get_ref())?;
+        if upstreams.iter().any(|o| o.name == u.name) {
+            return Err(src.at(
+                &raw_upstream.get_ref().name,
+                format!("`name`: upstream {:?} is listed twice", u.name),
+            ));
+        }
+        upstreams.push(u);
+    }
+
+    Ok(Scenario {
+        name,
+        seed: *raw.seed.get_ref(),
+        duration,
+        rate_per_s,
+        poisson: *raw.poisson.get_ref(),
+        client,
+        breaker,
+        upstreams,
+    })
+}
+
+fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
+    let attempt = seconds(src, &raw.attempt_timeout_s, "attempt_timeout_s")?;
+    if attempt.is_zero() {
+        return Err(src.at(
+            &raw.attempt_timeout_s,
+            "`attempt_timeout_s` must be greater than 0",
+        ));
+    }
+    let total = seconds(src, &raw.total_timeout_s, "total_timeout_s")?;
+    if !total.is_zero() && total < attempt {
+        return Err(src.at(
+            &raw.total_timeout_s,
+            "`total_timeout_s` is shorter than `attempt_timeout_s` (0 means no total timeout)",
+        ));
+    }
+    let max_retries = *raw.max_retries.get_ref();
+    if max_retries > MAX_RETRIES {
+        return Err(src.at(
+            &raw.max_retries,
+            format!("`max_retries` is at most {MAX_RETRIES}, got {max_retries}"),
+        ));
+    }
+    let base = Duration::from_millis(*raw.backoff_base_ms.get_ref());
+    let max = Duration::from_millis(*raw.backoff_max_ms.get_ref());
+    if base > max {
+        return Err(src.at(
+            &raw.backoff_max_ms,
+            "`backoff_max_ms` is below `backoff_base_ms`",
+        ));
+    }
+    Ok(Client {
+        attempt_timeout: attempt,
+        total_timeout: (!total.is_zero()).then_some(total),
+        max_retries,
+        backoff_base: base,
+        backoff_max: max,
+    })
+}
+
+fn breaker(
+    src: &Source<'_>,
+    spanned: &Spanned<RawBreaker>,
+    client: &Client,
+) -> Result<BreakerConfig, ScenarioError> {
+    let raw = spanned.get_ref();
+    let window = match (&raw.window, &raw.window_s) {
+        (Some(n), None) => match *n.get_ref() {
+            0 => WindowConfig::Off,
+            calls if calls > MAX_WINDOW => {
+                return Err(src.at(
+                    n,
+                    format!("`window` is at most {MAX_WINDOW} calls, got {calls}"),
+                ));
+            }
+            calls => WindowConfig::Count(calls),
+        },
+        (None, Some(span)) => {
+            let span_d = seconds(src, span, "window_s")?;
+            if span_d.is_zero() {
+                WindowConfig::Off
+            } else if span_d < client.attempt_timeout * 2 {
+                return Err(src.at(
+                    span,
+                    "`window_s` is shorter than two `attempt_timeout_s`: hanging calls would \
+                     leave the window before their timeouts are counted",
+                ));
+            } else {
+                WindowConfig::Time(span_d)
+            }
+        }
+        (Some(_), Some(span)) => {
+            return Err(src.at(span, "`window` and `window_s` are both set; keep one"));
+        }
+        (None, None) => {
+            return Err(src.at(
+                spanned,
+                "[breaker] needs `window` (calls) or `window_s` (seconds); 0 turns the rate rules off",
+            ));
+        }
+    };
+    let min_calls = *raw.min_calls.get_ref();
+    if let WindowConfig::Count(n) = window {
+        if min_calls > n {
+            return Err(src.at(
+                &raw.min_calls,
+                format!("`min_calls` ({min_calls}) is larger than `window` ({n})"),
+            ));
+        }
+    }
+    let failure_rate = rate(src, &raw.failure_rate, "failure_rate")?;
+    let slow_call_rate = rate(src, &raw.slow_call_rate, "slow_call_rate")?;
+    let slow_call = match *raw.slow_call_ms.get_ref() {
+        0 => None,
+        ms => {
+            let threshold = Duration::from_millis(ms);
+            if window == WindowConfig::Off {
+                return Err(src.at(
+                    &raw.slow_call_ms,
+                    "`slow_call_ms` needs a window (`window` or `window_s` above 0)",
+                ));
+            }
+            if threshold >= client.attempt_timeout {
+                return Err(src.at(
+                    &raw.slow_call_ms,
+                    "`slow_call_ms` is not below `attempt_timeout_s`: no call could be slow",
+                ));
+            }
+            Some((threshold, slow_call_rate))
+        }
+    };
+    let consecutive_failures = match *raw.consecutive_failures.get_ref() {
+        0 => None,
+        n => Some(n),
+    };
+    let open = seconds(src, &raw.open_s, "open_s")?;
+    if open.is_zero() {
+        return Err(src.at(&raw.open_s, "`open_s` must be greater than 0"));
+    }
+    let open_max = seconds(src, &raw.open_max_s, "open_max_s")?;
+    if open_max < open {
+        return Err(src.at(&raw.open_max_s, "`open_max_s` is below `open_s`"));
+    }
+    let probes = *raw.probes.get_ref();
+    if probes == 0 {
+        return Err(src.at(&raw.probes, "`probes` must be at least 1"));
+    }
+    let close_after = *raw.close_after.get_ref();
+    if close_after == 0 || close_after > probes {
+        return Err(src.at(
+            &raw.close_after,
+            format!("`close_after` must be between 1 and `probes` ({probes}), got {close_after}"),
+        ));
+    }
+    Ok(BreakerConfig {
+        window,
+        min_calls,
+        failure_rate,
+        consecutive_failures,
+        slow_call,
+        open,
+        open_max,
+        probes,
+        close_after,
+    })
+}
+
+fn upstream(src: &Source<'_>, raw: &RawUpstream) -> Result<Upstream, ScenarioError> {
+    let name = raw.name.get_ref().trim().to_owned();
+    if name.is_empty() || name.contains(['"', '\\']) || name.chars().any(char::is_control) {
+        return Err(src.at(
+            &raw.name,
+            "`name` must be non-empty, without quotes, backslashes or control characters",
+        ));
+    }
+    let raw_phases = raw.phase.get_ref();
+    if raw_phases.is_empty() {
+        return Err(src.at(
+            &raw.phase,
+            format!("upstream {name:?} needs at least one [[upstream.phase]]"),
+        ));
+    }
+    let mut phases: Vec<Phase> = Vec::with_capacity(raw_phases.len());
+    for (i, spanned) in raw_phases.iter().enumerate() {
+        let raw_phase = spanned.get_ref();
+        let from = seconds(src, &raw_phase.from_s, "from_s")?;
+        if i == 0 && !from.is_zero() {
+            return Err(src.at(
+                &raw_phase.from_s,
+                format!("`from_s`: the first phase of {name:?} must start at 0"),
+            ));
+        }
+        if let Some(prev) = phases.last() {
+            if from <= prev.from {
+                return Err(src.at(
+                    &raw_phase.from_s,
+                    "`from_s`: phases must be listed in increasing order of `from_s`",
+                ));
+            }
+        }
+        let mut responses = Vec::new();
+        let mut sum = 0.0;
+        for r in raw_phase.responses.get_ref() {
+            let response = response(src, r)?;
+            sum += response.p;
+            responses.push(response);
+        }
+        if responses.is_empty() {
+            return Err(src.at(&raw_phase.responses, "`responses` is empty"));
+        }
+        if (sum - 1.0).abs() > 1e-9 {
+            return Err(src.at(
+                &raw_phase.responses,
+                format!("`responses`: the probabilities `p` add up to {sum}, not 1"),
+            ));
+        }
+        phases.push(Phase { from, responses });
+    }
+    Ok(Upstream { name, phases })
+}
+
+fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response, ScenarioError> {
+    let raw = spanned.get_ref();
+    let p = *raw.p.get_ref();
+    if !(0.0..=1.0).contains(&p) {
+        return Err(src.at(&raw.p, format!("`p` must be between 0 and 1, got {p}")));
+    }
+    let kind_name = raw.kind.get_ref().as_str();
+    // Which optional keys each kind takes, and which it needs.
+    let (allowed, needed): (&[&str], &[&str]) = match kind_name {
+        "ok" | "reset" | "content_filter" => (&["latency_ms"], &["latency_ms"]),
+        "status" => (
+            &["latency_ms", "code", "retry_after_s"],
+            &["latency_ms", "code"],
+        ),
+        "hang" => (&[], &[]),
+        "sse_error" => (&["latency_ms", "stream_ms"], &["latency_ms", "stream_ms"]),
+        other => {
+            return Err(src.at(
+                &raw.kind,
+                format!(
+                    "`kind` {other:?} is not one of \"ok\", \"status\", \"hang\", \"reset\", \
+                     \"sse_error\", \"content_filter\""
+                ),
+            ))
+        }
+    };
+    let present: [(&str, Option<usize>); 4] = [
+        (
+            "latency_ms",
+            raw.latency_ms.as_ref().map(|s| s.span().start),
+        ),
+        ("code", raw.code.as_ref().map(|s| s.span().start)),
+        (
+            "retry_after_s",
+            raw.retry_after_s.as_ref().map(|s| s.span().start),
+        ),
+        ("stream_ms", raw.stream_ms.as_ref().map(|s| s.span().start)),
+    ];
+    for (key, at) in present {
+        if let Some(at) = at {
+            if !allowed.contains(&key) {
+                return Err(ScenarioError {
+                    file: src.file.to_owned(),
+                    line: Some(src.line(at)),
+                    message: format!("`{key}` is not a key of kind {kind_name:?}"),
+                });
+            }
+        } else if needed.contains(&key) {
+            return Err(src.at(spanned, format!("kind {kind_name:?} needs `{key}`")));
+        }
+    }
+    let ms = |v: &Option<S<u64>>| Duration::from_millis(v.as_ref().map_or(0, |s| *s.get_ref()));
+    let latency = ms(&raw.latency_ms);
+    let kind = match kind_name {
+        "ok" => Kind::Ok { latency },
+        "reset" => Kind::Reset { latency },
+        "content_filter" => Kind::ContentFilter { latency },
+        "hang" => Kind::Hang,
+        "sse_error" => Kind::SseError {
+            latency,
+            stream: ms(&raw.stream_ms),
+        },
+        _ => {
+            let code_s = raw.code.as_ref().expect("checked above");
+            let code = *code_s.get_ref();
+            if !(200..=599).contains(&code) {
+                return Err(src.at(code_s, format!("`code` must be 200..=599, got {code}")));
+            }
+            let retry_after = match &raw.retry_after_s {
+                Some(s) => Some(seconds(src, s, "retry_after_s")?),
+                None => None,
+            };
+            Kind::Status {
+                code,
+                latency,
+                retry_after,
+            }
+        }
+    };
+    Ok(Response { p, kind })
+}
+
+// === numbers ===
+
+fn positive(src: &Source<'_>, v: &Spanned<f64>, key: &str) -> Result<f64, ScenarioError> {
+    let x = *v.get_ref();
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err(src.at(
+            v,
+            format!("`{key}` must be a number greater than 0, got {x}"),
+        ))
+    }
+}
+
+/// A non-negative number of seconds, at most ten years.
+fn seconds(src: &Source<'_>, v: &Spanned<f64>, key: &str) -> Result<Duration, ScenarioError> {
+    let x = *v.get_ref();
+    if x.is_finite() && (0.0..=315_360_000.0).contains(&x) {
+        Ok(Duration::from_secs_f64(x))
+    } else {
+        Err(src.at(
+            v,
+            format!("`{key}` must be a number of seconds, 0 or more, got {x}"),
+        ))
+    }
+}
+
+fn rate(src: &Source<'_>, v: &Spanned<f64>, key: &str) -> Result<f64, ScenarioError> {
+    let x = *v.get_ref();
+    if x > 0.0 && x <= 1.0 {
+        Ok(x)
+    } else {
+        Err(src.at(v, format!("`{key}` must be in (0, 1], got {x}")))
+    }
+}

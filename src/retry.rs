@@ -1,0 +1,477 @@
+//! A [`tower::retry::Policy`] that understands outcomes and listens to the
+//! breaker.
+//!
+//! [`RetryPolicy`] retries what the upstream's health explains — a
+//! [`Failure`](Outcome::Failure) or a [`RateLimited`](Outcome::RateLimited)
+//! answer — and nothing else: never a bad request, never a
+//! [`CircuitOpen`] rejection. Backoff is exponential with full jitter, and a
+//! `Retry-After` under a cap is waited out exactly.
+//!
+//! A retry layer kept apart from its breaker has one known weakness: a call
+//! sleeping out its backoff does not learn that the circuit opened meanwhile,
+//! and sleeps on only to be rejected. [`RetryPolicy::watch_breaker`] closes
+//! that gap: the backoff races [`Breaker::changed`], and when the circuit is
+//! open the wait ends at once. The next attempt is then rejected by the
+//! breaker without touching the upstream, and that rejection is what the
+//! caller sees.
+//!
+//! Put the retry *outside* the breaker, so that every attempt is admitted and
+//! recorded (see [`stack`](crate::stack) for the whole order).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{retry::RetryLayer, Service, ServiceBuilder, ServiceExt};
+//! use tower_circuit_breaker::retry::RetryPolicy;
+//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(503).body(String::new()).unwrap(),
+//!     )
+//! });
+//! let breaker = CircuitBreakerLayer::builder().consecutive_failures(2).build()?;
+//! let policy = RetryPolicy::new()
+//!     .max_retries(5)
+//!     .backoff(Duration::from_millis(100), Duration::from_secs(2))
+//!     .seed(7)
+//!     .watch_breaker(breaker.breaker().clone());
+//!
+//! let mut client = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(policy))
+//!     .layer(breaker)
+//!     .timeout(Duration::from_secs(60))
+//!     .service(upstream);
+//!
+//! // Two failures open the circuit; the third attempt is rejected without
+//! // reaching the upstream, and the retry loop ends there.
+//! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
+//! assert!(err.is_circuit_open());
+//! # Ok(()) }
+//! ```
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower::retry::Policy;
+
+use crate::breaker::{Breaker, Changed, State};
+use crate::classify::{Classify, ErrorRef, HttpClassifier, LlmClassifier, Verdict};
+use crate::error::CircuitOpen;
+use crate::{BoxError, Error, Outcome};
+
+// === AttemptError ===
+
+/// An error that [`RetryPolicy`] and [`Failover`](crate::failover::Failover)
+/// can look into: was it a [`CircuitOpen`] rejection, and if not, which
+/// error should the classifier see?
+///
+/// Implemented for this crate's [`Error`], for [`BoxError`] (what
+/// `tower::timeout` and most stacks return) and for [`Infallible`].
+pub trait AttemptError {
+    /// The rejection, if the circuit rejected the call.
+    fn circuit_open(&self) -> Option<&CircuitOpen>;
+
+    /// The error to classify, if the call reached the inner service.
+    fn as_error(&self) -> Option<ErrorRef<'_>>;
+}
+
+impl AttemptError for Error {
+    fn circuit_open(&self) -> Option<&CircuitOpen> {
+        Error::circuit_open(self)
+    }
+
+    fn as_error(&self) -> Option<ErrorRef<'_>> {
+        self.inner()
+    }
+}
+
+impl AttemptError for BoxError {
+    fn circuit_open(&self) -> Option<&CircuitOpen> {
+        self.downcast_ref::<CircuitOpen>()
+    }
+
+    fn as_error(&self) -> Option<ErrorRef<'_>> {
+        match self.downcast_ref::<CircuitOpen>() {
+            Some(_) => None,
+            None => Some(&**self),
+        }
+    }
+}
+
+impl AttemptError for Infallible {
+    fn circuit_open(&self) -> Option<&CircuitOpen> {
+        match *self {}
+    }
+
+    fn as_error(&self) -> Option<ErrorRef<'_>> {
+        match *self {}
+    }
+}
+
+// === RetryPolicy ===
+
+/// Retries failed and rate-limited attempts, with exponential backoff and
+/// full jitter, and stops as soon as the watched breaker opens.
+///
+/// | what the attempt said | what the policy does |
+/// |---|---|
+/// | [`Failure`](Outcome::Failure) (5xx, timeout, connection error) | waits a random time in `[0, min(max, base × 2ⁿ))`, then retries |
+/// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` ≤ the cap | waits exactly `Retry-After`, then retries |
+/// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` > the cap | gives up: the 429 goes to the caller, who can read the header |
+/// | [`RateLimited`](Outcome::RateLimited) without `Retry-After` | backs off as for a failure |
+/// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored), [`QuotaExhausted`](Outcome::QuotaExhausted) | returns the answer |
+/// | a [`CircuitOpen`] rejection | returns it: never retried |
+///
+/// When the classifier defers its verdict to the body (an
+/// [`LlmClassifier`] reading a stream or a 429's error body), the policy
+/// decides on the head: a success is returned (its body is on its way to
+/// the caller); 429 and 409 are rate-limited, with the wait read as
+/// [`LlmClassifier::retry_after`] reads it; 402 is a quota; 5xx a failure;
+/// other statuses are returned.
+///
+/// At most [`max_retries`](Self::max_retries) retries follow the first
+/// attempt. Defaults: 3 retries, base 500 ms, cap 10 s, `Retry-After` cap
+/// 20 s, no breaker watched, a random jitter seed.
+///
+/// Requests are cloned for each retry, so the request type must be `Clone`
+/// (`http::Request<String>`, `http::Request<Full<Bytes>>`). With no retries
+/// configured, nothing is cloned.
+///
+/// `tower::retry::Retry` clones the policy for every request: the retry count
+/// lives in that clone, while the jitter generator is shared by all clones,
+/// so concurrent requests draw different waits (and, seeded, the same
+/// sequence every run).
+///
+/// See the [module docs](self) for an example.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy<C = HttpClassifier> {
+    classifier: C,
+    max_retries: u32,
+    base: Duration,
+    max: Duration,
+    retry_after_cap: Duration,
+    watch: Arc<[Breaker]>,
+    rng: Rng,
+    /// Retries made so far for the request this clone serves.
+    retries: u32,
+}
+
+impl RetryPolicy {
+    /// A policy with the defaults, classifying with [`HttpClassifier`].
+    pub fn new() -> Self {
+        RetryPolicy {
+            classifier: HttpClassifier,
+            max_retries: 3,
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(10),
+            retry_after_cap: Duration::from_secs(20),
+            watch: Arc::new([]),
+            rng: Rng::random(),
+            retries: 0,
+        }
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy::new()
+    }
+}
+
+impl<C> RetryPolicy<C> {
+    /// Classifies attempts with `classifier` instead.
+    pub fn with_classifier<C2>(self, classifier: C2) -> RetryPolicy<C2> {
+        RetryPolicy {
+            classifier,
+            max_retries: self.max_retries,
+            base: self.base,
+            max: self.max,
+            retry_after_cap: self.retry_after_cap,
+            watch: self.watch,
+            rng: self.rng,
+            retries: self.retries,
+        }
+    }
+
+    /// At most `retries` retries after the first attempt. 0 turns retrying
+    /// off.
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// Retry `n` (from 0) waits a uniformly random time below
+    /// `min(max, base × 2ⁿ)` ("full jitter"). A `base` above `max` is
+    /// lowered to `max`.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.base = base.min(max);
+        self.max = max;
+        self
+    }
+
+    /// The longest `Retry-After` the policy waits out. A rate-limited answer
+    /// asking for longer is not retried: it goes to the caller as it is.
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry_after_cap = cap;
+        self
+    }
+
+    /// Seeds the jitter, for runs that must repeat exactly.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.rng = Rng::new(seed);
+        self
+    }
+
+    /// Ends a backoff as soon as `breaker` is open, so the retry is rejected
+    /// at once instead of after sleeping. Watching several breakers (one per
+    /// upstream behind a [`Failover`](crate::failover::Failover)) ends the
+    /// wait when all of them are open.
+    pub fn watch_breaker(mut self, breaker: Breaker) -> Self {
+        let mut watch = self.watch.to_vec();
+        watch.push(breaker);
+        self.watch = watch.into();
+        self
+    }
+
+    /// How long retry `n` (from 0) may wait at most: `min(max, base × 2ⁿ)`.
+    fn ceiling(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.max)
+    }
+
+    /// The wait before the next retry, or `None` to stop.
+    fn wait_for(&mut self, outcome: Outcome) -> Option<Duration> {
+        if self.retries >= self.max_retries {
+            return None;
+        }
+        match outcome {
+            Outcome::Failure | Outcome::RateLimited { retry_after: None } => {
+                Some(self.ceiling(self.retries).mul_f64(self.rng.unit()))
+            }
+            Outcome::RateLimited {
+                retry_after: Some(wait),
+            } => (wait <= self.retry_after_cap).then_some(wait),
+            _ => None,
+        }
+    }
+}
+
+impl<C, Req, B, E> Policy<Req, Response<B>, E> for RetryPolicy<C>
+where
+    C: Classify,
+    Req: Clone,
+    E: AttemptError,
+{
+    type Future = Backoff;
+
+    fn retry(&mut self, _req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
+        let outcome = match result {
+            Ok(response) => match self
+                .classifier
+                .classify_response(response.status(), response.headers())
+            {
+                Verdict::Done(outcome) => outcome,
+                Verdict::Defer(_) => head_outcome(response.status(), response.headers()),
+            },
+            Err(error) => {
+                if error.circuit_open().is_some() {
+                    return None;
+                }
+                self.classifier.classify_error(error.as_error()?)
+            }
+        };
+        let wait = self.wait_for(outcome)?;
+        self.retries += 1;
+        Some(Backoff::new(wait, &self.watch))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        (self.max_retries > 0).then(|| req.clone())
+    }
+}
+
+/// What a response head says when the classifier waits for the body.
+pub(crate) fn head_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
+    match status.as_u16() {
+        429 | 409 => Outcome::RateLimited {
+            retry_after: LlmClassifier::retry_after(headers),
+        },
+        402 => Outcome::QuotaExhausted,
+        500.. => Outcome::Failure,
+        400..=499 => Outcome::Ignored,
+        // A success streams to the caller as it is.
+        _ => Outcome::Success,
+    }
+}
+
+// === Backoff ===
+
+pin_project! {
+    /// The wait before a retry: a timer that ends early when every watched
+    /// breaker is open.
+    ///
+    /// When the watched breakers are already open as the wait begins, it is
+    /// over at once, so the retry meets the rejection without delay.
+    pub struct Backoff {
+        #[pin]
+        sleep: Sleep,
+        watch: Arc<[Breaker]>,
+        changed: Vec<Pin<Box<Changed>>>,
+        over: bool,
+    }
+}
+
+impl Backoff {
+    fn new(wait: Duration, watch: &Arc<[Breaker]>) -> Self {
+        // Subscribe before looking at the states, so that a transition in
+        // between is not missed.
+        let changed = watch.iter().map(|b| Box::pin(b.changed())).collect();
+        Backoff {
+            sleep: tokio::time::sleep(wait),
+            over: all_open(watch),
+            watch: Arc::clone(watch),
+            changed,
+        }
+    }
+}
+
+impl fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff")
+            .field("deadline", &self.sleep.deadline())
+            .field("watched", &self.watch.len())
+            .finish()
+    }
+}
+
+impl Future for Backoff {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if *this.over {
+            return Poll::Ready(());
+        }
+        let mut fired = false;
+        for (changed, breaker) in this.changed.iter_mut().zip(this.watch.iter()) {
+            // Re-subscribe after each transition, and poll the new future so
+            // that it registers this task.
+            while changed.as_mut().poll(cx).is_ready() {
+                fired = true;
+                *changed = Box::pin(breaker.changed());
+            }
+        }
+        if fired && all_open(this.watch) {
+            *this.over = true;
+            return Poll::Ready(());
+        }
+        this.sleep.poll(cx)
+    }
+}
+
+/// Whether every watched breaker would reject a call now (and there is at
+/// least one).
+fn all_open(watch: &[Breaker]) -> bool {
+    !watch.is_empty()
+        && watch.iter().all(|b| {
+            // A breaker in shadow mode reports open but admits every call.
+            matches!(b.state(), State::Open | State::ForcedOpen) && !b.snapshot().metrics_only
+        })
+}
+
+// === Rng ===
+
+/// A jitter generator shared by clones: one atomic counter run through the
+/// splitmix64 finalizer, so draws are well spread, lock-free, and repeat
+/// exactly for a seed when the draws happen in the same order.
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(Arc<AtomicU64>);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(Arc::new(AtomicU64::new(seed)))
+    }
+
+    pub(crate) fn random() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x853c_49e6_748f_ea9b);
+        Rng::new(h.finish())
+    }
+
+    fn next_u64(&self) -> u64 {
+        let mut z = self
+            .0
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform number in `[0, 1)`.
+    pub(crate) fn unit(&self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A uniform duration in `[low, high]`.
+    pub(crate) fn between(&self, low: Duration, high: Duration) -> Duration {
+        low + (high - low).mul_f64(self.unit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceiling_doubles_up_to_the_cap() {
+        let p = RetryPolicy::new().backoff(Duration::from_millis(500), Duration::from_secs(10));
+        let ceilings: Vec<_> = (0..7).map(|n| p.ceiling(n).as_millis()).collect();
+        assert_eq!(ceilings, [500, 1000, 2000, 4000, 8000, 10_000, 10_000]);
+        assert_eq!(p.ceiling(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn full_jitter_stays_below_the_ceiling_and_repeats_with_a_seed() {
+        let draw = |seed| {
+            let mut p = RetryPolicy::new().max_retries(100).seed(seed);
+            (0..50)
+                .map(|_| {
+                    let w = p.wait_for(Outcome::Failure).unwrap();
+                    let ceiling = p.ceiling(p.retries);
+                    assert!(
+                        w < ceiling.max(Duration::from_nanos(1)),
+                        "{w:?} >= {ceiling:?}"
+                    );
+                    p.retries += 1;
+                    w
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(3), draw(3));
+        assert_ne!(draw(3), draw(4));
+    }
+
+    #[test]
+    fn rng_units_are_in_range_and_spread() {
+        let rng = Rng::new(1);
+        let draws: Vec<f64> = (0..10_000).map(|_| rng.unit()).collect();
+        assert!(draws.iter().all(|u| (0.0..1.0).contains(u)));
+        let below_half = draws.iter().filter(|&&u| u < 0.5).count();
+        assert!((4_500..5_500).contains(&below_half), "{below_half}");
+    }
+}

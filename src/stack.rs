@@ -1,0 +1,375 @@
+//! The whole client stack in the order that works: total timeout → retry →
+//! circuit breaker → attempt timeout → client.
+//!
+//! Each piece has its place for a reason:
+//!
+//! - the **retry** sits outside the breaker, so every attempt is admitted and
+//!   recorded, and an open circuit ends the retry loop at once (the retry
+//!   [watches the breaker](crate::retry::RetryPolicy::watch_breaker), so
+//!   not even a backoff sleep is spent on an upstream known to be down);
+//! - the **attempt timeout** sits inside the breaker, so a hanging call is a
+//!   recorded failure;
+//! - the optional **total timeout** sits outermost and bounds what the
+//!   caller waits, retries included.
+//!
+//! [`StackBuilder::build`] refuses pieces that do not fit, with
+//! [`ConfigError::Stack`]: a total timeout shorter than one attempt, a time
+//! window shorter than two attempt timeouts, a slow-call threshold the
+//! attempt timeout never lets a call reach, a probe lease that expires
+//! before the attempt timeout can judge the probe, a `Retry-After` cap the
+//! total timeout would cut short.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_circuit_breaker::stack::Stack;
+//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen, ConfigError};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(503).body(String::new()).unwrap(),
+//!     )
+//! });
+//!
+//! // Defaults: attempt 60 s, a window of 20 calls, 50 %, open 30 s,
+//! // 3 probes, 2 to close, 3 retries.
+//! let layer = Stack::builder()
+//!     .breaker(Breaker::builder().count_window(10).min_calls(3))
+//!     .build()?;
+//! let breaker = layer.breaker().clone();
+//! let mut client = layer.layer(upstream);
+//!
+//! // Three failed attempts open the circuit: the first retry that meets the
+//! // open circuit is rejected without reaching the upstream, and the loop
+//! // ends there.
+//! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
+//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert_eq!(breaker.snapshot().counters.failures, 3);
+//! assert_eq!(breaker.snapshot().counters.rejected, 1);
+//!
+//! // Pieces that do not fit are refused.
+//! let err = Stack::builder()
+//!     .attempt_timeout(Duration::from_secs(60))
+//!     .total_timeout(Duration::from_secs(30))
+//!     .build()
+//!     .unwrap_err();
+//! assert!(matches!(err, ConfigError::Stack(_)));
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower::retry::Retry;
+use tower::timeout::Timeout;
+use tower::util::{Either, MapErr};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::{Breaker, Builder, ConfigError, Window};
+use crate::classify::HttpClassifier;
+use crate::retry::RetryPolicy;
+use crate::{BoxError, CircuitBreaker, Error};
+
+/// The retry and everything inside it.
+type Retried<S, C> = Retry<RetryPolicy<C>, CircuitBreaker<Timeout<S>, C>>;
+
+/// With or without a total timeout, the error is a [`BoxError`].
+type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error) -> BoxError>>;
+
+/// Builds a [`StackLayer`]; see the [module docs](self).
+///
+/// Defaults follow the numbers of a typical LLM outage: 60 s per attempt, no
+/// total timeout, the [`Breaker`] defaults (a window of 20 calls, 50 %
+/// failures, open 30 s, 3 probes, 2 to close) and the
+/// [`RetryPolicy`] defaults (3 retries, backoff from 500 ms to 10 s,
+/// `Retry-After` waited up to 20 s).
+///
+/// Unless a probe lease is set on the breaker, the stack sets it to the
+/// longer of the open duration and the attempt timeout plus one second, so a
+/// hanging probe is always judged by its timeout.
+pub struct StackBuilder<C = HttpClassifier> {
+    attempt_timeout: Duration,
+    total_timeout: Option<Duration>,
+    breaker: Builder<Breaker>,
+    classifier: C,
+    max_retries: u32,
+    backoff: (Duration, Duration),
+    retry_after_cap: Duration,
+    seed: Option<u64>,
+}
+
+impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("total_timeout", &self.total_timeout)
+            .field("breaker", &self.breaker)
+            .field("classifier", &self.classifier)
+            .field("max_retries", &self.max_retries)
+            .field("backoff", &self.backoff)
+            .field("retry_after_cap", &self.retry_after_cap)
+            .finish()
+    }
+}
+
+impl Default for StackBuilder {
+    fn default() -> Self {
+        StackBuilder {
+            attempt_timeout: Duration::from_secs(60),
+            total_timeout: None,
+            breaker: Breaker::builder(),
+            classifier: HttpClassifier,
+            max_retries: 3,
+            backoff: (Duration::from_millis(500), Duration::from_secs(10)),
+            retry_after_cap: Duration::from_secs(20),
+            seed: None,
+        }
+    }
+}
+
+impl StackBuilder {
+    /// A builder with the defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<C> StackBuilder<C> {
+    /// How long one attempt may take (to the response head). Default 60 s.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// How long the caller waits at most, retries and backoff included.
+    /// Default: no limit.
+    pub fn total_timeout(mut self, timeout: Duration) -> Self {
+        self.total_timeout = Some(timeout);
+        self
+    }
+
+    /// The breaker's configuration (name, window, rules, listeners).
+    pub fn breaker(mut self, breaker: Builder<Breaker>) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// At most `retries` retries after the first attempt. Default 3.
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// Retry backoff: full jitter below `min(max, base × 2ⁿ)`. Default 500 ms
+    /// to 10 s.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = (base, max);
+        self
+    }
+
+    /// The longest `Retry-After` waited out. Default 20 s.
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry_after_cap = cap;
+        self
+    }
+
+    /// Seeds the retry jitter and the breaker's open-duration jitter, for runs
+    /// that must repeat exactly.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Classifies attempts (for the breaker and the retry) with `classifier`.
+    pub fn classifier<C2>(self, classifier: C2) -> StackBuilder<C2> {
+        StackBuilder {
+            attempt_timeout: self.attempt_timeout,
+            total_timeout: self.total_timeout,
+            breaker: self.breaker,
+            classifier,
+            max_retries: self.max_retries,
+            backoff: self.backoff,
+            retry_after_cap: self.retry_after_cap,
+            seed: self.seed,
+        }
+    }
+}
+
+impl<C: Clone> StackBuilder<C> {
+    /// Checks that the pieces fit and builds the layer.
+    pub fn build(self) -> Result<StackLayer<C>, ConfigError> {
+        let attempt = self.attempt_timeout;
+        if attempt.is_zero() {
+            return Err(ConfigError::Stack("the attempt timeout is zero"));
+        }
+        if let Some(total) = self.total_timeout {
+            if total < attempt {
+                return Err(ConfigError::Stack(
+                    "the total timeout is shorter than one attempt timeout",
+                ));
+            }
+            if self.max_retries > 0 && self.retry_after_cap >= total {
+                return Err(ConfigError::Stack(
+                    "the Retry-After cap is not below the total timeout",
+                ));
+            }
+        }
+        let (base, max) = self.backoff;
+        if base > max {
+            return Err(ConfigError::Stack(
+                "the retry backoff base is above its cap",
+            ));
+        }
+        let mut breaker = self.breaker;
+        let config = &breaker.config;
+        if let Window::Time { span, .. } = config.window {
+            if span < attempt.saturating_mul(2) {
+                return Err(ConfigError::Stack(
+                    "the time window is shorter than two attempt timeouts",
+                ));
+            }
+        }
+        if let Some((threshold, _)) = config.slow_call {
+            if threshold >= attempt {
+                return Err(ConfigError::Stack(
+                    "the slow-call threshold is not below the attempt timeout",
+                ));
+            }
+        }
+        match config.probe_lease {
+            Some(lease) if lease <= attempt => {
+                return Err(ConfigError::Stack(
+                    "the probe lease is not longer than the attempt timeout",
+                ));
+            }
+            Some(_) => {}
+            None => {
+                let lease = config
+                    .open
+                    .max(attempt.saturating_add(Duration::from_secs(1)));
+                breaker = breaker.probe_lease(lease);
+            }
+        }
+        if let Some(seed) = self.seed {
+            breaker = breaker.seed(seed);
+        }
+        let breaker = breaker.build()?;
+        let mut retry = RetryPolicy::new()
+            .max_retries(self.max_retries)
+            .backoff(base, max)
+            .retry_after_cap(self.retry_after_cap)
+            .watch_breaker(breaker.clone());
+        if let Some(seed) = self.seed {
+            retry = retry.seed(seed);
+        }
+        Ok(StackLayer {
+            attempt_timeout: attempt,
+            total_timeout: self.total_timeout,
+            retry: retry.with_classifier(self.classifier.clone()),
+            classifier: self.classifier,
+            breaker,
+        })
+    }
+}
+
+/// Wraps a client in the whole stack; built by [`StackBuilder`].
+///
+/// Every service it makes shares its one breaker.
+#[derive(Clone, Debug)]
+pub struct StackLayer<C = HttpClassifier> {
+    attempt_timeout: Duration,
+    total_timeout: Option<Duration>,
+    breaker: Breaker,
+    classifier: C,
+    retry: RetryPolicy<C>,
+}
+
+impl<C> StackLayer<C> {
+    /// The shared breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// The attempt timeout.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
+    /// The total timeout, if there is one.
+    pub fn total_timeout(&self) -> Option<Duration> {
+        self.total_timeout
+    }
+}
+
+impl<S, C: Clone> Layer<S> for StackLayer<C> {
+    type Service = Stack<S, C>;
+
+    fn layer(&self, client: S) -> Stack<S, C> {
+        let attempt = Timeout::new(client, self.attempt_timeout);
+        let breaker =
+            CircuitBreaker::with_classifier(attempt, self.breaker.clone(), self.classifier.clone());
+        let retried = Retry::new(self.retry.clone(), breaker);
+        let inner = match self.total_timeout {
+            Some(total) => Either::Left(Timeout::new(retried, total)),
+            None => Either::Right(MapErr::new(
+                retried,
+                BoxError::from as fn(Error) -> BoxError,
+            )),
+        };
+        Stack {
+            inner,
+            breaker: self.breaker.clone(),
+        }
+    }
+}
+
+/// A client wrapped in total timeout → retry → circuit breaker → attempt
+/// timeout; made by [`StackLayer`].
+///
+/// Its error is a [`BoxError`]: a [`CircuitOpen`](crate::CircuitOpen), a
+/// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
+/// the client's own error.
+#[derive(Clone, Debug)]
+pub struct Stack<S, C = HttpClassifier> {
+    inner: Outer<S, C>,
+    breaker: Breaker,
+}
+
+impl Stack<(), HttpClassifier> {
+    /// A builder with the defaults.
+    pub fn builder() -> StackBuilder {
+        StackBuilder::new()
+    }
+}
+
+impl<S, C> Stack<S, C> {
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+}
+
+impl<S, C, Req> Service<Req> for Stack<S, C>
+where
+    Outer<S, C>: Service<Req, Error = BoxError>,
+{
+    type Response = <Outer<S, C> as Service<Req>>::Response;
+    type Error = BoxError;
+    type Future = <Outer<S, C> as Service<Req>>::Future;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        self.inner.call(request)
+    }
+}
