@@ -80,10 +80,10 @@ pub mod failover;
 pub mod future;
 pub mod keyed;
 mod layer;
-pub mod response;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub mod response;
 pub mod retry;
 mod service;
 pub mod stack;
