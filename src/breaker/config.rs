@@ -99,7 +99,7 @@ impl Default for Config {
             metrics_only: false,
             volume_guard: None,
             seed: None,
-            counter_stripes: 4,
+            counter_stripes: 16,
             listeners: Vec::new(),
             max_keys: 10_000,
             idle_timeout: Duration::from_secs(600),
@@ -592,12 +592,13 @@ impl<T> Builder<T> {
         self
     }
 
-    /// How many cache-line stripes the lifetime counters are spread over
-    /// (rounded up to a power of two, at least 1). More stripes keep threads
-    /// from contending on one line; fewer save memory when there are many
-    /// breakers. Default 4.
+    /// How many threads get a counter stripe of their own (two cache lines
+    /// each, counted without atomic read-modify-writes); later threads share
+    /// one more stripe. More saves time when many threads call through one
+    /// breaker; fewer saves memory when there are many breakers. Default 16;
+    /// keyed breakers use 1 each.
     pub fn counter_stripes(mut self, stripes: usize) -> Self {
-        self.config.counter_stripes = stripes.max(1).next_power_of_two();
+        self.config.counter_stripes = stripes;
         self
     }
 }

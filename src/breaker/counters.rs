@@ -1,5 +1,10 @@
-//! Lifetime counters striped across cache lines, so that threads admitting
+//! Lifetime counters striped across cache lines, so that threads recording
 //! calls at once don't fight over one line.
+//!
+//! The first threads to touch a breaker's counters (in practice a runtime's
+//! workers) each own one stripe outright and count with a plain load and
+//! store: nobody else writes it. Later threads share one more stripe and
+//! count with atomic read-modify-writes.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,7 +39,10 @@ struct Stripe([AtomicU64; COUNTERS]);
 
 #[derive(Debug)]
 pub(crate) struct Striped {
-    stripes: Box<[Stripe]>,
+    /// Stripe `i` is written only by the thread whose index is `i`.
+    owned: Box<[Stripe]>,
+    /// Written by every other thread, atomically.
+    shared: Stripe,
 }
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
@@ -43,6 +51,7 @@ thread_local! {
     static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
+#[inline]
 fn thread_index() -> usize {
     THREAD_INDEX.with(|i| {
         let mut v = i.get();
@@ -55,22 +64,29 @@ fn thread_index() -> usize {
 }
 
 impl Striped {
-    /// `stripes` must be a power of two.
-    pub(crate) fn new(stripes: usize) -> Self {
-        debug_assert!(stripes.is_power_of_two());
+    /// `owned` stripes for the first threads, plus one they share.
+    pub(crate) fn new(owned: usize) -> Self {
         Striped {
-            stripes: (0..stripes).map(|_| Stripe::default()).collect(),
+            owned: (0..owned).map(|_| Stripe::default()).collect(),
+            shared: Stripe::default(),
         }
     }
 
     #[inline]
     pub(crate) fn add(&self, counter: Counter, n: u64) {
-        let stripe = if self.stripes.len() == 1 {
-            &self.stripes[0]
-        } else {
-            &self.stripes[thread_index() & (self.stripes.len() - 1)]
-        };
-        stripe.0[counter as usize].fetch_add(n, Ordering::Relaxed);
+        let i = thread_index();
+        match self.owned.get(i) {
+            // Thread indices are unique, so this thread is the stripe's only
+            // writer: no read-modify-write needed. Under loom every model
+            // thread shares one index, so it counts atomically.
+            Some(stripe) if !cfg!(loom) => {
+                let c = &stripe.0[counter as usize];
+                c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+            }
+            _ => {
+                self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 
     #[inline]
@@ -81,7 +97,7 @@ impl Striped {
     /// Sums the stripes; `in_flight` is the number of live permits.
     pub(crate) fn sum(&self, in_flight: u64) -> Counters {
         let mut total = [0u64; COUNTERS];
-        for stripe in self.stripes.iter() {
+        for stripe in self.owned.iter().chain([&self.shared]) {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
                 *t += c.load(Ordering::Relaxed);
             }

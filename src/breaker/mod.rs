@@ -131,11 +131,11 @@ struct Control {
 /// Bookkeeping of one half-open cycle.
 #[derive(Default)]
 struct Cycle {
-    /// Probes admitted and not yet finished, with their lease deadlines.
-    leases: Vec<(u64, u64)>,
+    /// Probes admitted and not yet finished: id, lease deadline, start.
+    leases: Vec<(u32, u64, u64)>,
     successes: u32,
     failures: u32,
-    next_id: u64,
+    next_id: u32,
 }
 
 impl Cycle {
@@ -145,12 +145,12 @@ impl Cycle {
 
     /// Takes back the slots of probes whose lease ran out.
     fn reclaim(&mut self, now: u64) {
-        self.leases.retain(|&(_, deadline)| deadline > now);
+        self.leases.retain(|&(_, deadline, _)| deadline > now);
     }
 
     /// Ends probe `id`'s lease; `false` if it had already expired.
-    fn release(&mut self, id: u64) -> bool {
-        match self.leases.iter().position(|&(p, _)| p == id) {
+    fn release(&mut self, id: u32) -> bool {
+        match self.leases.iter().position(|&(p, _, _)| p == id) {
             Some(i) => {
                 self.leases.swap_remove(i);
                 true
@@ -329,6 +329,14 @@ impl Shared {
         }
     }
 
+    /// Whether the circuit is still in the period that admitted a call.
+    /// Generations are compared modulo 2^32.
+    #[inline]
+    fn is_current(&self, state: State, generation: u32) -> bool {
+        let word = self.load();
+        word.state() == state && word.generation() as u32 == generation
+    }
+
     #[inline]
     fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
         if let Some(guard) = &self.volume {
@@ -338,12 +346,7 @@ impl Shared {
             }
         }
         let Some(in_flight) = &self.in_flight else {
-            return Ok(Permit::new(
-                self,
-                generation,
-                Kind::Closed { slow_id: None },
-                0,
-            ));
+            return Ok(Permit::new(self, generation, Kind::Closed, 0));
         };
         let now = self.now();
         let threshold = self.slow_ns.unwrap_or(u64::MAX);
@@ -351,14 +354,14 @@ impl Shared {
             let mut f = lock(in_flight);
             (f.sweep(now, threshold), f.start(now))
         };
-        let permit = Permit::new(self, generation, Kind::Closed { slow_id: Some(id) }, now);
+        let permit = Permit::new(self, generation, Kind::Tracked, id);
         if crossed > 0 {
             // Calls still hanging past the threshold are slow now, not when
             // their timeouts finally return. This call was admitted while
             // closed, even if these crossings open the circuit.
             self.counters.add(Counter::Slow, crossed);
             for _ in 0..crossed {
-                self.record_closed(generation, SLOW, false, now);
+                self.record_closed(generation as u32, SLOW, false, now);
             }
         }
         Ok(permit)
@@ -394,10 +397,9 @@ impl Shared {
         };
         let admitted = (ctl.cycle.used() < budget).then(|| {
             let id = ctl.cycle.next_id;
-            ctl.cycle.next_id += 1;
-            ctl.cycle
-                .leases
-                .push((id, now + nanos(self.config.lease())));
+            ctl.cycle.next_id = id.wrapping_add(1);
+            let deadline = now + nanos(self.config.lease());
+            ctl.cycle.leases.push((id, deadline, now));
             id
         });
         drop(ctl);
@@ -405,7 +407,7 @@ impl Shared {
             self.emit(t);
         }
         match admitted {
-            Some(id) => Ok(Permit::new(self, generation, Kind::Probe(id), now)),
+            Some(id) => Ok(Permit::new(self, generation, Kind::Probe, id)),
             None => self.reject(Rejection::HalfOpenFull, None),
         }
     }
@@ -433,11 +435,14 @@ impl Shared {
     }
 
     /// Records a finished call.
-    fn record(&self, permit: &Permit, outcome: Outcome) {
-        let slow = self.is_slow(permit, outcome);
+    fn record(&self, permit: Ticket, head: &mut Head, outcome: Outcome) {
+        if *head == Head::Pending {
+            *head = self.judge_head(permit);
+        }
+        let slow = *head == Head::Slow;
         match permit.kind {
             Kind::Passive => {}
-            Kind::Closed { .. } => {
+            Kind::Closed | Kind::Tracked => {
                 let entry = match outcome {
                     Outcome::Success => 0,
                     Outcome::Failure => FAILED,
@@ -453,39 +458,48 @@ impl Shared {
                 let entry = entry | if slow { SLOW } else { 0 };
                 self.record_closed(permit.generation, entry, true, now);
             }
-            Kind::Probe(id) => self.record_probe(permit.generation, id, outcome, slow),
+            Kind::Probe => self.record_probe(permit.generation, permit.id, outcome, slow),
         }
     }
 
-    /// Whether the call counts as slow at completion (and counts it).
-    fn is_slow(&self, permit: &Permit, outcome: Outcome) -> bool {
+    /// Judges the call's time to head, now: slow, fast, or already counted
+    /// as slow while it was in flight. Counts a slow call.
+    fn judge_head(&self, permit: Ticket) -> Head {
         let Some(threshold) = self.slow_ns else {
-            return false;
+            return Head::Fast;
         };
-        if let Kind::Closed { slow_id: Some(id) } = permit.kind {
-            let already = self.in_flight.as_ref().is_some_and(|f| lock(f).finish(id));
-            if already {
-                return false;
+        let started = match permit.kind {
+            Kind::Tracked => match self
+                .in_flight
+                .as_ref()
+                .and_then(|f| lock(f).finish(permit.id))
+            {
+                Some(started) => started,
+                None => return Head::Crossed,
+            },
+            Kind::Probe => {
+                let ctl = lock(&self.control);
+                match ctl.cycle.leases.iter().find(|l| l.0 == permit.id) {
+                    Some(&(_, _, started)) => started,
+                    // Its lease ran out: its outcome will be dropped anyway.
+                    None => return Head::Fast,
+                }
             }
-        }
-        if matches!(permit.kind, Kind::Passive)
-            || !matches!(outcome, Outcome::Success | Outcome::Failure)
-        {
-            return false;
-        }
-        let end = permit.head.unwrap_or_else(|| self.now());
-        let slow = end.saturating_sub(permit.started) > threshold;
-        if slow {
+            Kind::Closed | Kind::Passive => return Head::Fast,
+        };
+        if self.now().saturating_sub(started) > threshold {
             self.counters.incr(Counter::Slow);
+            Head::Slow
+        } else {
+            Head::Fast
         }
-        slow
     }
 
     /// Adds one entry to the window and the streak. `finished` is false for
     /// a call counted as slow while still in flight: it is no outcome, so it
     /// does not break a failure streak.
-    fn record_closed(&self, generation: u64, entry: u8, finished: bool, now: u64) {
-        if self.load() != Packed::new(State::Closed, generation) {
+    fn record_closed(&self, generation: u32, entry: u8, finished: bool, now: u64) {
+        if !self.is_current(State::Closed, generation) {
             // An outcome counts only in the period that admitted its call.
             return;
         }
@@ -522,9 +536,9 @@ impl Shared {
     }
 
     #[cold]
-    fn trip(&self, generation: u64, reason: Reason, stats: WindowStats) {
+    fn trip(&self, generation: u32, reason: Reason, stats: WindowStats) {
         let mut ctl = lock(&self.control);
-        if self.load() != Packed::new(State::Closed, generation) {
+        if !self.is_current(State::Closed, generation) {
             return;
         }
         ctl.tripped = stats;
@@ -534,13 +548,13 @@ impl Shared {
     }
 
     #[cold]
-    fn record_probe(&self, generation: u64, id: u64, outcome: Outcome, slow: bool) {
+    fn record_probe(&self, generation: u32, id: u32, outcome: Outcome, slow: bool) {
         let mut ctl = lock(&self.control);
         let now = self.now();
         // A lease that ran out is over whether or not an admission has
         // reclaimed its slot yet.
         ctl.cycle.reclaim(now);
-        if self.load() != Packed::new(State::HalfOpen, generation) || !ctl.cycle.release(id) {
+        if !self.is_current(State::HalfOpen, generation) || !ctl.cycle.release(id) {
             // From an older cycle, or its lease expired: dropped.
             return;
         }
@@ -811,15 +825,28 @@ impl std::future::Future for Changed {
 
 // === impl Permit ===
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Admitted while closed; `slow_id` tracks it while in flight.
-    Closed { slow_id: Option<u64> },
+    /// Admitted while closed.
+    Closed,
+    /// Admitted while closed, and tracked in flight by the slow-call rule.
+    Tracked,
     /// A half-open probe.
-    Probe(u64),
+    Probe,
     /// Admitted but never recorded: disabled, or a shadow-mode call that
     /// would have been rejected.
     Passive,
+}
+
+/// What the slow-call rule made of the call's time to head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// Not judged yet.
+    Pending,
+    Fast,
+    Slow,
+    /// Counted as slow while still in flight; not counted again.
+    Crossed,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -829,49 +856,48 @@ enum Kind {
 #[must_use = "a permit records nothing until `record` is called or it is dropped"]
 pub struct Permit {
     shared: Arc<Shared>,
-    generation: u64,
-    kind: Kind,
-    /// When the call started (ns since the breaker's epoch), if tracked.
-    started: u64,
-    /// When the response head arrived, if the caller said so.
-    head: Option<u64>,
+    ticket: Ticket,
+    head: Head,
     done: bool,
 }
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("generation", &self.generation)
-            .field("kind", &self.kind)
+            .field("generation", &self.ticket.generation)
+            .field("kind", &self.ticket.kind)
             .finish()
     }
 }
 
 impl Permit {
     #[inline]
-    fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, started: u64) -> Self {
+    fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
         Permit {
             shared: Arc::clone(shared),
-            generation,
-            kind,
-            started,
-            head: None,
+            ticket: Ticket {
+                generation: generation as u32,
+                id,
+                kind,
+            },
+            head: Head::Pending,
             done: false,
         }
     }
 
     /// Whether this call is a half-open probe.
     pub fn is_probe(&self) -> bool {
-        matches!(self.kind, Kind::Probe(_))
+        self.ticket.kind == Kind::Probe
     }
 
     /// Marks the arrival of the response head: the slow-call rule measures
     /// time to head (time to first token for a streamed answer), not time to
-    /// the end of the body.
+    /// the end of the body, so a long stream with a quick first token is not
+    /// slow.
     #[inline]
     pub fn head_received(&mut self) {
-        if self.shared.slow_ns.is_some() && self.head.is_none() {
-            self.head = Some(self.shared.now());
+        if self.head == Head::Pending && self.shared.slow_ns.is_some() {
+            self.head = self.shared.judge_head(self.ticket);
         }
     }
 
@@ -883,26 +909,35 @@ impl Permit {
         shared.counters.incr(Counter::from(outcome));
         // The healthy steady state: a success in a full, clean window with no
         // streak to break changes nothing, so it writes nothing.
-        if let (Outcome::Success, Kind::Closed { slow_id: None }) = (outcome, self.kind) {
-            if shared.hot.consecutive.load(Ordering::Relaxed) == 0 && shared.rates.is_clean() {
-                return;
-            }
+        if outcome == Outcome::Success
+            && self.ticket.kind == Kind::Closed
+            && shared.hot.consecutive.load(Ordering::Relaxed) == 0
+            && shared.rates.is_clean()
+        {
+            return;
         }
-        shared.record(&self, outcome);
-    }
-
-    #[inline]
-    fn finish(&mut self, outcome: Outcome, counter: Counter) {
-        self.done = true;
-        self.shared.counters.incr(counter);
-        self.shared.record(self, outcome);
+        self.shared.record(self.ticket, &mut self.head, outcome);
     }
 }
 
+/// What the state machine needs to know of a permit to record it.
+#[derive(Debug, Clone, Copy)]
+struct Ticket {
+    /// The low bits of the generation that admitted the call.
+    generation: u32,
+    /// The probe's id, or the tracked call's id in flight.
+    id: u32,
+    kind: Kind,
+}
+
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         if !self.done {
-            self.finish(Outcome::Ignored, Counter::Dropped);
+            self.done = true;
+            self.shared.counters.incr(Counter::Dropped);
+            self.shared
+                .record(self.ticket, &mut self.head, Outcome::Ignored);
         }
     }
 }

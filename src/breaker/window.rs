@@ -243,23 +243,22 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    pub(crate) fn start(&mut self, now: u64) -> u64 {
+    /// Tracks a call that starts at `now`; returns its id.
+    pub(crate) fn start(&mut self, now: u64) -> u32 {
         let id = self.base + self.calls.len() as u64;
         self.calls.push_back(Some(now));
-        id
+        id as u32
     }
 
-    /// Marks call `id` finished. Returns `true` if it had already been
-    /// counted as slow while in flight.
-    pub(crate) fn finish(&mut self, id: u64) -> bool {
-        if id < self.base {
-            return true;
-        }
-        if let Some(slot) = self.calls.get_mut((id - self.base) as usize) {
-            *slot = None;
-        }
+    /// Stops tracking call `id` and returns when it started, or `None` if it
+    /// is no longer tracked: it was counted as slow while in flight, or its
+    /// period ended. Ids are compared modulo 2^32, which holds while fewer
+    /// than 2^32 calls are tracked at once.
+    pub(crate) fn finish(&mut self, id: u32) -> Option<u64> {
+        let offset = id.wrapping_sub(self.base as u32) as usize;
+        let start = self.calls.get_mut(offset)?.take();
         self.trim();
-        false
+        start
     }
 
     /// Removes the calls that have been in flight for longer than
@@ -333,10 +332,10 @@ mod tests {
         let mut f = InFlight::default();
         let a = f.start(0);
         let b = f.start(10);
-        assert!(!f.finish(b));
+        assert_eq!(f.finish(b), Some(10));
         assert_eq!(f.sweep(100, 100), 0, "exactly at the threshold is not slow");
         assert_eq!(f.sweep(101, 100), 1);
         assert_eq!(f.sweep(500, 100), 0);
-        assert!(f.finish(a), "a swept call knows it was counted");
+        assert_eq!(f.finish(a), None, "a swept call knows it was counted");
     }
 }

@@ -123,7 +123,7 @@ impl Build for KeyedBreakers {
             })
             .collect::<Result<Vec<_>, crate::ConfigError>>()?;
         // Many breakers: keep each small.
-        config.counter_stripes = 1;
+        config.counter_stripes = 0;
         let config = Arc::new(config);
         Ok(KeyedBreakers {
             inner: Arc::new(Inner {
