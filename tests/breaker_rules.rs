@@ -599,3 +599,24 @@ async fn shared_mode_admits_only_granted_probes_and_leaves_the_cycle_to_the_clus
     b.admit().unwrap().record(Outcome::Success);
     assert_eq!(b.state(), State::Closed);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_long_stream_with_a_quick_first_token_is_not_slow() {
+    let b = base()
+        .count_window(4)
+        .min_calls(1)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(2), 0.5)
+        .build()
+        .unwrap();
+    let mut streaming = b.admit().unwrap();
+    advance(Duration::from_millis(300)).await;
+    streaming.head_received();
+    // The body streams for a minute; other calls come and go meanwhile.
+    advance(Duration::from_secs(60)).await;
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(b.snapshot().counters.slow, 0, "time to head was 300 ms");
+    streaming.record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.snapshot().window.slow, 0);
+}

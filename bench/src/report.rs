@@ -241,13 +241,23 @@ pub fn budget(all: &[Measured]) -> String {
             );
         }
     };
-    use Path::{Bare, BareErr, Closed, Open};
+    use Path::{Bare, BareErr, Closed, KeyedClosed, Open};
     let (one, many) = (Shape::OneTask, Shape::ManyTasks);
     line(
         "closed, 1 task, added over bare",
         added(one, Closed, Bare),
         15.0,
     );
+    if let (Some(k), Some(c)) = (
+        find(all, one, Breaker::Ours, KeyedClosed),
+        find(all, one, Breaker::Ours, Closed),
+    ) {
+        line(
+            "keyed lookup at 10,000 keys, 1 task, added over closed",
+            Some(k.ns() - c.ns()),
+            40.0,
+        );
+    }
     line(
         "closed, 16 tasks, added over bare",
         added(many, Closed, Bare),

@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 use tower::util::ServiceFn;
 use tower::{service_fn, Layer};
+use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
 use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State};
 
 use crate::adapters;
@@ -86,6 +87,9 @@ pub enum Path {
     /// answers 400 (ignored), so each probe gives its slot back and the
     /// circuit stays half-open.
     HalfOpenProbe,
+    /// Closed circuit, keyed breakers holding 10,000 keys: take the key,
+    /// look its breaker up, admit, call, record.
+    KeyedClosed,
 }
 
 impl Path {
@@ -98,6 +102,7 @@ impl Path {
             Path::Open => "open",
             Path::HalfOpenFull => "half-open, all probes out",
             Path::HalfOpenProbe => "half-open, probe admitted",
+            Path::KeyedClosed => "closed, keyed (10,000 keys)",
         }
     }
 }
@@ -140,10 +145,7 @@ pub fn all() -> Vec<Row> {
         Row::new(Ours, Path::HalfOpenFull, ours_half_open_full),
         Row::new(Ours, Path::HalfOpenProbe, ours_half_open_probe),
         // === keyed breakers ===
-        // Rows for a keyed breaker (closed path at 10,000 live keys, and the
-        // lookup of a key not seen before) belong here, next to the single
-        // breaker they are compared with, once keyed breakers exist.
-        //
+        Row::new(Ours, Path::KeyedClosed, ours_keyed_closed),
         // === peers ===
         Row::new(Failsafe, Path::Closed, failsafe_closed),
         Row::new(Failsafe, Path::Open, failsafe_open),
@@ -214,6 +216,39 @@ fn trip_ours(plan: &Plan<'_>, breaker: &tower_circuit_breaker::Breaker) -> Resul
 
 fn ours_closed(plan: &Plan<'_>) -> Result<f64, String> {
     let svc = ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK));
+    plan.drive(svc, Expect::Admitted)
+}
+
+/// Keys live in the set while the timed calls run.
+const KEYS: usize = 10_000;
+
+fn ours_keyed_closed(plan: &Plan<'_>) -> Result<f64, String> {
+    let set = KeyedBreakers::builder()
+        .count_window(WINDOW)
+        .min_calls(WINDOW)
+        .failure_rate(FAILURE_RATE)
+        .open_duration(OPEN)
+        .probes(PROBES)
+        .close_after(2)
+        .max_keys(KEYS)
+        .build()
+        .map_err(|e| e.to_string())?;
+    {
+        let _runtime = plan.rt.enter();
+        for i in 0..KEYS {
+            let permit = set
+                .admit(&format!("model-{i}"))
+                .map_err(|e| format!("a fresh key was rejected: {e}"))?;
+            permit.record(Outcome::Success);
+        }
+    }
+    if set.len() != KEYS {
+        return Err(format!("the set holds {} keys, not {KEYS}", set.len()));
+    }
+    // Every call looks up one of the 10,000 keys (the request carries none,
+    // so the key function names it).
+    let key = keyed::from_fn(|_: &Request| Some(Key::from("model-4242")));
+    let svc = CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK));
     plan.drive(svc, Expect::Admitted)
 }
 
