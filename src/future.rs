@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
 use crate::breaker::Permit;
-use crate::classify::{Classify, Verdict};
+use crate::classify::{Classify, Outcome, Verdict};
 use crate::error::CircuitOpen;
 use crate::{BoxError, Error};
 
@@ -80,27 +80,32 @@ where
             } => {
                 let result = ready!(future.poll(cx));
                 let mut permit = permit.take().expect("polled after completion");
-                match result {
+                // Classify by reference and convert in place: the response is
+                // moved once, into the output.
+                let verdict = match &result {
                     Ok(response) => {
                         permit.head_received();
-                        let verdict =
-                            classifier.classify_response(response.status(), response.headers());
-                        Poll::Ready(Ok(match verdict {
-                            Verdict::Done(outcome) => {
-                                permit.record(outcome);
-                                response.map(ResponseBody::decided)
-                            }
-                            Verdict::Defer(stream) => {
-                                response.map(|body| ResponseBody::deferred(body, permit, stream))
-                            }
-                        }))
+                        classifier.classify_response(response.status(), response.headers())
                     }
+                    // Errors are classified below, once converted.
+                    Err(_) => Verdict::Done(Outcome::Ignored),
+                };
+                Poll::Ready(match result {
+                    Ok(response) => Ok(match verdict {
+                        Verdict::Done(outcome) => {
+                            permit.record(outcome);
+                            response.map(ResponseBody::decided)
+                        }
+                        Verdict::Defer(stream) => {
+                            response.map(|body| ResponseBody::deferred(body, permit, stream))
+                        }
+                    }),
                     Err(error) => {
                         let error = error.into();
                         permit.record(classifier.classify_error(&*error));
-                        Poll::Ready(Err(Error::from_inner(error)))
+                        Err(Error::from_inner(error))
                     }
-                }
+                })
             }
             KindProj::Rejected { error } => Poll::Ready(Err(Error::open(
                 error.take().expect("polled after completion"),
