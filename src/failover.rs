@@ -66,7 +66,8 @@ use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use crate::classify::{Classify, HttpClassifier, Verdict};
-use crate::retry::{head_outcome, AttemptError, Rng};
+use crate::retry::{head_outcome, AttemptError};
+use crate::rng::Rng;
 use crate::Outcome;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;

@@ -85,6 +85,7 @@ mod layer;
 pub mod redis;
 pub mod response;
 pub mod retry;
+mod rng;
 mod service;
 pub mod stack;
 mod sync;

@@ -51,6 +51,7 @@ use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates, FAILED, SLOW};
 use crate::error::{CircuitOpen, Rejection};
+use crate::rng::Rng;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 use crate::Outcome;
 
@@ -121,7 +122,7 @@ struct Control {
     /// The window that tripped the circuit, reported while it is open.
     tripped: WindowStats,
     cycle: Cycle,
-    rng: u64,
+    rng: Rng,
     /// A shared-state backend decides half-open cycles (see [`Remote`]).
     remote: bool,
     /// In remote mode: probes this replica may admit in the current cycle.
@@ -176,7 +177,6 @@ impl Breaker {
     /// A breaker sharing a validated configuration with others (keyed
     /// breakers), under its own name.
     pub(crate) fn with_config(config: Arc<Config>, name: Option<Arc<str>>) -> Self {
-        let seed = config.seed.unwrap_or_else(random_seed);
         let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
         let has_window = config.has_rate_rule();
         Breaker {
@@ -202,7 +202,7 @@ impl Breaker {
                     reopens: 0,
                     tripped: WindowStats::default(),
                     cycle: Cycle::default(),
-                    rng: splitmix64(seed) | 1,
+                    rng: config.seed.map_or_else(Rng::random, Rng::new),
                     remote: false,
                     allowance: 0,
                 }),
@@ -661,7 +661,7 @@ impl Shared {
         let cap = nanos(c.open_max) as f64;
         let grown = (base * c.backoff_multiplier.powi(ctl.reopens.min(1024) as i32)).min(cap);
         let jitter = if c.jitter > 0.0 {
-            c.jitter * next_unit(&mut ctl.rng)
+            c.jitter * ctl.rng.unit()
         } else {
             0.0
         };
@@ -958,29 +958,4 @@ impl From<Outcome> for Counter {
 
 fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x9e37_79b9_7f4a_7c15);
-    h.finish()
-}
-
-/// Spreads nearby seeds (0, 1, 2...) over the whole state space.
-fn splitmix64(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A uniform number in `[0, 1)` from an xorshift64* state.
-fn next_unit(state: &mut u64) -> f64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -61,7 +61,6 @@ use std::hash::BuildHasher;
 
 use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
 use crate::error::CircuitOpen;
-use crate::sync::lock;
 use crate::{Builder, Permit};
 
 const SHARDS: usize = 16;
@@ -283,7 +282,7 @@ impl Inner {
     /// Evicts closed keys unused since the previous sweep, at most once per
     /// idle timeout. With `full`, also when the set is at its cap.
     fn sweep_if_due(&self, full: bool) {
-        let mut last = lock(&self.last_sweep);
+        let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let due = last.is_none_or(|at| now.saturating_duration_since(at) >= self.idle);
         if !due || (!full && self.len.load(Ordering::Relaxed) == 0) {

@@ -16,6 +16,8 @@ use futures_core::Stream;
 use tokio::sync::watch;
 use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
+use crate::rng::Rng;
+
 use super::script::{self, Cluster, Keys, Reply, Request, Rule};
 use super::Settings;
 use crate::breaker::{Config, Counters};
@@ -138,7 +140,7 @@ pub(super) struct Worker {
     channel: String,
     replica: String,
     next_lease: u64,
-    rng: u64,
+    rng: Rng,
     round: u64,
 }
 
@@ -149,7 +151,7 @@ impl Worker {
         shared: Arc<AtomicBool>,
         stop: watch::Receiver<()>,
     ) -> Worker {
-        let seed = random_seed();
+        let seed = crate::rng::random_seed();
         let channel = format!("{}:events", settings.prefix);
         let mut w = Worker {
             settings,
@@ -160,7 +162,7 @@ impl Worker {
             channel,
             replica: format!("{seed:016x}"),
             next_lease: 0,
-            rng: seed | 1,
+            rng: Rng::new(seed),
             round: 0,
         };
         w.refresh(false);
@@ -373,7 +375,7 @@ impl Worker {
             let mut pipe = ::redis::pipe();
             for p in &pending {
                 let t = &self.tracked[&p.name];
-                let unit = next_unit(&mut self.rng);
+                let unit = self.rng.unit();
                 script::push(
                     &mut pipe,
                     &self.channel,
@@ -675,21 +677,4 @@ async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
         Some(c) => c.as_mut().await,
         None => std::future::poll_fn(|_| Poll::<()>::Pending).await,
     }
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x2545_f491_4f6c_dd1d);
-    h.finish()
-}
-
-/// A uniform number in `[0, 1)` from an xorshift64* state.
-fn next_unit(state: &mut u64) -> f64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
 }
