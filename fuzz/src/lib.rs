@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame};
 use tower_circuit_breaker::classify::Classify;
-use tower_circuit_breaker::{Breaker, CircuitBreaker};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome};
 use tower_service::Service;
 
 /// Header names the classifiers read, and some they don't.
@@ -28,6 +28,11 @@ pub const NAMES: &[&str] = &[
     "grpc-message",
     "content-type",
     "x-other",
+    "grpc-retry-pushback-ms",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
 ];
 
 /// One header line: a name picked from [`NAMES`] and raw value bytes.
@@ -48,6 +53,53 @@ pub fn headers(raw: &[RawHeader]) -> HeaderMap {
         }
     }
     map
+}
+
+/// `data` cut at the fuzz-chosen points `cuts` (each taken modulo the
+/// length + 1, so any point can be picked); repeated points give empty
+/// chunks, which a stream must take in its stride.
+pub fn split<'a>(data: &'a [u8], cuts: &[u16]) -> Vec<&'a [u8]> {
+    let mut points: Vec<usize> = cuts
+        .iter()
+        .map(|&c| usize::from(c) % (data.len() + 1))
+        .collect();
+    points.sort_unstable();
+    let mut chunks = Vec::with_capacity(points.len() + 1);
+    let mut start = 0;
+    for p in points {
+        chunks.push(&data[start..p]);
+        start = p;
+    }
+    chunks.push(&data[start..]);
+    chunks
+}
+
+/// The outcome a breaker's counters say its only call was recorded with
+/// (without a `retry_after`, which counters do not keep).
+pub fn recorded(breaker: &Breaker) -> Outcome {
+    let c = breaker.snapshot().counters;
+    match (
+        c.successes,
+        c.failures,
+        c.ignored,
+        c.rate_limited,
+        c.quota_exhausted,
+    ) {
+        (1, 0, 0, 0, 0) => Outcome::Success,
+        (0, 1, 0, 0, 0) => Outcome::Failure,
+        (0, 0, 1, 0, 0) => Outcome::Ignored,
+        (0, 0, 0, 1, 0) => Outcome::RateLimited { retry_after: None },
+        (0, 0, 0, 0, 1) => Outcome::QuotaExhausted,
+        _ => panic!("not recorded exactly once: {c:?}"),
+    }
+}
+
+/// `outcome` without its `retry_after`, to compare with [`recorded`].
+pub fn kind(outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::RateLimited { .. } => Outcome::RateLimited { retry_after: None },
+        other => other,
+    }
 }
 
 /// What the upstream's body does on one poll.
@@ -217,7 +269,7 @@ where
     assert_eq!(c.admitted, 1);
     assert_eq!(c.dropped, 0, "the permit was dropped unrecorded");
     assert_eq!(
-        c.successes + c.failures + c.ignored + c.rate_limited,
+        c.successes + c.failures + c.ignored + c.rate_limited + c.quota_exhausted,
         1,
         "recorded exactly once: {c:?}"
     );

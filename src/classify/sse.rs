@@ -8,6 +8,9 @@ use super::{ClassifyStream, Outcome};
 /// The longest line, and the largest event payload, kept by default: 64 KiB.
 pub const DEFAULT_MAX_LINE: usize = 64 * 1024;
 
+/// A byte-order mark, skipped at the start of the stream.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// An incremental, bounded parser of a `text/event-stream` body.
 ///
 /// Feed it the body's chunks as they arrive, split anywhere: in the middle of
@@ -68,10 +71,11 @@ impl SseScanner {
     }
 
     /// A scanner with lines and event payloads capped at `max_line` bytes
-    /// (at least 1).
+    /// (at least 3, so that a leading byte-order mark always fits and the
+    /// byte after it tells a comment from a field).
     pub fn with_max_line(max_line: usize) -> Self {
         SseScanner {
-            max_line: max_line.max(1),
+            max_line: max_line.max(BOM.len()),
             line: Vec::new(),
             skipping: false,
             after_cr: false,
@@ -180,11 +184,12 @@ impl SseScanner {
     /// counts as a field whose value was lost (taken to be data: the only
     /// field that grows long).
     fn discard_line(&mut self, more: &[u8]) {
-        let mut first = self.line.first().or(more.first()).copied();
-        if self.first_line && first == Some(0xEF) {
-            // A byte-order mark leads: look past it.
-            let rest = self.line.iter().chain(more).nth(3);
-            first = rest.copied();
+        let mut bytes = self.line.iter().chain(more);
+        let mut first = bytes.next().copied();
+        if self.first_line && first == Some(BOM[0]) && bytes.clone().take(2).eq(&BOM[1..]) {
+            // A byte-order mark leads: look past it (at least one more byte
+            // is known, as the line is longer than `max_line`).
+            first = bytes.nth(2).copied();
         }
         if first != Some(b':') {
             self.in_event = true;
@@ -226,7 +231,7 @@ impl SseScanner {
         F: FnMut(&SseEvent<'_>) -> Option<Outcome>,
     {
         if std::mem::take(&mut self.first_line) {
-            line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+            line = line.strip_prefix(BOM).unwrap_or(line);
         }
         if line.is_empty() {
             return self.dispatch(true, on_event);

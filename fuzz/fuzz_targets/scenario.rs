@@ -1,0 +1,114 @@
+//! The outage replay's scenario parser on arbitrary text (and bytes, read
+//! lossily): an error is reported with the file and a line in the text,
+//! never a panic; a scenario it accepts keeps every rule it validates.
+#![no_main]
+
+use std::time::Duration;
+
+use libfuzzer_sys::fuzz_target;
+
+#[allow(dead_code)]
+#[path = "../../examples/outage_replay/scenario.rs"]
+mod scenario;
+
+use scenario::{Kind, Scenario, WindowConfig};
+
+const FILE: &str = "fuzz.toml";
+const TEN_YEARS: Duration = Duration::from_secs(315_360_000);
+
+fn check(s: &Scenario) {
+    assert!(
+        !s.name.is_empty() && s.name.trim() == s.name,
+        "{:?}",
+        s.name
+    );
+    assert!(
+        !s.duration.is_zero() && s.duration <= TEN_YEARS,
+        "{:?}",
+        s.duration
+    );
+    assert!(s.rate_per_s.is_finite() && s.rate_per_s > 0.0);
+    assert!(s.duration.as_secs_f64() * s.rate_per_s <= scenario::MAX_REQUESTS + 1.0);
+
+    let c = &s.client;
+    assert!(!c.attempt_timeout.is_zero() && c.attempt_timeout <= TEN_YEARS);
+    assert!(c
+        .total_timeout
+        .is_none_or(|t| t >= c.attempt_timeout && t <= TEN_YEARS));
+    assert!(c.max_retries <= scenario::MAX_RETRIES);
+    assert!(c.backoff_base <= c.backoff_max);
+
+    let b = &s.breaker;
+    match b.window {
+        WindowConfig::Off => {}
+        WindowConfig::Count(n) => {
+            assert!((1..=scenario::MAX_WINDOW).contains(&n) && b.min_calls <= n)
+        }
+        WindowConfig::Time(d) => assert!(d >= c.attempt_timeout * 2 && d <= TEN_YEARS),
+    }
+    let rate = |r: f64| r > 0.0 && r <= 1.0;
+    assert!(rate(b.failure_rate));
+    if let Some((threshold, r)) = b.slow_call {
+        assert!(b.window != WindowConfig::Off && rate(r));
+        assert!(!threshold.is_zero() && threshold < c.attempt_timeout);
+    }
+    assert_ne!(b.consecutive_failures, Some(0));
+    assert!(!b.open.is_zero() && b.open <= b.open_max && b.open_max <= TEN_YEARS);
+    assert!(b.probes >= 1 && (1..=b.probes).contains(&b.close_after));
+
+    assert!((1..=scenario::MAX_UPSTREAMS).contains(&s.upstreams.len()));
+    for (i, u) in s.upstreams.iter().enumerate() {
+        assert!(!u.name.is_empty() && u.name.trim() == u.name);
+        assert!(!u.name.contains(['"', '\\']) && !u.name.chars().any(char::is_control));
+        assert!(
+            s.upstreams[..i].iter().all(|o| o.name != u.name),
+            "{:?} twice",
+            u.name
+        );
+        assert!(!u.phases.is_empty());
+        assert!(u.phases[0].from.is_zero());
+        assert!(u.phases.windows(2).all(|w| w[0].from < w[1].from));
+        for (j, phase) in u.phases.iter().enumerate() {
+            assert!(!phase.responses.is_empty());
+            let sum: f64 = phase.responses.iter().map(|r| r.p).sum();
+            assert!((sum - 1.0).abs() <= 1e-9, "probabilities add up to {sum}");
+            for r in &phase.responses {
+                assert!((0.0..=1.0).contains(&r.p));
+                if let Kind::Status {
+                    code, retry_after, ..
+                } = r.kind
+                {
+                    assert!((200..=599).contains(&code));
+                    assert!(retry_after.is_none_or(|w| w <= TEN_YEARS));
+                }
+            }
+            // Every draw picks a response that can be drawn.
+            for u in [0.0, 0.25, 0.5, 0.75, 0.999_999, 1.0 - f64::EPSILON / 2.0] {
+                let kind = phase.pick(u);
+                assert!(phase.responses.iter().any(|r| r.p > 0.0 && r.kind == kind));
+            }
+            // The phase in force at its start is itself.
+            assert!(std::ptr::eq(u.phase_at(phase.from), phase), "phase {j}");
+        }
+        let _ = u.phase_at(Duration::MAX);
+        let _ = u.phase_at(s.duration);
+    }
+}
+
+fuzz_target!(|bytes: &[u8]| {
+    let text = String::from_utf8_lossy(bytes);
+    match scenario::parse(&text, FILE) {
+        Ok(s) => check(&s),
+        Err(e) => {
+            assert_eq!(e.file, FILE);
+            assert!(!e.message.is_empty());
+            if let Some(line) = e.line {
+                assert!(
+                    line >= 1 && line <= text.matches('\n').count() + 1,
+                    "line {line}: {e}"
+                );
+            }
+            assert!(e.to_string().starts_with(FILE));
+        }
+    }
+});
