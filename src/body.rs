@@ -36,11 +36,17 @@ impl<B, S: ClassifyStream> ResponseBody<B, S> {
         }
     }
 
-    pub(crate) fn deferred(inner: B, permit: Permit, stream: S) -> Self {
-        ResponseBody {
-            inner,
-            pending: Pending(Some((permit, stream))),
+    pub(crate) fn deferred(inner: B, permit: Permit, stream: S) -> Self
+    where
+        B: Body,
+    {
+        let mut pending = Pending(Some((permit, stream)));
+        // A body with nothing in it has ended already, and may be dropped
+        // without ever being polled.
+        if inner.is_end_stream() {
+            settle(&mut pending, S::on_end);
         }
+        ResponseBody { inner, pending }
     }
 
     /// Whether the body still holds its call's permit, waiting for the end of

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use http::Response;
+use http_body::Body;
 use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
@@ -66,6 +67,7 @@ impl<F, C> std::fmt::Debug for ResponseFuture<F, C> {
 impl<F, C, B, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
     E: Into<BoxError>,
     C: Classify,
 {

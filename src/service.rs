@@ -1,6 +1,7 @@
 use std::task::{Context, Poll};
 
 use http::Response;
+use http_body::Body;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
@@ -103,6 +104,7 @@ impl<S, C, P, Request, B> Service<Request> for CircuitBreaker<S, C, P>
 where
     S: Service<Request, Response = Response<B>>,
     S::Error: Into<BoxError>,
+    B: Body,
     C: Classify + Clone,
     P: Select<Request>,
 {
