@@ -5,6 +5,10 @@
 use tower_circuit_breaker::classify::{ClassifyStream, SseEvent, SseScanner, SseStream};
 use tower_circuit_breaker::Outcome;
 
+#[allow(dead_code)]
+#[path = "../examples/outage_replay/scenario.rs"]
+mod scenario;
+
 /// The events a scanner dispatches for `chunks` (name, data, truncated), and
 /// whether the stream stopped inside an event.
 fn scan(max_line: usize, chunks: &[&[u8]]) -> (Vec<(String, Vec<u8>, bool)>, bool) {
@@ -83,4 +87,28 @@ fn sse_stream_overlong_comment_after_a_byte_order_mark() {
             assert_eq!(verdict(max_line, &chunks), Outcome::Success, "{chunks:?}");
         }
     }
+}
+
+/// `scenario`: `scenarios/seed-002-failover.toml` with `duration_s` set to
+/// `5.445220688978541e-241`. The number is greater than 0, as the rule asks,
+/// but under a nanosecond: the parser accepted a scenario of zero duration,
+/// which replays no request at all and reports nothing wrong.
+#[test]
+fn scenario_duration_under_a_nanosecond() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/seed-002-failover.toml"
+    );
+    let shipped = std::fs::read_to_string(path).unwrap();
+    assert!(scenario::parse(&shipped, "f.toml").is_ok());
+    for tiny in ["5.445220688978541e-241", "1e-10", "4e-10"] {
+        let text = shipped.replace("duration_s = 1080", &format!("duration_s = {tiny}"));
+        let err = scenario::parse(&text, "f.toml").expect_err(tiny);
+        assert_eq!(err.line, Some(7), "{err}");
+        assert!(err.message.contains("`duration_s`"), "{err}");
+    }
+    // A nanosecond is enough.
+    let text = shipped.replace("duration_s = 1080", "duration_s = 1e-9");
+    let s = scenario::parse(&text, "f.toml").unwrap();
+    assert_eq!(s.duration, std::time::Duration::from_nanos(1));
 }
