@@ -2,8 +2,17 @@
 //! public API. Each test names the target and gives the input as it was
 //! minimized.
 
-use tower_circuit_breaker::classify::{ClassifyStream, SseEvent, SseScanner, SseStream};
-use tower_circuit_breaker::Outcome;
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
+use http_body_util::Empty;
+use tower::{service_fn, Service, ServiceExt};
+use tower_circuit_breaker::classify::{
+    ClassifyStream, GrpcClassifier, SseEvent, SseScanner, SseStream,
+};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome};
 
 #[allow(dead_code)]
 #[path = "../examples/outage_replay/scenario.rs"]
@@ -111,4 +120,24 @@ fn scenario_duration_under_a_nanosecond() {
     let text = shipped.replace("duration_s = 1080", "duration_s = 1e-9");
     let s = scenario::parse(&text, "f.toml").unwrap();
     assert_eq!(s.duration, std::time::Duration::from_nanos(1));
+}
+
+/// `response_body`: `Exchange { status: 48650, headers: [], steps: [],
+/// drop_after: Some(0) }`, a deferred answer whose body is empty from the
+/// start (`is_end_stream()`) and is dropped without a poll, as clients do
+/// with a body that has nothing in it. The stream has ended: it must be
+/// judged by `on_end` (for gRPC, a stream without trailers is a failure),
+/// not counted as a body the caller gave up on.
+#[tokio::test]
+#[ignore = "ResponseBody records an empty body dropped unpolled as dropped, not as ended"]
+async fn response_body_empty_body_dropped_unpolled_has_ended() {
+    let breaker = Breaker::builder().build().unwrap();
+    let upstream =
+        service_fn(|_: ()| async { Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new())) });
+    let mut svc = CircuitBreaker::with_classifier(upstream, breaker.clone(), GrpcClassifier);
+    let response = svc.ready().await.unwrap().call(()).await.unwrap();
+    assert!(response.body().is_end_stream());
+    drop(response);
+    let c = breaker.snapshot().counters;
+    assert_eq!((c.failures, c.ignored), (1, 0), "{c:?}");
 }
