@@ -283,6 +283,12 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
     }
     let duration = seconds(&src, &raw.duration_s, "duration_s")?;
     let duration_s = positive(&src, &raw.duration_s, "duration_s")?;
+    if duration.is_zero() {
+        return Err(src.at(
+            &raw.duration_s,
+            format!("`duration_s` must be at least a nanosecond, got {duration_s}"),
+        ));
+    }
     let rate_per_s = positive(&src, &raw.rate_per_s, "rate_per_s")?;
     if duration_s * rate_per_s > MAX_REQUESTS {
         return Err(src.at(

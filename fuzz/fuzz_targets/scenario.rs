@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 
 #[allow(dead_code)]
@@ -95,8 +96,63 @@ fn check(s: &Scenario) {
     }
 }
 
+/// The shipped scenarios, starting points for edits.
+const BASES: &[&str] = &[
+    include_str!("../../scenarios/seed-000-night.toml"),
+    include_str!("../../scenarios/seed-000-night-slow.toml"),
+    include_str!("../../scenarios/seed-002-failover.toml"),
+    include_str!("../../scenarios/seed-002-failover-slow.toml"),
+];
+
+/// A shipped scenario with a few lines edited: a value (after one of the
+/// line's `= `) set to an arbitrary number or text, a line dropped or
+/// repeated. Most edits keep the file close to valid, so the checks on
+/// accepted scenarios run often.
+fn edited(u: &mut Unstructured<'_>) -> arbitrary::Result<String> {
+    let mut lines: Vec<String> = u.choose(BASES)?.lines().map(str::to_owned).collect();
+    for _ in 0..u.int_in_range(0..=6)? {
+        let i = u.choose_index(lines.len())?;
+        let value = match u.int_in_range(0..=4u8)? {
+            0 => match f64::arbitrary(u)? {
+                x if x.is_nan() => "nan".to_owned(),
+                x if x.is_infinite() => if x > 0.0 { "inf" } else { "-inf" }.to_owned(),
+                x => format!("{x:?}"),
+            },
+            1 => i64::arbitrary(u)?.to_string(),
+            2 => String::arbitrary(u)?,
+            3 => {
+                lines.remove(i);
+                continue;
+            }
+            _ => {
+                let line = lines[u.choose_index(lines.len())?].clone();
+                lines.insert(i, line);
+                continue;
+            }
+        };
+        let line = &mut lines[i];
+        let eqs: Vec<usize> = line.match_indices("= ").map(|(at, _)| at + 2).collect();
+        if let Some(&start) = eqs.get(u.choose_index(eqs.len().max(1))?) {
+            let end = line[start..]
+                .find([',', '}'])
+                .map_or(line.len(), |e| start + e);
+            let space = if end < line.len() { " " } else { "" };
+            line.replace_range(start..end, &format!("{value}{space}"));
+        }
+    }
+    Ok(lines.join("\n"))
+}
+
 fuzz_target!(|bytes: &[u8]| {
-    let text = String::from_utf8_lossy(bytes);
+    // A leading 0x01 (never in a scenario file) asks for an edited shipped
+    // scenario; anything else is the file's text, read lossily.
+    let text = match bytes.split_first() {
+        Some((1, rest)) => match edited(&mut Unstructured::new(rest)) {
+            Ok(text) => text.into(),
+            Err(_) => return,
+        },
+        _ => String::from_utf8_lossy(bytes),
+    };
     match scenario::parse(&text, FILE) {
         Ok(s) => check(&s),
         Err(e) => {

@@ -43,7 +43,7 @@ fn scan(chunks: &[&[u8]], max_line: usize) -> (Vec<Event>, bool) {
     // A partial line, the data and the event name, each at most `max_line`
     // bytes; a `Vec` at most doubles its capacity past what it holds, and
     // allocates at least 8 bytes.
-    let bound = 3 * (2 * max_line.max(1) + 8);
+    let bound = 3 * (2 * max_line.max(3) + 8);
     let mut scanner = SseScanner::with_max_line(max_line);
     let mut seen = Vec::new();
     for chunk in chunks {
