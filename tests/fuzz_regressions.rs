@@ -129,7 +129,6 @@ fn scenario_duration_under_a_nanosecond() {
 /// judged by `on_end` (for gRPC, a stream without trailers is a failure),
 /// not counted as a body the caller gave up on.
 #[tokio::test]
-#[ignore = "ResponseBody records an empty body dropped unpolled as dropped, not as ended"]
 async fn response_body_empty_body_dropped_unpolled_has_ended() {
     let breaker = Breaker::builder().build().unwrap();
     let upstream =
