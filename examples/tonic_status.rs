@@ -23,8 +23,9 @@ use tower::ServiceBuilder;
 use tower_circuit_breaker::tonic::{RejectionStatusLayer, RETRY_PUSHBACK_MS};
 use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
 
+/// Messages are plain UTF-8 strings, so no protoc is needed.
 #[derive(Debug, Clone, Copy, Default)]
-struct StringCodec;
+pub(crate) struct StringCodec;
 
 impl Codec for StringCodec {
     type Encode = String;

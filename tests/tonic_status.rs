@@ -10,12 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tower::ServiceBuilder;
@@ -27,45 +26,12 @@ use tower_circuit_breaker::{
 
 // === a string codec ===
 
-#[derive(Debug, Clone, Copy, Default)]
-struct StringCodec;
+// The example's codec: messages are plain UTF-8 strings, no protoc needed.
+#[allow(dead_code, unused_imports)]
+#[path = "../examples/tonic_status.rs"]
+mod example;
 
-impl Codec for StringCodec {
-    type Encode = String;
-    type Decode = String;
-    type Encoder = StringCodec;
-    type Decoder = StringCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        StringCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        StringCodec
-    }
-}
-
-impl Encoder for StringCodec {
-    type Item = String;
-    type Error = Status;
-
-    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(item.as_bytes());
-        Ok(())
-    }
-}
-
-impl Decoder for StringCodec {
-    type Item = String;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        String::from_utf8(bytes.to_vec())
-            .map(Some)
-            .map_err(|e| Status::internal(e.to_string()))
-    }
-}
+use example::StringCodec;
 
 // === the server ===
 
