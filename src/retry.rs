@@ -388,7 +388,7 @@ fn all_open(watch: &[Breaker]) -> bool {
     !watch.is_empty()
         && watch.iter().all(|b| {
             // A breaker in shadow mode reports open but admits every call.
-            matches!(b.state(), State::Open | State::ForcedOpen) && !b.snapshot().metrics_only
+            matches!(b.state(), State::Open | State::ForcedOpen) && !b.is_metrics_only()
         })
 }
 

@@ -258,6 +258,12 @@ impl Breaker {
         self.shared.set_manual(State::Closed, Reason::Reset);
     }
 
+    /// Whether the breaker is in metrics-only (shadow) mode.
+    #[inline]
+    pub fn is_metrics_only(&self) -> bool {
+        self.shared.hot.metrics_only.load(Ordering::Acquire)
+    }
+
     /// Turns shadow mode on or off: the breaker keeps recording and making
     /// transitions, but admits the calls it would have rejected (counted in
     /// [`Counters::would_reject`]).

@@ -140,16 +140,24 @@ pub(crate) struct Settings {
     backoff: (Duration, Duration),
 }
 
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("prefix", &self.prefix)
+            .field("window", &self.window)
+            .field("flush", &self.flush)
+            .field("resync", &self.resync)
+            .field("timeout", &self.timeout)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.settings;
         f.debug_struct("Backend")
-            .field("prefix", &s.prefix)
-            .field("window", &s.window)
-            .field("flush", &s.flush)
-            .field("resync", &s.resync)
-            .field("timeout", &s.timeout)
-            .finish_non_exhaustive()
+            .field("settings", &self.settings)
+            .finish()
     }
 }
 
@@ -157,13 +165,15 @@ impl Backend {
     /// A builder for a backend on `client`'s server.
     pub fn builder(client: Client) -> BackendBuilder {
         BackendBuilder {
-            client,
-            prefix: "tcb".into(),
-            window: None,
-            flush: Duration::from_millis(50),
-            resync: Duration::from_secs(1),
-            timeout: Duration::from_millis(500),
-            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            settings: Settings {
+                client,
+                prefix: "tcb".into(),
+                window: None,
+                flush: Duration::from_millis(50),
+                resync: Duration::from_secs(1),
+                timeout: Duration::from_millis(500),
+                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            },
         }
     }
 
@@ -215,25 +225,14 @@ impl Backend {
 /// # Ok::<_, Box<dyn std::error::Error>>(())
 /// ```
 pub struct BackendBuilder {
-    client: Client,
-    prefix: Arc<str>,
-    window: Option<(Duration, u32)>,
-    flush: Duration,
-    resync: Duration,
-    timeout: Duration,
-    backoff: (Duration, Duration),
+    settings: Settings,
 }
 
 impl fmt::Debug for BackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackendBuilder")
-            .field("prefix", &self.prefix)
-            .field("window", &self.window)
-            .field("flush", &self.flush)
-            .field("resync", &self.resync)
-            .field("timeout", &self.timeout)
-            .field("backoff", &self.backoff)
-            .finish_non_exhaustive()
+            .field("settings", &self.settings)
+            .finish()
     }
 }
 
@@ -241,7 +240,7 @@ impl BackendBuilder {
     /// The prefix of every key and of the channel (default `tcb`). Replicas
     /// share state when they use the same prefix and breaker name.
     pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
-        self.prefix = prefix.into();
+        self.settings.prefix = prefix.into();
         self
     }
 
@@ -249,71 +248,66 @@ impl BackendBuilder {
     /// (default 10 s in 10 buckets); breakers with a time window use theirs
     /// unless this is set.
     pub fn window(mut self, span: Duration, buckets: u32) -> Self {
-        self.window = Some((span, buckets));
+        self.settings.window = Some((span, buckets));
         self
     }
 
     /// How often local outcomes are sent to Redis (default 50 ms).
     pub fn flush_interval(mut self, every: Duration) -> Self {
-        self.flush = every;
+        self.settings.flush = every;
         self
     }
 
     /// How often every breaker's cluster state is read again, in case a
     /// message was lost (default 1 s).
     pub fn resync_interval(mut self, every: Duration) -> Self {
-        self.resync = every;
+        self.settings.resync = every;
         self
     }
 
     /// How long a connection attempt or an exchange may take before Redis
     /// counts as unavailable (default 500 ms).
     pub fn timeout(mut self, limit: Duration) -> Self {
-        self.timeout = limit;
+        self.settings.timeout = limit;
         self
     }
 
     /// The delay before reconnecting, doubling from `min` up to `max`
     /// (default 100 ms to 5 s).
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.backoff = (min, max);
+        self.settings.backoff = (min, max);
         self
     }
 
     /// Validates the settings.
     pub fn build(self) -> Result<Backend, SetupError> {
-        if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
+        if self.settings.prefix.is_empty() || self.settings.prefix.contains(['{', '}']) {
             return Err(SetupError::Invalid(
                 "prefix must be non-empty and free of `{` and `}`",
             ));
         }
-        if let Some((span, buckets)) = self.window {
+        if let Some((span, buckets)) = self.settings.window {
             if span < Duration::from_millis(1) || buckets == 0 || buckets > 1000 {
                 return Err(SetupError::Invalid(
                     "window needs a span of at least 1ms and 1 to 1000 buckets",
                 ));
             }
         }
-        if self.flush.is_zero() || self.resync.is_zero() || self.timeout.is_zero() {
+        if self.settings.flush.is_zero()
+            || self.settings.resync.is_zero()
+            || self.settings.timeout.is_zero()
+        {
             return Err(SetupError::Invalid(
                 "flush interval, resync interval and timeout must be non-zero",
             ));
         }
-        if self.backoff.0.is_zero() || self.backoff.1 < self.backoff.0 {
+        if self.settings.backoff.0.is_zero() || self.settings.backoff.1 < self.settings.backoff.0 {
             return Err(SetupError::Invalid(
                 "reconnect backoff needs 0 < min <= max",
             ));
         }
         Ok(Backend {
-            settings: Arc::new(Settings {
-                client: self.client,
-                prefix: self.prefix,
-                window: self.window,
-                flush: self.flush,
-                resync: self.resync,
-                timeout: self.timeout,
-                backoff: self.backoff,
-            }),
+            settings: Arc::new(self.settings),
         })
     }
 }
