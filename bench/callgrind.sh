@@ -39,12 +39,16 @@ bare=$(per_call bare)
 failing=$(per_call failing)
 closed=$(per_call closed)
 open=$(per_call open)
+rc_closed=$(per_call recloser-closed)
+rc_open=$(per_call recloser-open)
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
 echo "instructions per call (Ir), $n1 vs $n2 calls:"
 echo "  bare service_fn, ready at once    $bare"
 echo "  bare service_fn, failing at once  $failing"
 echo "  closed                            $closed  (added over bare: $(minus "$closed" "$bare"))"
 echo "  open, rejecting                   $open  (added over failing: $(minus "$open" "$failing"))"
+echo "  recloser 1.4, closed              $rc_closed  (added over bare: $(minus "$rc_closed" "$bare"))"
+echo "  recloser 1.4, open, rejecting     $rc_open  (added over failing: $(minus "$rc_open" "$failing"))"
 echo
 echo "closed path, Ir per call by function ($n2 calls; $out/closed.$n2.out):"
 callgrind_annotate --show-percs=no "$out/closed.$n2.out" 2>/dev/null |

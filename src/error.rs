@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::breaker::State;
 use crate::BoxError;
@@ -37,6 +37,7 @@ pub enum Rejection {
 /// assert_eq!(open.key(), Some("gpt"));
 /// assert_eq!(open.state(), State::ForcedOpen);
 /// assert_eq!(open.retry_after(), None);
+/// assert_eq!(open.retry_at(), None);
 /// assert_eq!(open.to_string(), "circuit open");
 /// # }
 /// ```
@@ -44,19 +45,17 @@ pub enum Rejection {
 pub struct CircuitOpen {
     key: Option<Arc<str>>,
     cause: Rejection,
-    retry_after: Option<Duration>,
+    /// When a call may be admitted again. Kept as an instant, not a
+    /// duration, so that rejecting needs no clock read.
+    deadline: Option<Instant>,
 }
 
 impl CircuitOpen {
-    pub(crate) fn new(
-        key: Option<Arc<str>>,
-        cause: Rejection,
-        retry_after: Option<Duration>,
-    ) -> Self {
+    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, deadline: Option<Instant>) -> Self {
         CircuitOpen {
             key,
             cause,
-            retry_after,
+            deadline,
         }
     }
 
@@ -80,11 +79,41 @@ impl CircuitOpen {
         self.cause
     }
 
-    /// While open: the time until the next probe may be admitted; for the
-    /// volume guard, until a call may be admitted again. `None` in half-open
-    /// (the probes are out) and when forced open.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+    /// While open: the time from now until the next probe may be admitted;
+    /// for the volume guard, until a call may be admitted again. `None` in
+    /// half-open (the probes are out) and when forced open.
+    ///
+    /// Measured when asked, so it shrinks as the error is held: zero once
+    /// the moment has passed.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.deadline
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// When a call may be admitted again; see
+    /// [`retry_after`](Self::retry_after).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .consecutive_failures(1)
+    ///     .open_duration(Duration::from_secs(30))
+    ///     .jitter(0.0)
+    ///     .build()
+    ///     .unwrap();
+    /// breaker.admit().unwrap().record(Outcome::Failure);
+    /// let open = breaker.admit().unwrap_err();
+    /// let at = open.retry_at().unwrap();
+    /// assert_eq!(at - tokio::time::Instant::now(), Duration::from_secs(30));
+    /// tokio::time::advance(Duration::from_secs(10)).await;
+    /// assert_eq!(open.retry_after(), Some(Duration::from_secs(20)));
+    /// # }
+    /// ```
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.deadline
     }
 }
 
@@ -94,7 +123,7 @@ impl fmt::Debug for CircuitOpen {
             .field("key", &self.key)
             .field("state", &self.state())
             .field("reason", &self.cause)
-            .field("retry_after", &self.retry_after)
+            .field("retry_after", &self.retry_after())
             .finish()
     }
 }

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
 use crate::breaker::Permit;
-use crate::classify::{Classify, Outcome, Verdict};
+use crate::classify::{Classify, Verdict};
 use crate::error::CircuitOpen;
 use crate::{BoxError, Error};
 
@@ -73,6 +73,7 @@ where
 {
     type Output = Result<Response<ResponseBody<B, C::Stream>>, Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Called {
@@ -82,26 +83,19 @@ where
             } => {
                 let result = ready!(future.poll(cx));
                 let mut permit = permit.take().expect("polled after completion");
-                // Classify by reference and convert in place: the response is
-                // moved once, into the output.
-                let verdict = match &result {
+                Poll::Ready(match result {
                     Ok(response) => {
                         permit.head_received();
-                        classifier.classify_response(response.status(), response.headers())
+                        let (head, body) = response.into_parts();
+                        let body = match classifier.classify_response(head.status, &head.headers) {
+                            Verdict::Done(outcome) => {
+                                permit.record(outcome);
+                                ResponseBody::decided(body)
+                            }
+                            Verdict::Defer(stream) => ResponseBody::deferred(body, permit, stream),
+                        };
+                        Ok(Response::from_parts(head, body))
                     }
-                    // Errors are classified below, once converted.
-                    Err(_) => Verdict::Done(Outcome::Ignored),
-                };
-                Poll::Ready(match result {
-                    Ok(response) => Ok(match verdict {
-                        Verdict::Done(outcome) => {
-                            permit.record(outcome);
-                            response.map(ResponseBody::decided)
-                        }
-                        Verdict::Defer(stream) => {
-                            response.map(|body| ResponseBody::deferred(body, permit, stream))
-                        }
-                    }),
                     Err(error) => {
                         let error = error.into();
                         permit.record(classifier.classify_error(&*error));

@@ -88,3 +88,30 @@ fn counters_balance_under_eight_threads_of_mixed_outcomes() {
     let w = b.snapshot().window;
     assert!(w.failures <= w.calls && w.calls <= 50, "{w:?}");
 }
+
+#[test]
+fn counts_from_many_short_lived_threads_add_up() {
+    // More threads than owned counter stripes, four alive at a time: the
+    // stripes of exited threads are handed on, never shared by two live
+    // threads, and no count is lost in the hand-over.
+    let b = Breaker::builder().build().unwrap();
+    for _wave in 0..25 {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || {
+                    for _ in 0..2_000 {
+                        b.admit().unwrap().record(Outcome::Success);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+    let c = b.snapshot().counters;
+    assert_eq!(c.successes, 25 * 4 * 2_000);
+    assert_eq!(c.admitted, c.successes);
+    assert_eq!(c.in_flight, 0);
+}

@@ -342,7 +342,8 @@ fn failsafe_open(plan: &Plan<'_>) -> Result<f64, String> {
 
 // === recloser 1.4 ===
 
-fn recloser_breaker() -> recloser::AsyncRecloser {
+/// recloser with the common configuration.
+pub fn recloser_breaker() -> recloser::AsyncRecloser {
     recloser::Recloser::custom()
         .error_rate(FAILURE_RATE as f32)
         .closed_len(WINDOW as usize)

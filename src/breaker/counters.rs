@@ -1,13 +1,16 @@
 //! Lifetime counters striped across cache lines, so that threads recording
 //! calls at once don't fight over one line.
 //!
-//! The first threads to touch a breaker's counters (in practice a runtime's
-//! workers) each own one stripe outright and count with a plain load and
-//! store: nobody else writes it. Later threads share one more stripe and
-//! count with atomic read-modify-writes.
+//! Every thread that counts gets a small index, unique among the threads
+//! alive, and handed on to a new thread when its thread exits (so runtimes
+//! that come and go do not use the indices up). The thread with index `i`
+//! owns stripe `i` of every breaker outright and counts with a plain load
+//! and store: nobody else writes it. Threads beyond the owned stripes share
+//! one more stripe and count with atomic read-modify-writes.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::sync::AtomicU64;
 
@@ -15,6 +18,7 @@ use super::state::Counters;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Counter {
+    Admitted,
     Rejected,
     Successes,
     Failures,
@@ -29,7 +33,7 @@ pub(crate) enum Counter {
     ProbeFailures,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 13;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -47,8 +51,28 @@ pub(crate) struct Striped {
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
 
+/// Indices of threads that have exited, for the next threads to take.
+static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
 thread_local! {
+    /// This thread's index; read on every count, so it has no destructor
+    /// to register and check.
     static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// Gives the index back when the thread exits; touched only once.
+    static RETURN_INDEX: ReturnIndex = const { ReturnIndex };
+}
+
+struct ReturnIndex;
+
+impl Drop for ReturnIndex {
+    fn drop(&mut self) {
+        let i = THREAD_INDEX.replace(usize::MAX);
+        if i != usize::MAX {
+            // The lock orders this thread's last counts before the next
+            // owner's first.
+            FREE.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+        }
+    }
 }
 
 #[inline]
@@ -56,11 +80,26 @@ fn thread_index() -> usize {
     THREAD_INDEX.with(|i| {
         let mut v = i.get();
         if v == usize::MAX {
-            v = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+            v = new_index();
             i.set(v);
         }
         v
     })
+}
+
+#[cold]
+fn new_index() -> usize {
+    // Without a way to give the index back (the thread is exiting), count
+    // in the shared stripe.
+    if RETURN_INDEX.try_with(|_| ()).is_err() {
+        return usize::MAX;
+    }
+    let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+    // The lowest free index: low indices are the owned stripes.
+    match free.iter().enumerate().min_by_key(|&(_, &i)| i) {
+        Some((at, _)) => free.swap_remove(at),
+        None => NEXT_THREAD.fetch_add(1, Ordering::Relaxed),
+    }
 }
 
 impl Striped {
@@ -94,8 +133,8 @@ impl Striped {
         self.add(counter, 1);
     }
 
-    /// Sums the stripes; `in_flight` is the number of live permits.
-    pub(crate) fn sum(&self, in_flight: u64) -> Counters {
+    /// Sums the stripes.
+    pub(crate) fn sum(&self) -> Counters {
         let mut total = [0u64; COUNTERS];
         for stripe in self.owned.iter().chain([&self.shared]) {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
@@ -103,17 +142,18 @@ impl Striped {
             }
         }
         let get = |c: Counter| total[c as usize];
+        let finished = get(Counter::Successes)
+            + get(Counter::Failures)
+            + get(Counter::Ignored)
+            + get(Counter::RateLimited)
+            + get(Counter::QuotaExhausted)
+            + get(Counter::Dropped);
+        // Stripes written while they are summed may show a call finished
+        // before its admission; it is in flight at most once either way.
+        let admitted = get(Counter::Admitted).max(finished);
         Counters {
-            // Every admitted call holds a permit until it records an outcome
-            // or is dropped, so admissions need no counter of their own.
-            admitted: get(Counter::Successes)
-                + get(Counter::Failures)
-                + get(Counter::Ignored)
-                + get(Counter::RateLimited)
-                + get(Counter::QuotaExhausted)
-                + get(Counter::Dropped)
-                + in_flight,
-            in_flight,
+            admitted,
+            in_flight: admitted - finished,
             rejected: get(Counter::Rejected),
             successes: get(Counter::Successes),
             failures: get(Counter::Failures),

@@ -30,17 +30,23 @@
 
 mod config;
 mod counters;
+mod spare;
 mod state;
 mod volume;
 mod window;
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Waker};
+
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 pub(crate) use self::config::{sealed, Config};
 pub use self::config::{Build, Builder, ConfigError, Window};
@@ -59,22 +65,20 @@ use crate::Outcome;
 /// same state.
 ///
 /// See the [module docs](self) for an example.
+///
+/// # Cost per call
+///
+/// A closed circuit admits with one atomic load and records a success with
+/// a few loads and a store to a counter only the calling thread writes; it
+/// touches no lock and no shared reference count (a finished permit leaves
+/// its reference with its thread for the next call, so a thread may keep a
+/// dropped breaker's state alive until it calls another breaker or exits).
+/// An open circuit opened inside a Tokio runtime with timers rejects without
+/// reading the clock until a timer set just before its deadline fires; the
+/// deadline is kept to the nanosecond all the same, in paused time too.
 #[derive(Clone)]
 pub struct Breaker {
-    shared: Arc<Anchor>,
-}
-
-/// Holds the one reference to the state that is not a permit's, so that the
-/// reference count tells how many calls are in flight without a counter of
-/// its own on the hot path.
-struct Anchor(Arc<Shared>);
-
-impl std::ops::Deref for Anchor {
-    type Target = Arc<Shared>;
-
-    fn deref(&self) -> &Arc<Shared> {
-        &self.0
-    }
+    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Breaker {
@@ -100,6 +104,8 @@ struct Hot {
 
 pub(crate) struct Shared {
     hot: Hot,
+    /// Marks open deadlines as they pass, so that rejecting reads no clock.
+    alarm: Arc<Alarm>,
     /// Woken on every transition.
     changes: Arc<Notify>,
     rates: Rates,
@@ -112,7 +118,44 @@ pub(crate) struct Shared {
     config: Arc<Config>,
     /// Threshold of the slow-call rule, in ns.
     slow_ns: Option<u64>,
+    /// Neither a volume guard nor a slow-call rule: a closed circuit admits
+    /// with nothing but a permit.
+    plain: bool,
     epoch: Instant,
+}
+
+/// A coarse clock fed by the runtime's timer, so that rejecting while open
+/// reads no clock.
+///
+/// When the circuit opens inside a Tokio runtime, a timer is registered for
+/// one millisecond before the deadline (the driver rounds up to whole
+/// milliseconds), with this as its waker. The driver wakes it as it
+/// processes timers, before it polls any task, and the wake writes the
+/// deadline into [`passed`](Self::passed). While the state word is
+/// [`Packed::timed`] and the deadline is above `passed`, the deadline has
+/// not come: the call is rejected without reading the clock. From then on
+/// the clock decides, exactly, as it does where no timer could be armed.
+/// A waker woken early, or by a driver shutting down, only sends calls to
+/// the clock sooner.
+#[derive(Default)]
+struct Alarm {
+    /// The deadline of the armed timer (ns since `epoch`).
+    armed: AtomicU64,
+    /// The latest deadline known to have come, or nearly (ns since `epoch`).
+    passed: AtomicU64,
+    /// Timers are not available (a runtime without a time driver).
+    unavailable: AtomicBool,
+}
+
+impl std::task::Wake for Alarm {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let at = self.armed.load(Ordering::Acquire);
+        self.passed.fetch_max(at, Ordering::AcqRel);
+    }
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -127,6 +170,8 @@ struct Control {
     remote: bool,
     /// In remote mode: probes this replica may admit in the current cycle.
     allowance: u32,
+    /// While open: the timer that feeds [`Alarm`].
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 /// Bookkeeping of one half-open cycle.
@@ -180,13 +225,14 @@ impl Breaker {
         let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
         let has_window = config.has_rate_rule();
         Breaker {
-            shared: Arc::new(Anchor(Arc::new(Shared {
+            shared: Arc::new(Shared {
                 hot: Hot {
                     state: AtomicU64::new(Packed::new(State::Closed, 0).0),
                     open_until: AtomicU64::new(0),
                     consecutive: AtomicU64::new(0),
                     metrics_only: AtomicBool::new(config.metrics_only),
                 },
+                alarm: Arc::default(),
                 changes: Arc::new(Notify::new()),
                 rates: if has_window {
                     Rates::new(config.window)
@@ -205,12 +251,14 @@ impl Breaker {
                     rng: config.seed.map_or_else(Rng::random, Rng::new),
                     remote: false,
                     allowance: 0,
+                    timer: None,
                 }),
+                plain: slow_ns.is_none() && config.volume_guard.is_none(),
                 slow_ns,
                 epoch: Instant::now(),
                 name,
                 config,
-            }))),
+            }),
         }
     }
 
@@ -235,9 +283,7 @@ impl Breaker {
 
     /// State, window, counters and timers at this moment.
     pub fn snapshot(&self) -> Snapshot {
-        // One reference is the anchor's; every other is a live permit's.
-        let in_flight = Arc::strong_count(&self.shared.0) as u64 - 1;
-        self.shared.snapshot(in_flight)
+        self.shared.snapshot()
     }
 
     /// Rejects every call until [`reset`](Self::reset). Does not advance the
@@ -291,7 +337,7 @@ impl Breaker {
 
     /// Whether two handles share one breaker.
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
-        Arc::ptr_eq(&self.shared.0, &other.shared.0)
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// The validated configuration, for backends that apply the same rules
@@ -310,6 +356,56 @@ impl Shared {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
+    /// The instant `at` ns after `epoch`.
+    #[inline]
+    fn instant(&self, at: u64) -> Instant {
+        self.epoch + Duration::from_nanos(at)
+    }
+
+    /// Arms the timer that marks `until` in [`Alarm`]; `false` when none
+    /// could be armed (no runtime at hand, or one without timers).
+    fn arm(&self, ctl: &mut Control, until: u64) -> bool {
+        ctl.timer = None;
+        if cfg!(loom) || self.alarm.unavailable.load(Ordering::Relaxed) {
+            return false;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return false;
+        }
+        self.alarm.armed.store(until, Ordering::Release);
+        let at = self.instant(until.saturating_sub(TIMER_LEAD));
+        // A runtime without a time driver panics here, once per breaker.
+        let Ok(sleep) = std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(at))) else {
+            self.alarm.unavailable.store(true, Ordering::Relaxed);
+            return false;
+        };
+        let mut sleep = sleep;
+        let waker = Waker::from(Arc::clone(&self.alarm));
+        if sleep
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            return false;
+        }
+        ctl.timer = Some(sleep);
+        true
+    }
+
+    /// Sets the deadline of an open circuit and arms its timer, or falls
+    /// back to the clock. Called under the control lock.
+    fn open_until(&self, ctl: &mut Control, until: u64, generation: u64) {
+        let word = if self.arm(ctl, until) {
+            Packed::timed(generation)
+        } else {
+            Packed::new(State::Open, generation)
+        };
+        // The timer is armed before the deadline is published: a reader that
+        // sees this deadline with the timed word can trust it.
+        self.hot.open_until.store(until, Ordering::Release);
+        self.hot.state.store(word.0, Ordering::Release);
+    }
+
     #[inline]
     fn load(&self) -> Packed {
         Packed(self.hot.state.load(Ordering::Acquire))
@@ -318,18 +414,27 @@ impl Shared {
     #[inline]
     fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let word = self.load();
+        if word.is_closed() && self.plain {
+            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
+        }
+        if word.is_timed() {
+            let until = self.hot.open_until.load(Ordering::Acquire);
+            if self.alarm.passed.load(Ordering::Acquire) < until && !clock_turn() {
+                // The timer for this deadline has not fired: not due yet.
+                return self.reject(Rejection::Open, Some(until));
+            }
+        }
+        self.admit_other(word)
+    }
+
+    /// Every admission but a closed circuit's without a volume guard or
+    /// slow-call rule.
+    #[inline(never)]
+    fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
         match word.state() {
             State::Closed => self.admit_closed(word.generation()),
             State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
-            State::Open => {
-                let now = self.now();
-                let until = self.hot.open_until.load(Ordering::Acquire);
-                if now < until {
-                    self.reject(Rejection::Open, Some(until - now))
-                } else {
-                    self.admit_probe(now)
-                }
-            }
+            State::Open => self.admit_open(self.hot.open_until.load(Ordering::Acquire)),
             State::HalfOpen => self.admit_probe(self.now()),
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
         }
@@ -346,9 +451,10 @@ impl Shared {
     #[inline]
     fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
         if let Some(guard) = &self.volume {
-            if let Err(wait) = guard.try_admit(self.now()) {
+            let now = self.now();
+            if let Err(wait) = guard.try_admit(now) {
                 self.counters.incr(Counter::VolumeLimited);
-                return self.reject(Rejection::VolumeGuard, Some(wait));
+                return self.reject(Rejection::VolumeGuard, Some(now.saturating_add(wait)));
             }
         }
         let Some(in_flight) = &self.in_flight else {
@@ -373,6 +479,17 @@ impl Shared {
         Ok(permit)
     }
 
+    /// An open circuit whose deadline may have passed: the clock decides.
+    #[cold]
+    fn admit_open(self: &Arc<Self>, until: u64) -> Result<Permit, CircuitOpen> {
+        let now = self.now();
+        if now < until {
+            self.reject(Rejection::Open, Some(until))
+        } else {
+            self.admit_probe(now)
+        }
+    }
+
     #[cold]
     fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
         let mut ctl = lock(&self.control);
@@ -383,7 +500,7 @@ impl Shared {
                 let until = self.hot.open_until.load(Ordering::Acquire);
                 if now < until {
                     drop(ctl);
-                    return self.reject(Rejection::Open, Some(until - now));
+                    return self.reject(Rejection::Open, Some(until));
                 }
                 event = Some(self.transition(&mut ctl, State::HalfOpen, Reason::OpenElapsed, now));
             }
@@ -418,10 +535,12 @@ impl Shared {
         }
     }
 
+    /// Rejects a call; `deadline` (ns since `epoch`) is when one may be
+    /// admitted again.
     fn reject(
         self: &Arc<Self>,
         cause: Rejection,
-        retry_in: Option<u64>,
+        deadline: Option<u64>,
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
             self.counters.incr(Counter::WouldReject);
@@ -436,7 +555,7 @@ impl Shared {
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,
-            retry_in.map(Duration::from_nanos),
+            deadline.map(|at| self.instant(at)),
         ))
     }
 
@@ -620,6 +739,7 @@ impl Shared {
         let from = self.load();
         let generation = from.generation() + 1;
         let mut open_for = None;
+        let mut until = 0;
         ctl.cycle = Cycle::default();
         ctl.allowance = 0;
         match to {
@@ -628,9 +748,7 @@ impl Shared {
                     ctl.reopens = ctl.reopens.saturating_add(1);
                 }
                 let d = open_ns.unwrap_or_else(|| self.open_duration(ctl)).max(1);
-                self.hot
-                    .open_until
-                    .store(now.saturating_add(d), Ordering::Release);
+                until = now.saturating_add(d);
                 open_for = Some(Duration::from_nanos(d));
             }
             State::Closed => {
@@ -647,9 +765,14 @@ impl Shared {
         if let Some(f) = &self.in_flight {
             lock(f).clear();
         }
-        self.hot
-            .state
-            .store(Packed::new(to, generation).0, Ordering::Release);
+        if to == State::Open {
+            self.open_until(ctl, until, generation);
+        } else {
+            ctl.timer = None;
+            self.hot
+                .state
+                .store(Packed::new(to, generation).0, Ordering::Release);
+        }
         self.changes.notify_waiters();
         Transition {
             key: self.name.clone(),
@@ -690,7 +813,7 @@ impl Shared {
         }
     }
 
-    fn snapshot(&self, in_flight: u64) -> Snapshot {
+    fn snapshot(&self) -> Snapshot {
         let now = self.now();
         let ctl = lock(&self.control);
         let word = self.load();
@@ -713,7 +836,7 @@ impl Shared {
             consecutive_failures: self.hot.consecutive.load(Ordering::Acquire),
             retry_in,
             reopens: ctl.reopens,
-            counters: self.counters.sum(in_flight),
+            counters: self.counters.sum(),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
         }
     }
@@ -772,7 +895,7 @@ impl Remote<'_> {
         let until = now.saturating_add(nanos(remaining).max(1));
         match s.load().state() {
             State::ForcedOpen | State::Disabled => {}
-            State::Open => s.hot.open_until.store(until, Ordering::Release),
+            State::Open => s.open_until(&mut ctl, until, s.load().generation()),
             State::Closed | State::HalfOpen => {
                 if s.load().state() == State::Closed {
                     ctl.tripped = s.rates.stats(now);
@@ -861,7 +984,8 @@ enum Head {
 /// [`Outcome::Ignored`]: a half-open probe gives its slot back at once.
 #[must_use = "a permit records nothing until `record` is called or it is dropped"]
 pub struct Permit {
-    shared: Arc<Shared>,
+    /// `None` only once dropped.
+    shared: Option<Arc<Shared>>,
     ticket: Ticket,
     head: Head,
     done: bool,
@@ -879,8 +1003,9 @@ impl fmt::Debug for Permit {
 impl Permit {
     #[inline]
     fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
+        shared.counters.incr(Counter::Admitted);
         Permit {
-            shared: Arc::clone(shared),
+            shared: Some(spare::take(shared)),
             ticket: Ticket {
                 generation: generation as u32,
                 id,
@@ -888,6 +1013,14 @@ impl Permit {
             },
             head: Head::Pending,
             done: false,
+        }
+    }
+
+    #[inline]
+    fn shared(&self) -> &Shared {
+        match &self.shared {
+            Some(shared) => shared,
+            None => unreachable!("a permit's state is taken only when it is dropped"),
         }
     }
 
@@ -902,8 +1035,8 @@ impl Permit {
     /// slow.
     #[inline]
     pub fn head_received(&mut self) {
-        if self.head == Head::Pending && self.shared.slow_ns.is_some() {
-            self.head = self.shared.judge_head(self.ticket);
+        if self.head == Head::Pending && self.shared().slow_ns.is_some() {
+            self.head = self.shared().judge_head(self.ticket);
         }
     }
 
@@ -911,7 +1044,7 @@ impl Permit {
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
         self.done = true;
-        let shared = &*self.shared;
+        let shared = self.shared();
         shared.counters.incr(Counter::from(outcome));
         // The healthy steady state: a success in a full, clean window with no
         // streak to break changes nothing, so it writes nothing.
@@ -922,7 +1055,8 @@ impl Permit {
         {
             return;
         }
-        self.shared.record(self.ticket, &mut self.head, outcome);
+        let (ticket, mut head) = (self.ticket, self.head);
+        self.shared().record(ticket, &mut head, outcome);
     }
 }
 
@@ -941,9 +1075,13 @@ impl Drop for Permit {
     fn drop(&mut self) {
         if !self.done {
             self.done = true;
-            self.shared.counters.incr(Counter::Dropped);
-            self.shared
-                .record(self.ticket, &mut self.head, Outcome::Ignored);
+            let (ticket, mut head) = (self.ticket, self.head);
+            let shared = self.shared();
+            shared.counters.incr(Counter::Dropped);
+            shared.record(ticket, &mut head, Outcome::Ignored);
+        }
+        if let Some(shared) = self.shared.take() {
+            spare::give_back(shared);
         }
     }
 }
@@ -961,6 +1099,29 @@ impl From<Outcome> for Counter {
 }
 
 // === helpers ===
+
+thread_local! {
+    static TIMED_REJECTIONS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread's timed rejection should consult the clock anyway:
+/// one in [`CLOCK_EVERY`], so that a timer on a runtime nobody drives any
+/// more (a breaker opened on one runtime and used from another) cannot
+/// keep a circuit open past its deadline for more than that many calls.
+#[inline]
+fn clock_turn() -> bool {
+    TIMED_REJECTIONS.with(|n| {
+        let v = n.get().wrapping_add(1);
+        n.set(v);
+        v % CLOCK_EVERY == 0
+    })
+}
+
+const CLOCK_EVERY: u32 = 64;
+
+/// How long before an open deadline its timer is set: the driver fires at
+/// whole milliseconds, rounding up, and must not fire after the deadline.
+const TIMER_LEAD: u64 = 1_000_000;
 
 fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64

@@ -69,6 +69,8 @@ impl fmt::Display for State {
 
 const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// The tag of an open state whose deadline a timer will mark.
+const TIMED: u64 = 5;
 
 /// The state and its generation packed into one word, so that one atomic load
 /// tells a caller both what to do and which period its outcome belongs to.
@@ -80,8 +82,28 @@ impl Packed {
         Packed((generation << TAG_BITS) | state.tag())
     }
 
+    /// Open, with a timer armed to mark the deadline (see
+    /// [`Alarm`](super::Alarm)): a rejection need not read the clock.
+    pub(crate) const fn timed(generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | TIMED)
+    }
+
     pub(crate) const fn state(self) -> State {
-        State::from_tag(self.0 & TAG_MASK)
+        match self.0 & TAG_MASK {
+            TIMED => State::Open,
+            tag => State::from_tag(tag),
+        }
+    }
+
+    /// Whether the state is [`State::Closed`].
+    #[inline]
+    pub(crate) const fn is_closed(self) -> bool {
+        self.0 & TAG_MASK == 0
+    }
+
+    /// Whether this is [`timed`](Self::timed).
+    pub(crate) const fn is_timed(self) -> bool {
+        self.0 & TAG_MASK == TIMED
     }
 
     pub(crate) const fn generation(self) -> u64 {
@@ -193,8 +215,11 @@ fn ratio(part: u64, whole: u64) -> f64 {
 ///
 /// Every admitted call ends in exactly one of `successes`, `failures`,
 /// `ignored`, `rate_limited`, `quota_exhausted` or `dropped`, or is still
-/// `in_flight`; that is how `admitted` is counted. A permit that leaked
-/// (neither recorded nor dropped) would stay in `in_flight` for ever.
+/// `in_flight`: `in_flight` is `admitted` less those. A permit that leaked
+/// (neither recorded nor dropped) would stay in `in_flight` for ever. The
+/// counters are summed from per-thread stripes without stopping the
+/// threads, so a snapshot taken while calls finish may be a call or two
+/// apart between fields.
 /// Outcomes that arrive after the state that admitted them has ended are
 /// counted here too, although the trip rules no longer see them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -272,6 +297,11 @@ mod tests {
             let p = Packed::new(state, 12_345);
             assert_eq!(p.state(), state);
             assert_eq!(p.generation(), 12_345);
+            assert!(!p.is_timed());
         }
+        let p = Packed::timed(12_345);
+        assert_eq!(p.state(), State::Open);
+        assert_eq!(p.generation(), 12_345);
+        assert!(p.is_timed());
     }
 }

@@ -118,6 +118,7 @@ impl CountWindow {
         self.stats()
     }
 
+    #[inline]
     fn is_full_and_clean(&self) -> bool {
         self.failures.load(Ordering::Acquire) == 0
             && self.slow.load(Ordering::Acquire) == 0

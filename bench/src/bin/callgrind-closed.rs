@@ -2,7 +2,7 @@
 //! (no runtime), for instruction counts under callgrind.
 //!
 //! ```text
-//! callgrind-closed <bare|failing|closed|open> <calls>
+//! callgrind-closed <bare|failing|closed|open|recloser-closed|recloser-open> <calls>
 //! ```
 //!
 //! `bench/callgrind.sh` runs it under `valgrind --tool=callgrind` at two
@@ -18,11 +18,16 @@ use std::task::{Context, Poll, Waker};
 use http::{Response, StatusCode};
 use tower::{Layer, Service};
 use tower_circuit_breaker::{CircuitBreakerLayer, Outcome};
+use tower_circuit_breaker_bench::adapters;
 use tower_circuit_breaker_bench::measure::Request;
-use tower_circuit_breaker_bench::rows::{upstream, Rejected, FAILURE_RATE, OPEN, WINDOW};
+use tower_circuit_breaker_bench::rows::{
+    recloser_breaker, upstream, Rejected, FAILURE_RATE, OPEN, WINDOW,
+};
 
 fn usage() -> ! {
-    eprintln!("usage: callgrind-closed <bare|failing|closed|open> <calls>");
+    eprintln!(
+        "usage: callgrind-closed <bare|failing|closed|open|recloser-closed|recloser-open> <calls>"
+    );
     std::process::exit(2)
 }
 
@@ -95,6 +100,17 @@ fn main() {
             }
             let mut svc = layer.layer(upstream::<Infallible>(StatusCode::OK));
             // Fill the window first, as a breaker in service would have.
+            calls(&mut svc, u64::from(WINDOW));
+            calls(&mut svc, n)
+        }
+        "recloser-closed" | "recloser-open" => {
+            let breaker = recloser_breaker();
+            if mode == "recloser-open" {
+                for _ in 0..WINDOW * 2 {
+                    let _ = now_or_never(breaker.call(ready(Err::<(), ()>(()))));
+                }
+            }
+            let mut svc = adapters::Recloser::new(upstream::<Infallible>(StatusCode::OK), breaker);
             calls(&mut svc, u64::from(WINDOW));
             calls(&mut svc, n)
         }

@@ -1,0 +1,119 @@
+//! The open circuit's timer: rejections read no clock while it is pending,
+//! and the deadline is still kept to the nanosecond, on a runtime nobody
+//! drives any more and on one without timers.
+
+use std::time::Duration;
+
+use tokio::time::advance;
+use tower_circuit_breaker::{Breaker, Outcome, State};
+
+fn breaker(open: Duration) -> Breaker {
+    Breaker::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(open)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+fn trip(b: &Breaker) {
+    b.admit().unwrap().record(Outcome::Failure);
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_moved_deadline_is_kept_either_way() {
+    let b = breaker(Duration::from_secs(10));
+    trip(&b);
+    // Later than the armed timer: the old timer must not admit early.
+    b.remote().open_for(Duration::from_secs(30));
+    advance(Duration::from_secs(10)).await;
+    assert!(b.admit().is_err(), "the deadline moved to 30 s");
+    advance(Duration::from_secs(20) - Duration::from_nanos(1)).await;
+    assert!(b.admit().is_err());
+    advance(Duration::from_nanos(1)).await;
+    assert!(b.admit().expect("due at 30 s").is_probe());
+
+    // Earlier than the armed timer: the new one must not admit late.
+    let b = breaker(Duration::from_secs(60));
+    trip(&b);
+    b.remote().open_for(Duration::from_secs(5));
+    advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
+    assert!(b.admit().is_err());
+    advance(Duration::from_nanos(1)).await;
+    assert!(b.admit().expect("due at 5 s").is_probe());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_rejection_says_how_long_is_left_when_asked() {
+    let b = breaker(Duration::from_secs(30));
+    trip(&b);
+    let err = b.admit().unwrap_err();
+    let at = err.retry_at().expect("open circuits say when");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+    advance(Duration::from_secs(12)).await;
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(18)));
+    assert_eq!(err.retry_at(), Some(at));
+    advance(Duration::from_secs(40)).await;
+    assert_eq!(err.retry_after(), Some(Duration::ZERO));
+}
+
+#[test]
+fn a_timer_on_a_runtime_nobody_drives_cannot_hold_the_circuit_open() {
+    // The circuit opens inside a runtime that is entered but never driven,
+    // so its timer never fires.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let _entered = rt.enter();
+    let b = breaker(Duration::from_secs(30));
+    trip(&b);
+    for _ in 0..1_000 {
+        assert!(b.admit().is_err());
+    }
+    // Moves the paused clock past the deadline without running the driver.
+    futures::executor::block_on(advance(Duration::from_secs(31)));
+    let rejected_before_the_probe = (0..1_000)
+        .position(|_| b.admit().is_ok())
+        .expect("a probe within a bounded number of calls");
+    assert!(
+        rejected_before_the_probe < 64,
+        "{rejected_before_the_probe} calls rejected after the deadline"
+    );
+    assert_eq!(b.state(), State::HalfOpen);
+}
+
+#[test]
+fn a_runtime_without_timers_falls_back_to_the_clock() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Due as soon as it opened: only the clock can tell.
+        let b = Breaker::builder()
+            .no_window()
+            .consecutive_failures(1)
+            .open_duration(Duration::from_nanos(1))
+            .max_open_duration(Duration::from_nanos(1))
+            .probe_lease(Duration::from_secs(3600))
+            .probes(1)
+            .close_after(1)
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            trip(&b);
+            let probe = b.admit().expect("the clock admits the probe");
+            assert!(probe.is_probe());
+            probe.record(Outcome::Failure);
+            assert_eq!(b.state(), State::Open);
+            b.reset();
+        }
+        let b = breaker(Duration::from_secs(30));
+        trip(&b);
+        let err = b.admit().unwrap_err();
+        assert!(err.retry_after().unwrap() <= Duration::from_secs(30));
+    });
+}
