@@ -45,13 +45,27 @@ pub enum Rejection {
 pub struct CircuitOpen {
     key: Option<Arc<str>>,
     cause: Rejection,
-    /// When a call may be admitted again. Kept as an instant, not a
-    /// duration, so that rejecting needs no clock read.
-    deadline: Option<Instant>,
+    /// When a call may be admitted again: a moment, not a duration, so
+    /// that rejecting needs no clock read, and kept in the breaker's own
+    /// terms until asked for.
+    deadline: Option<Deadline>,
+}
+
+/// A moment `ns` nanoseconds after `epoch`.
+#[derive(Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) epoch: Instant,
+    pub(crate) ns: u64,
+}
+
+impl Deadline {
+    fn instant(self) -> Instant {
+        self.epoch + std::time::Duration::from_nanos(self.ns)
+    }
 }
 
 impl CircuitOpen {
-    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, deadline: Option<Instant>) -> Self {
+    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, deadline: Option<Deadline>) -> Self {
         CircuitOpen {
             key,
             cause,
@@ -86,7 +100,7 @@ impl CircuitOpen {
     /// Measured when asked, so it shrinks as the error is held: zero once
     /// the moment has passed.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
-        self.deadline
+        self.retry_at()
             .map(|at| at.saturating_duration_since(Instant::now()))
     }
 
@@ -113,7 +127,7 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn retry_at(&self) -> Option<Instant> {
-        self.deadline
+        self.deadline.map(Deadline::instant)
     }
 }
 

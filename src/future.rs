@@ -83,25 +83,23 @@ where
             } => {
                 let result = ready!(future.poll(cx));
                 let mut permit = permit.take().expect("polled after completion");
-                Poll::Ready(match result {
-                    Ok(response) => {
-                        permit.head_received();
-                        let (head, body) = response.into_parts();
-                        let body = match classifier.classify_response(head.status, &head.headers) {
-                            Verdict::Done(outcome) => {
-                                permit.record(outcome);
-                                ResponseBody::decided(body)
-                            }
-                            Verdict::Defer(stream) => ResponseBody::deferred(body, permit, stream),
-                        };
-                        Ok(Response::from_parts(head, body))
-                    }
+                let (head, body) = match result {
+                    Ok(response) => response.into_parts(),
                     Err(error) => {
                         let error = error.into();
                         permit.record(classifier.classify_error(&*error));
-                        Err(Error::from_inner(error))
+                        return Poll::Ready(Err(Error::from_inner(error)));
                     }
-                })
+                };
+                permit.head_received();
+                let body = match classifier.classify_response(head.status, &head.headers) {
+                    Verdict::Done(outcome) => {
+                        permit.record(outcome);
+                        ResponseBody::decided(body)
+                    }
+                    Verdict::Defer(stream) => ResponseBody::deferred(body, permit, stream),
+                };
+                Poll::Ready(Ok(Response::from_parts(head, body)))
             }
             KindProj::Rejected { error } => Poll::Ready(Err(Error::open(
                 error.take().expect("polled after completion"),

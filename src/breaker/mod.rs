@@ -56,7 +56,7 @@ use self::counters::{Counter, Striped};
 use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates, FAILED, SLOW};
-use crate::error::{CircuitOpen, Rejection};
+use crate::error::{CircuitOpen, Deadline, Rejection};
 use crate::rng::Rng;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 use crate::Outcome;
@@ -428,7 +428,7 @@ impl Shared {
     }
 
     /// Every admission but a closed circuit's without a volume guard or
-    /// slow-call rule.
+    /// slow-call rule, and an open one's whose timer is pending.
     #[inline(never)]
     fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
         match word.state() {
@@ -555,7 +555,10 @@ impl Shared {
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,
-            deadline.map(|at| self.instant(at)),
+            deadline.map(|ns| Deadline {
+                epoch: self.epoch,
+                ns,
+            }),
         ))
     }
 
