@@ -24,6 +24,7 @@
 
 pub mod adapters;
 pub mod alloc;
+pub mod callgrind;
 pub mod measure;
 pub mod report;
 pub mod rows;

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use http::{Response, StatusCode};
 use tower::util::ServiceFn;
-use tower::{service_fn, Layer};
+use tower::{service_fn, Layer, Service};
 use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
-use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State};
+use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, ResponseBody, State};
 
 use crate::adapters;
 use crate::measure::{call_loop, Expect, Plan, Request};
@@ -220,9 +220,10 @@ fn ours_closed(plan: &Plan<'_>) -> Result<f64, String> {
 }
 
 /// Keys live in the set while the timed calls run.
-const KEYS: usize = 10_000;
+pub const KEYS: usize = 10_000;
 
-fn ours_keyed_closed(plan: &Plan<'_>) -> Result<f64, String> {
+/// A keyed set holding [`KEYS`] keys, each of which has seen one success.
+pub fn keyed_set() -> Result<KeyedBreakers, String> {
     let set = KeyedBreakers::builder()
         .count_window(WINDOW)
         .min_calls(WINDOW)
@@ -233,23 +234,40 @@ fn ours_keyed_closed(plan: &Plan<'_>) -> Result<f64, String> {
         .max_keys(KEYS)
         .build()
         .map_err(|e| e.to_string())?;
-    {
-        let _runtime = plan.rt.enter();
-        for i in 0..KEYS {
-            let permit = set
-                .admit(&format!("model-{i}"))
-                .map_err(|e| format!("a fresh key was rejected: {e}"))?;
-            permit.record(Outcome::Success);
-        }
+    for i in 0..KEYS {
+        let permit = set
+            .admit(&format!("model-{i}"))
+            .map_err(|e| format!("a fresh key was rejected: {e}"))?;
+        permit.record(Outcome::Success);
     }
     if set.len() != KEYS {
         return Err(format!("the set holds {} keys, not {KEYS}", set.len()));
     }
-    // Every call looks up one of the 10,000 keys (the request carries none,
-    // so the key function names it).
+    Ok(set)
+}
+
+/// The upstream behind `set`, every call looking up one of its keys (the
+/// request carries none, so the key function names it).
+pub fn keyed_service(
+    set: KeyedBreakers,
+) -> impl Service<
+    Request,
+    Response = Response<ResponseBody<String>>,
+    Error = tower_circuit_breaker::Error,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
     let key = keyed::from_fn(|_: &Request| Some(Key::from("model-4242")));
-    let svc = CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK));
-    plan.drive(svc, Expect::Admitted)
+    CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK))
+}
+
+fn ours_keyed_closed(plan: &Plan<'_>) -> Result<f64, String> {
+    let set = {
+        let _runtime = plan.rt.enter();
+        keyed_set()?
+    };
+    plan.drive(keyed_service(set), Expect::Admitted)
 }
 
 fn ours_open(plan: &Plan<'_>) -> Result<f64, String> {

@@ -1,0 +1,4 @@
+//! Instructions per call of `tower_circuit_breaker_bench::callgrind::failing`,
+//! alone in its binary; see `bench/callgrind.sh`.
+
+tower_circuit_breaker_bench::callgrind_main!(tower_circuit_breaker_bench::callgrind::failing);

@@ -1,0 +1,6 @@
+//! Instructions per call of `tower_circuit_breaker_bench::callgrind::recloser_closed`,
+//! alone in its binary; see `bench/callgrind.sh`.
+
+tower_circuit_breaker_bench::callgrind_main!(
+    tower_circuit_breaker_bench::callgrind::recloser_closed
+);
