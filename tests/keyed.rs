@@ -215,6 +215,38 @@ async fn keys_are_bounded_and_open_keys_survive_eviction_under_pressure() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_called_again_after_its_eviction_counts_in_the_sets_new_breaker() {
+    let breakers = set()
+        .max_keys(3)
+        .idle_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // Called over and over: this thread remembers the entry.
+    for _ in 0..5 {
+        breakers.admit("hot").unwrap().record(Outcome::Success);
+    }
+    let before = breakers.get("hot").unwrap();
+    // Idle past two sweeps while other keys arrive: "hot" is evicted.
+    breakers.admit("a").unwrap().record(Outcome::Success);
+    for (round, key) in ["b", "c"].into_iter().enumerate() {
+        advance(Duration::from_secs(61)).await;
+        breakers.admit(key).unwrap().record(Outcome::Success);
+        assert!(breakers.len() <= 3, "round {round}");
+    }
+    assert!(breakers.get("hot").is_none(), "evicted");
+    // The next calls must reach the set, not the breaker remembered from
+    // before the eviction.
+    for _ in 0..3 {
+        breakers.admit("hot").unwrap().record(Outcome::Failure);
+    }
+    let after = breakers.get("hot").expect("back in the set");
+    assert!(!after.ptr_eq(&before));
+    assert_eq!(after.state(), State::Open);
+    assert_eq!(after.snapshot().counters.failures, 3);
+    assert_eq!(before.snapshot().counters.failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_million_distinct_keys_stay_within_the_cap() {
     let breakers = set()
         .max_keys(1_000)

@@ -43,6 +43,7 @@
 //! ```
 
 mod key;
+mod last;
 
 pub use self::key::{
     authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
@@ -50,7 +51,7 @@ pub use self::key::{
 };
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -74,7 +75,9 @@ pub struct KeyedBreakers {
 }
 
 struct Inner {
-    shards: Box<[RwLock<HashTable<Entry>>]>,
+    shards: Box<[RwLock<HashTable<Arc<Entry>>>]>,
+    /// Changes whenever keys are evicted; see [`last`].
+    version: AtomicU64,
     hasher: DefaultHashBuilder,
     config: Arc<Config>,
     overrides: Vec<(Box<str>, Arc<Config>)>,
@@ -96,6 +99,15 @@ struct Entry {
     /// Set on use, cleared by each sweep: a key found unused by a sweep has
     /// been idle at least since the previous one.
     used: AtomicBool,
+}
+
+impl Entry {
+    #[inline]
+    fn mark_used(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 impl fmt::Debug for KeyedBreakers {
@@ -127,6 +139,7 @@ impl Build for KeyedBreakers {
         Ok(KeyedBreakers {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+                version: AtomicU64::new(last::next_version()),
                 hasher: DefaultHashBuilder::default(),
                 max_keys: config.max_keys,
                 idle: config.idle_timeout,
@@ -152,13 +165,16 @@ impl KeyedBreakers {
     #[inline]
     pub fn admit(&self, key: &str) -> Result<Permit, CircuitOpen> {
         let inner = &*self.inner;
+        let version = inner.version.load(Ordering::Acquire);
+        if let Some(admitted) = last::admit(version, key) {
+            return admitted;
+        }
         let hash = inner.hasher.hash_one(key);
         {
             let table = read(inner.shard(hash));
             if let Some(e) = table.find(hash, |e| &*e.key == key) {
-                if !e.used.load(Ordering::Relaxed) {
-                    e.used.store(true, Ordering::Relaxed);
-                }
+                e.mark_used();
+                last::looked_up(version, hash, e);
                 return e.breaker.admit();
             }
         }
@@ -225,7 +241,7 @@ impl KeyedBreakers {
 
 impl Inner {
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<HashTable<Entry>> {
+    fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Entry>>> {
         // Top bits pick the shard; the table uses the low ones.
         &self.shards[(hash >> 60) as usize % SHARDS]
     }
@@ -269,11 +285,11 @@ impl Inner {
         let breaker = Breaker::with_config(config, Some(name.clone()));
         table.insert_unique(
             hash,
-            Entry {
+            Arc::new(Entry {
                 key: name,
                 breaker: breaker.clone(),
                 used: AtomicBool::new(true),
-            },
+            }),
             |e| self.hasher.hash_one(&*e.key),
         );
         Some(breaker)
@@ -299,6 +315,10 @@ impl Inner {
             });
         }
         self.len.fetch_sub(evicted, Ordering::AcqRel);
+        if evicted > 0 {
+            // Entries cached by threads may be gone: make them look again.
+            self.version.store(last::next_version(), Ordering::Release);
+        }
         if evicted > 0 {
             tracing::debug!(target: "tower_circuit_breaker", evicted, "evicted idle keyed breakers");
         }
