@@ -115,3 +115,37 @@ fn counts_from_many_short_lived_threads_add_up() {
     assert_eq!(c.admitted, c.successes);
     assert_eq!(c.in_flight, 0);
 }
+
+#[test]
+fn a_busy_keys_counts_add_up_across_its_change_of_stripes() {
+    // A keyed breaker counts in one shared stripe until it is busy, then
+    // in stripes of its own: counts made on both sides of the change, by
+    // threads racing through it, all add up.
+    let set = tower_circuit_breaker::keyed::KeyedBreakers::builder()
+        .build()
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (set, barrier) = (set.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                for i in 0..3_000 {
+                    let permit = set.admit("hot").unwrap();
+                    permit.record(if i % 3 == 0 {
+                        Outcome::Ignored
+                    } else {
+                        Outcome::Success
+                    });
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let c = set.get("hot").unwrap().snapshot().counters;
+    assert_eq!(c.admitted, 12_000);
+    assert_eq!((c.successes, c.ignored), (8_000, 4_000));
+    assert_eq!(c.in_flight, 0);
+}

@@ -49,6 +49,8 @@ pub(crate) struct Config {
     pub(crate) volume_guard: Option<(u32, Duration)>,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
+    /// Owned counter stripes only once the breaker is busy (keyed breakers).
+    pub(crate) stripes_when_busy: bool,
     pub(crate) listeners: Vec<Listener>,
     pub(crate) max_keys: usize,
     pub(crate) idle_timeout: Duration,
@@ -100,6 +102,7 @@ impl Default for Config {
             volume_guard: None,
             seed: None,
             counter_stripes: 16,
+            stripes_when_busy: false,
             listeners: Vec::new(),
             max_keys: 10_000,
             idle_timeout: Duration::from_secs(600),
@@ -595,8 +598,9 @@ impl<T> Builder<T> {
     /// How many threads get a counter stripe of their own (two cache lines
     /// each, counted without atomic read-modify-writes); later threads share
     /// one more stripe. More saves time when many threads call through one
-    /// breaker; fewer saves memory when there are many breakers. Default 16;
-    /// keyed breakers use 1 each.
+    /// breaker; fewer saves memory when there are many breakers. Default 16.
+    /// Keyed breakers start with the shared stripe alone and get theirs (at
+    /// most one per CPU) once a key has admitted 1,024 calls.
     pub fn counter_stripes(mut self, stripes: usize) -> Self {
         self.config.counter_stripes = stripes;
         self

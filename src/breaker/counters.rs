@@ -7,10 +7,14 @@
 //! owns stripe `i` of every breaker outright and counts with a plain load
 //! and store: nobody else writes it. Threads beyond the owned stripes share
 //! one more stripe and count with atomic read-modify-writes.
+//!
+//! Breakers that come by the thousand (keyed ones) start with the shared
+//! stripe alone and get their owned stripes once they have admitted
+//! [`BUSY`] calls: only keys with traffic pay the memory.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::sync::AtomicU64;
 
@@ -44,9 +48,18 @@ struct Stripe([AtomicU64; COUNTERS]);
 #[derive(Debug)]
 pub(crate) struct Striped {
     /// Stripe `i` is written only by the thread whose index is `i`.
-    owned: Box<[Stripe]>,
+    owned: OnceLock<Box<[Stripe]>>,
+    /// Stripes to give `owned` once busy; 0 when it was filled at the start.
+    later: usize,
     /// Written by every other thread, atomically.
     shared: Stripe,
+}
+
+/// Admissions after which a breaker with stripes to come gets them.
+pub(crate) const BUSY: u64 = 1024;
+
+fn stripes(n: usize) -> Box<[Stripe]> {
+    (0..n).map(|_| Stripe::default()).collect()
 }
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
@@ -103,10 +116,17 @@ fn new_index() -> usize {
 }
 
 impl Striped {
-    /// `owned` stripes for the first threads, plus one they share.
-    pub(crate) fn new(owned: usize) -> Self {
+    /// `owned` stripes for the first threads, plus one they share; with
+    /// `when_busy`, the owned stripes come after [`BUSY`] admissions.
+    pub(crate) fn new(owned: usize, when_busy: bool) -> Self {
+        let (now, later) = if when_busy {
+            (None, owned)
+        } else {
+            (Some(owned), 0)
+        };
         Striped {
-            owned: (0..owned).map(|_| Stripe::default()).collect(),
+            owned: now.map(stripes).map_or_else(OnceLock::new, OnceLock::from),
+            later,
             shared: Stripe::default(),
         }
     }
@@ -114,7 +134,7 @@ impl Striped {
     #[inline]
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         let i = thread_index();
-        match self.owned.get(i) {
+        match self.owned.get().and_then(|owned| owned.get(i)) {
             // Thread indices are unique, so this thread is the stripe's only
             // writer: no read-modify-write needed. Under loom every model
             // thread shares one index, so it counts atomically.
@@ -123,7 +143,14 @@ impl Striped {
                 c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
             }
             _ => {
-                self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
+                let before = self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
+                if self.later > 0
+                    && matches!(counter, Counter::Admitted)
+                    && before < BUSY
+                    && before + n >= BUSY
+                {
+                    self.owned.get_or_init(|| stripes(self.later));
+                }
             }
         }
     }
@@ -136,7 +163,8 @@ impl Striped {
     /// Sums the stripes.
     pub(crate) fn sum(&self) -> Counters {
         let mut total = [0u64; COUNTERS];
-        for stripe in self.owned.iter().chain([&self.shared]) {
+        let owned = self.owned.get().map_or(&[][..], |owned| &owned[..]);
+        for stripe in owned.iter().chain([&self.shared]) {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
                 *t += c.load(Ordering::Relaxed);
             }

@@ -243,7 +243,7 @@ impl Breaker {
                 volume: config
                     .volume_guard
                     .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),
-                counters: Striped::new(config.counter_stripes),
+                counters: Striped::new(config.counter_stripes, config.stripes_when_busy),
                 control: Mutex::new(Control {
                     reopens: 0,
                     tripped: WindowStats::default(),

@@ -133,8 +133,11 @@ impl Build for KeyedBreakers {
                 Ok((key, Arc::new(c)))
             })
             .collect::<Result<Vec<_>, crate::ConfigError>>()?;
-        // Many breakers: keep each small.
-        config.counter_stripes = 0;
+        // Many breakers: keep each small until its key is busy.
+        config.stripes_when_busy = true;
+        config.counter_stripes = config
+            .counter_stripes
+            .min(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
         let config = Arc::new(config);
         Ok(KeyedBreakers {
             inner: Arc::new(Inner {
