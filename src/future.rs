@@ -31,7 +31,8 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            permit: Option<Permit>,
+            // Empty once the call has finished.
+            permit: Permit,
             classifier: C,
         },
         Rejected {
@@ -45,7 +46,7 @@ impl<F, C> ResponseFuture<F, C> {
         ResponseFuture {
             kind: Kind::Called {
                 future,
-                permit: Some(permit),
+                permit,
                 classifier,
             },
         }
@@ -81,23 +82,23 @@ where
                 permit,
                 classifier,
             } => {
+                assert!(!permit.is_finished(), "polled after completion");
                 let result = ready!(future.poll(cx));
-                let mut permit = permit.take().expect("polled after completion");
                 let (head, body) = match result {
                     Ok(response) => response.into_parts(),
                     Err(error) => {
                         let error = error.into();
-                        permit.record(classifier.classify_error(&*error));
+                        permit.finish(classifier.classify_error(&*error));
                         return Poll::Ready(Err(Error::from_inner(error)));
                     }
                 };
                 permit.head_received();
                 let body = match classifier.classify_response(head.status, &head.headers) {
                     Verdict::Done(outcome) => {
-                        permit.record(outcome);
+                        permit.finish(outcome);
                         ResponseBody::decided(body)
                     }
-                    Verdict::Defer(stream) => ResponseBody::deferred(body, permit, stream),
+                    Verdict::Defer(stream) => ResponseBody::deferred(body, permit.take(), stream),
                 };
                 Poll::Ready(Ok(Response::from_parts(head, body)))
             }

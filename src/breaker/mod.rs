@@ -1046,6 +1046,41 @@ impl Permit {
     /// Records the call's outcome.
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
+        self.finish(outcome);
+    }
+
+    /// Records the outcome in place, leaving a permit that holds nothing
+    /// (see [`is_finished`](Self::is_finished)).
+    #[inline]
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
+        self.finish_recording(outcome);
+        if let Some(shared) = self.shared.take() {
+            spare::give_back(shared);
+        }
+    }
+
+    /// Whether [`finish`](Self::finish) or [`take`](Self::take) emptied it.
+    #[inline]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.shared.is_none()
+    }
+
+    /// Moves the permit out, leaving an empty one in its place.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Permit {
+        std::mem::replace(
+            self,
+            Permit {
+                shared: None,
+                ticket: self.ticket,
+                head: self.head,
+                done: true,
+            },
+        )
+    }
+
+    #[inline]
+    fn finish_recording(&mut self, outcome: Outcome) {
         self.done = true;
         let shared = self.shared();
         shared.counters.incr(Counter::from(outcome));
