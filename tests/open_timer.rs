@@ -117,3 +117,64 @@ fn a_runtime_without_timers_falls_back_to_the_clock() {
         assert!(err.retry_after().unwrap() <= Duration::from_secs(30));
     });
 }
+
+fn half_open(probes: u32, lease: Duration) -> Breaker {
+    let b = Breaker::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .probes(probes)
+        .close_after(probes)
+        .probe_lease(lease)
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    trip(&b);
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_every_probe_out_calls_wait_for_a_slot_to_the_nanosecond() {
+    let b = half_open(2, Duration::from_secs(20));
+    advance(Duration::from_secs(10)).await;
+    let first = b.admit().expect("probe");
+    let _second = b.admit().expect("probe");
+    for _ in 0..200 {
+        let err = b.admit().unwrap_err();
+        assert_eq!(err.state(), State::HalfOpen);
+    }
+
+    // A probe that gives its slot back frees it at once.
+    drop(first);
+    let third = b.admit().expect("the slot given back");
+    assert!(b.admit().is_err());
+
+    // Leases run out at their deadline, not a moment later or earlier.
+    advance(Duration::from_secs(20) - Duration::from_nanos(1)).await;
+    assert!(b.admit().is_err());
+    advance(Duration::from_nanos(1)).await;
+    assert!(b.admit().expect("the first lease ran out").is_probe());
+    drop(third);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_granted_probe_is_admitted_at_once_in_shared_mode() {
+    let b = half_open(3, Duration::from_secs(60));
+    let remote = b.remote();
+    remote.set_shared(true);
+    advance(Duration::from_secs(10)).await;
+    // No probe granted: every slot is taken, and no lease will free one.
+    for _ in 0..100 {
+        assert!(b.admit().is_err());
+    }
+    advance(Duration::from_secs(600)).await;
+    assert!(b.admit().is_err());
+    remote.grant_probes(1);
+    let probe = b.admit().expect("the granted probe");
+    assert!(b.admit().is_err());
+    // Leaving shared mode restores the local budget of three.
+    remote.set_shared(false);
+    let _more = [b.admit().unwrap(), b.admit().unwrap()];
+    assert!(b.admit().is_err());
+    drop(probe);
+}

@@ -421,7 +421,10 @@ impl Shared {
             let until = self.hot.open_until.load(Ordering::Acquire);
             if self.alarm.passed.load(Ordering::Acquire) < until && !clock_turn() {
                 // The timer for this deadline has not fired: not due yet.
-                return self.reject(Rejection::Open, Some(until));
+                return match word.state() {
+                    State::Open => self.reject(Rejection::Open, Some(until)),
+                    _ => self.reject(Rejection::HalfOpenFull, None),
+                };
             }
         }
         self.admit_other(word)
@@ -513,18 +516,14 @@ impl Shared {
         }
         let generation = self.load().generation();
         ctl.cycle.reclaim(now);
-        let budget = if ctl.remote {
-            ctl.allowance
-        } else {
-            self.config.probes
-        };
-        let admitted = (ctl.cycle.used() < budget).then(|| {
+        let admitted = (ctl.cycle.used() < self.budget(&ctl)).then(|| {
             let id = ctl.cycle.next_id;
             ctl.cycle.next_id = id.wrapping_add(1);
             let deadline = now + nanos(self.config.lease());
             ctl.cycle.leases.push((id, deadline, now));
             id
         });
+        self.mark_probes(&mut ctl, generation);
         drop(ctl);
         if let Some(t) = event {
             self.emit(t);
@@ -532,6 +531,66 @@ impl Shared {
         match admitted {
             Some(id) => Ok(Permit::new(self, generation, Kind::Probe, id)),
             None => self.reject(Rejection::HalfOpenFull, None),
+        }
+    }
+
+    /// Probes the current half-open cycle may hold.
+    fn budget(&self, ctl: &Control) -> u32 {
+        if ctl.remote {
+            ctl.allowance
+        } else {
+            self.config.probes
+        }
+    }
+
+    /// In half-open, under the control lock: marks the state word when every
+    /// probe slot is taken, so that admissions are refused without the lock
+    /// (or the clock) until the first lease may run out.
+    fn mark_probes(&self, ctl: &mut Control, generation: u64) {
+        let word = if ctl.cycle.used() < self.budget(ctl) {
+            ctl.timer = None;
+            Packed::new(State::HalfOpen, generation)
+        } else {
+            match ctl
+                .cycle
+                .leases
+                .iter()
+                .map(|&(_, deadline, _)| deadline)
+                .min()
+            {
+                // Only the lock's holders can free a slot.
+                None => {
+                    ctl.timer = None;
+                    self.hot.open_until.store(u64::MAX, Ordering::Release);
+                    Packed::probes_out(generation)
+                }
+                // Already marked, and its timer still pending.
+                Some(until)
+                    if self.load() == Packed::probes_out(generation)
+                        && self.hot.open_until.load(Ordering::Acquire) == until
+                        && ctl.timer.is_some() =>
+                {
+                    return;
+                }
+                Some(until) if self.arm(ctl, until) => {
+                    self.hot.open_until.store(until, Ordering::Release);
+                    Packed::probes_out(generation)
+                }
+                Some(_) => Packed::new(State::HalfOpen, generation),
+            }
+        };
+        // Every admission reads this word: write it only when it changes.
+        if self.load() != word {
+            self.hot.state.store(word.0, Ordering::Release);
+        }
+    }
+
+    /// After probe slots or the budget changed, under the control lock:
+    /// marks a half-open state word again.
+    fn remark(&self, ctl: &mut Control) {
+        let word = self.load();
+        if word.state() == State::HalfOpen {
+            self.mark_probes(ctl, word.generation());
         }
     }
 
@@ -683,7 +742,9 @@ impl Shared {
         // reclaimed its slot yet.
         ctl.cycle.reclaim(now);
         if !self.is_current(State::HalfOpen, generation) || !ctl.cycle.release(id) {
-            // From an older cycle, or its lease expired: dropped.
+            // From an older cycle, or its lease expired: dropped. Expired
+            // leases may have freed slots all the same.
+            self.remark(&mut ctl);
             return;
         }
         let c = &self.config;
@@ -710,6 +771,8 @@ impl Shared {
             let t = self.transition(&mut ctl, to, reason, now);
             drop(ctl);
             self.emit(t);
+        } else {
+            self.remark(&mut ctl);
         }
     }
 
@@ -872,6 +935,7 @@ impl Remote<'_> {
     pub fn set_shared(&self, on: bool) {
         let mut ctl = lock(&self.shared.control);
         ctl.remote = on;
+        self.shared.remark(&mut ctl);
     }
 
     /// Whether the breaker is in shared mode.
@@ -885,6 +949,7 @@ impl Remote<'_> {
         let mut ctl = lock(&self.shared.control);
         if ctl.remote && self.shared.load().state() == State::HalfOpen {
             ctl.allowance = ctl.allowance.saturating_add(n);
+            self.shared.remark(&mut ctl);
         }
     }
 

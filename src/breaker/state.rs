@@ -71,6 +71,8 @@ const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 /// The tag of an open state whose deadline a timer will mark.
 const TIMED: u64 = 5;
+/// The tag of a half-open state with every probe slot taken.
+const PROBES_OUT: u64 = 6;
 
 /// The state and its generation packed into one word, so that one atomic load
 /// tells a caller both what to do and which period its outcome belongs to.
@@ -88,9 +90,17 @@ impl Packed {
         Packed((generation << TAG_BITS) | TIMED)
     }
 
+    /// Half-open with every probe slot taken, and nothing but a lease
+    /// running out (marked by a timer, or never) to free one before the
+    /// control lock's holders say otherwise.
+    pub(crate) const fn probes_out(generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | PROBES_OUT)
+    }
+
     pub(crate) const fn state(self) -> State {
         match self.0 & TAG_MASK {
             TIMED => State::Open,
+            PROBES_OUT => State::HalfOpen,
             tag => State::from_tag(tag),
         }
     }
@@ -101,9 +111,11 @@ impl Packed {
         self.0 & TAG_MASK == 0
     }
 
-    /// Whether this is [`timed`](Self::timed).
+    /// Whether this is [`timed`](Self::timed) or
+    /// [`probes_out`](Self::probes_out): rejecting until a deadline.
     pub(crate) const fn is_timed(self) -> bool {
-        self.0 & TAG_MASK == TIMED
+        let tag = self.0 & TAG_MASK;
+        tag == TIMED || tag == PROBES_OUT
     }
 
     pub(crate) const fn generation(self) -> u64 {
@@ -301,6 +313,10 @@ mod tests {
         }
         let p = Packed::timed(12_345);
         assert_eq!(p.state(), State::Open);
+        assert_eq!(p.generation(), 12_345);
+        assert!(p.is_timed());
+        let p = Packed::probes_out(12_345);
+        assert_eq!(p.state(), State::HalfOpen);
         assert_eq!(p.generation(), 12_345);
         assert!(p.is_timed());
     }
