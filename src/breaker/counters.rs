@@ -48,9 +48,11 @@ struct Stripe([AtomicU64; COUNTERS]);
 #[derive(Debug)]
 pub(crate) struct Striped {
     /// Stripe `i` is written only by the thread whose index is `i`.
-    owned: OnceLock<Box<[Stripe]>>,
-    /// Stripes to give `owned` once busy; 0 when it was filled at the start.
-    later: usize,
+    owned: Box<[Stripe]>,
+    /// The same, for a breaker that gets its owned stripes once busy.
+    later: OnceLock<Box<[Stripe]>>,
+    /// How many stripes `later` gets; 0 when `owned` was filled at the start.
+    later_len: usize,
     /// Written by every other thread, atomically.
     shared: Stripe,
 }
@@ -60,6 +62,15 @@ pub(crate) const BUSY: u64 = 1024;
 
 fn stripes(n: usize) -> Box<[Stripe]> {
     (0..n).map(|_| Stripe::default()).collect()
+}
+
+/// Thread indices are unique, so the thread counting in its own stripe is
+/// the stripe's only writer: no read-modify-write needed. (Under loom every
+/// model thread shares one index, so nothing counts this way there.)
+#[inline]
+fn add_owned(stripe: &Stripe, counter: Counter, n: u64) {
+    let c = &stripe.0[counter as usize];
+    c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
@@ -119,14 +130,11 @@ impl Striped {
     /// `owned` stripes for the first threads, plus one they share; with
     /// `when_busy`, the owned stripes come after [`BUSY`] admissions.
     pub(crate) fn new(owned: usize, when_busy: bool) -> Self {
-        let (now, later) = if when_busy {
-            (None, owned)
-        } else {
-            (Some(owned), 0)
-        };
+        let (now, later_len) = if when_busy { (0, owned) } else { (owned, 0) };
         Striped {
-            owned: now.map(stripes).map_or_else(OnceLock::new, OnceLock::from),
-            later,
+            owned: stripes(now),
+            later: OnceLock::new(),
+            later_len,
             shared: Stripe::default(),
         }
     }
@@ -134,22 +142,26 @@ impl Striped {
     #[inline]
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         let i = thread_index();
-        match self.owned.get().and_then(|owned| owned.get(i)) {
-            // Thread indices are unique, so this thread is the stripe's only
-            // writer: no read-modify-write needed. Under loom every model
-            // thread shares one index, so it counts atomically.
-            Some(stripe) if !cfg!(loom) => {
-                let c = &stripe.0[counter as usize];
-                c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-            }
-            _ => {
+        match self.owned.get(i) {
+            Some(stripe) if !cfg!(loom) => add_owned(stripe, counter, n),
+            _ => self.add_other(i, counter, n),
+        }
+    }
+
+    /// Counts in a stripe that came once the breaker was busy, or in the
+    /// shared one.
+    #[inline]
+    fn add_other(&self, i: usize, counter: Counter, n: u64) {
+        if self.later_len == 0 || cfg!(loom) {
+            self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        match self.later.get().and_then(|later| later.get(i)) {
+            Some(stripe) => add_owned(stripe, counter, n),
+            None => {
                 let before = self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
-                if self.later > 0
-                    && matches!(counter, Counter::Admitted)
-                    && before < BUSY
-                    && before + n >= BUSY
-                {
-                    self.owned.get_or_init(|| stripes(self.later));
+                if matches!(counter, Counter::Admitted) && before < BUSY && before + n >= BUSY {
+                    self.later.get_or_init(|| stripes(self.later_len));
                 }
             }
         }
@@ -163,8 +175,8 @@ impl Striped {
     /// Sums the stripes.
     pub(crate) fn sum(&self) -> Counters {
         let mut total = [0u64; COUNTERS];
-        let owned = self.owned.get().map_or(&[][..], |owned| &owned[..]);
-        for stripe in owned.iter().chain([&self.shared]) {
+        let later = self.later.get().map_or(&[][..], |later| &later[..]);
+        for stripe in self.owned.iter().chain(later).chain([&self.shared]) {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
                 *t += c.load(Ordering::Relaxed);
             }
