@@ -5,16 +5,24 @@
 use std::time::Duration;
 
 use tokio::time::advance;
-use tower_circuit_breaker::{Breaker, Outcome, State};
+use tower_circuit_breaker::{Breaker, Builder, Outcome, State};
 
-fn breaker(open: Duration) -> Breaker {
+/// Opens on one failure, for `open`, with `probes` probes that all must
+/// succeed and hold their slot for `lease`.
+fn builder(open: Duration, probes: u32, lease: Duration) -> Builder {
     Breaker::builder()
         .no_window()
         .consecutive_failures(1)
         .open_duration(open)
+        .max_open_duration(open.max(Duration::from_secs(300)))
+        .probes(probes)
+        .close_after(probes)
+        .probe_lease(lease)
         .jitter(0.0)
-        .build()
-        .unwrap()
+}
+
+fn breaker(open: Duration) -> Breaker {
+    builder(open, 3, open).build().unwrap()
 }
 
 fn trip(b: &Breaker) {
@@ -93,14 +101,8 @@ fn a_runtime_without_timers_falls_back_to_the_clock() {
         .unwrap();
     rt.block_on(async {
         // Due as soon as it opened: only the clock can tell.
-        let b = Breaker::builder()
-            .no_window()
-            .consecutive_failures(1)
-            .open_duration(Duration::from_nanos(1))
+        let b = builder(Duration::from_nanos(1), 1, Duration::from_secs(3600))
             .max_open_duration(Duration::from_nanos(1))
-            .probe_lease(Duration::from_secs(3600))
-            .probes(1)
-            .close_after(1)
             .build()
             .unwrap();
         for _ in 0..3 {
@@ -119,14 +121,7 @@ fn a_runtime_without_timers_falls_back_to_the_clock() {
 }
 
 fn half_open(probes: u32, lease: Duration) -> Breaker {
-    let b = Breaker::builder()
-        .no_window()
-        .consecutive_failures(1)
-        .open_duration(Duration::from_secs(10))
-        .probes(probes)
-        .close_after(probes)
-        .probe_lease(lease)
-        .jitter(0.0)
+    let b = builder(Duration::from_secs(10), probes, lease)
         .build()
         .unwrap();
     trip(&b);
