@@ -76,6 +76,9 @@ use crate::Outcome;
 /// An open circuit opened inside a Tokio runtime with timers rejects without
 /// reading the clock until a timer set just before its deadline fires; the
 /// deadline is kept to the nanosecond all the same, in paused time too.
+/// Elsewhere it reads the clock: outside a runtime, in a runtime without
+/// timers (Tokio's panic on trying is caught, and its message printed, once
+/// per breaker), and in builds with `panic = "abort"`, which never try.
 #[derive(Clone)]
 pub struct Breaker {
     shared: Arc<Shared>,
@@ -364,9 +367,12 @@ impl Shared {
 
     /// Arms the timer that marks `until` in [`Alarm`]; `false` when none
     /// could be armed (no runtime at hand, or one without timers).
+    ///
+    /// Tokio offers no way to ask whether a runtime has timers but to try
+    /// and catch its panic, so builds that abort on panic never try.
     fn arm(&self, ctl: &mut Control, until: u64) -> bool {
         ctl.timer = None;
-        if cfg!(loom) || self.alarm.unavailable.load(Ordering::Relaxed) {
+        if cfg!(loom) || cfg!(panic = "abort") || self.alarm.unavailable.load(Ordering::Relaxed) {
             return false;
         }
         if tokio::runtime::Handle::try_current().is_err() {
