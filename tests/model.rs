@@ -5,8 +5,9 @@
 //! `min_calls`, the failure rate, consecutive failures, open durations with
 //! capped exponential backoff (no jitter), half-open probe budgets with
 //! `close_after` and reopening, probe leases, dropped permits, neutral
-//! ignored and rate-limited outcomes, and generations (an outcome counts only
-//! in the period that admitted its call). Random sequences of admissions,
+//! ignored and rate-limited outcomes, generations (an outcome counts only in
+//! the period that admitted its call), and metrics-only mode (what would be
+//! rejected is admitted and counted, and nothing else changes). Random sequences of admissions,
 //! outcomes for any outstanding permit in any order, manual control and time
 //! advances drive both; they must agree on every admission and every state.
 //!
@@ -58,6 +59,7 @@ enum Fin {
 struct Counts {
     admitted: u64,
     rejected: u64,
+    would_reject: u64,
     successes: u64,
     failures: u64,
     ignored: u64,
@@ -83,6 +85,7 @@ struct Model {
     successes: u32,
     failures: u32,
     next_id: u64,
+    metrics_only: bool,
     counts: Counts,
 }
 
@@ -102,6 +105,7 @@ impl Model {
             successes: 0,
             failures: 0,
             next_id: 0,
+            metrics_only: false,
             counts: Counts::default(),
         }
     }
@@ -182,6 +186,12 @@ impl Model {
         };
         match r {
             Ok(_) => self.counts.admitted += 1,
+            Err(_) if self.metrics_only => {
+                // Admitted instead, and recorded nowhere but the counters.
+                self.counts.would_reject += 1;
+                self.counts.admitted += 1;
+                return Ok(Mp::Passive);
+            }
             Err(_) => self.counts.rejected += 1,
         }
         r
@@ -270,6 +280,7 @@ enum Op {
     Reset,
     ForceOpen,
     Disable,
+    MetricsOnly(bool),
 }
 
 fn breaker(cfg: &Cfg) -> Breaker {
@@ -364,6 +375,10 @@ fn run(cfg: Cfg, ops: Vec<Op>) -> Vec<State> {
                     b.disable();
                     m.manual(State::Disabled);
                 }
+                Op::MetricsOnly(on) => {
+                    b.set_metrics_only(on);
+                    m.metrics_only = on;
+                }
             }
             compare(&b, &m, step);
             if seen.last() != Some(&m.state) {
@@ -408,6 +423,7 @@ fn compare(b: &Breaker, m: &Model, step: usize) {
         (
             c.admitted,
             c.rejected,
+            c.would_reject,
             c.successes,
             c.failures,
             c.ignored,
@@ -417,6 +433,7 @@ fn compare(b: &Breaker, m: &Model, step: usize) {
         (
             k.admitted,
             k.rejected,
+            k.would_reject,
             k.successes,
             k.failures,
             k.ignored,
@@ -480,6 +497,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Reset),
         1 => Just(Op::ForceOpen),
         1 => Just(Op::Disable),
+        2 => any::<bool>().prop_map(Op::MetricsOnly),
     ]
 }
 
