@@ -59,7 +59,7 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
-    fn instant(self) -> Instant {
+    pub(crate) fn instant(self) -> Instant {
         self.epoch + std::time::Duration::from_nanos(self.ns)
     }
 }

@@ -18,12 +18,11 @@ use std::task::{Context, Poll, Waker};
 
 use http::{Response, StatusCode};
 use tower::{Layer, Service};
-use tower_circuit_breaker::{CircuitBreakerLayer, Outcome};
 
 use crate::adapters;
 use crate::measure::Request;
 use crate::rows::{
-    keyed_service, keyed_set, recloser_breaker, upstream, Rejected, FAILURE_RATE, OPEN, WINDOW,
+    keyed_service, keyed_set, ours_layer, recloser_breaker, trip, upstream, Rejected, OPEN, WINDOW,
 };
 
 /// `main` of a callgrind binary: `$name <calls>` runs `$run` that many
@@ -92,16 +91,6 @@ fn warm_then<S: Service<Request>>(mut svc: S, n: u64) -> u64 {
     calls(&mut svc, n)
 }
 
-fn ours() -> CircuitBreakerLayer {
-    CircuitBreakerLayer::builder()
-        .count_window(WINDOW)
-        .min_calls(WINDOW)
-        .failure_rate(FAILURE_RATE)
-        .open_duration(OPEN)
-        .build()
-        .expect("a valid configuration")
-}
-
 /// The inner service alone, answering at once.
 #[inline]
 pub fn bare(n: u64) -> u64 {
@@ -120,17 +109,17 @@ pub fn failing(n: u64) -> u64 {
 /// This crate, closed.
 #[inline]
 pub fn closed(n: u64) -> u64 {
-    warm_then(ours().layer(upstream::<Infallible>(StatusCode::OK)), n)
+    warm_then(
+        ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK)),
+        n,
+    )
 }
 
 /// This crate, open: every call rejected.
 #[inline]
 pub fn open(n: u64) -> u64 {
-    let layer = ours();
-    for _ in 0..WINDOW {
-        let permit = layer.breaker().admit().expect("closed");
-        permit.record(Outcome::Failure);
-    }
+    let layer = ours_layer(OPEN);
+    trip(layer.breaker()).unwrap_or_else(|e| panic!("{e}"));
     warm_then(layer.layer(upstream::<Infallible>(StatusCode::OK)), n)
 }
 

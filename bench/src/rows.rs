@@ -184,7 +184,8 @@ fn bare_err(plan: &Plan<'_>) -> Result<f64, String> {
 
 // === this crate ===
 
-fn ours_layer(open: Duration) -> CircuitBreakerLayer {
+/// This crate with the common configuration, open for `open`.
+pub fn ours_layer(open: Duration) -> CircuitBreakerLayer {
     CircuitBreakerLayer::builder()
         .count_window(WINDOW)
         .min_calls(WINDOW)
@@ -202,6 +203,11 @@ fn ours_layer(open: Duration) -> CircuitBreakerLayer {
 /// inside the plan's runtime as a call's future would.
 fn trip_ours(plan: &Plan<'_>, breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
     let _runtime = plan.rt.enter();
+    trip(breaker)
+}
+
+/// Trips the breaker with a window of real failures.
+pub fn trip(breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
     for _ in 0..WINDOW {
         let permit = breaker
             .admit()

@@ -37,13 +37,12 @@ mod window;
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Waker};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
@@ -128,14 +127,16 @@ pub(crate) struct Shared {
 }
 
 /// A coarse clock fed by the runtime's timer, so that rejecting while open
-/// reads no clock.
+/// (or while every half-open probe slot is taken) reads no clock.
 ///
-/// When the circuit opens inside a Tokio runtime, a timer is registered for
-/// one millisecond before the deadline (the driver rounds up to whole
+/// When the circuit opens inside a Tokio runtime (or its last probe slot is
+/// taken), a timer is registered for one millisecond before the deadline
+/// (the end of the open period, or of the first probe lease) (the driver rounds up to whole
 /// milliseconds), with this as its waker. The driver wakes it as it
 /// processes timers, before it polls any task, and the wake writes the
 /// deadline into [`passed`](Self::passed). While the state word is
-/// [`Packed::timed`] and the deadline is above `passed`, the deadline has
+/// [`Packed::timed`] or [`Packed::probes_out`] and the deadline is above
+/// `passed`, the deadline has
 /// not come: the call is rejected without reading the clock. From then on
 /// the clock decides, exactly, as it does where no timer could be armed.
 /// A waker woken early, or by a driver shutting down, only sends calls to
@@ -173,7 +174,8 @@ struct Control {
     remote: bool,
     /// In remote mode: probes this replica may admit in the current cycle.
     allowance: u32,
-    /// While open: the timer that feeds [`Alarm`].
+    /// While open, or half-open with every slot taken: the timer that feeds
+    /// [`Alarm`].
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -359,10 +361,13 @@ impl Shared {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
-    /// The instant `at` ns after `epoch`.
+    /// The moment `ns` after `epoch`.
     #[inline]
-    fn instant(&self, at: u64) -> Instant {
-        self.epoch + Duration::from_nanos(at)
+    fn deadline(&self, ns: u64) -> Deadline {
+        Deadline {
+            epoch: self.epoch,
+            ns,
+        }
     }
 
     /// Arms the timer that marks `until` in [`Alarm`]; `false` when none
@@ -379,13 +384,13 @@ impl Shared {
             return false;
         }
         self.alarm.armed.store(until, Ordering::Release);
-        let at = self.instant(until.saturating_sub(TIMER_LEAD));
+        let at = self.deadline(until.saturating_sub(TIMER_LEAD)).instant();
         // A runtime without a time driver panics here, once per breaker.
-        let Ok(sleep) = std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(at))) else {
+        let Ok(mut sleep) = std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(at)))
+        else {
             self.alarm.unavailable.store(true, Ordering::Relaxed);
             return false;
         };
-        let mut sleep = sleep;
         let waker = Waker::from(Arc::clone(&self.alarm));
         if sleep
             .as_mut()
@@ -398,17 +403,25 @@ impl Shared {
         true
     }
 
+    /// Under the control lock: arms the timer for `until`, publishes
+    /// `until` as the deadline and returns `marked`, or `plain` if no timer
+    /// could be armed. The timer is armed before the deadline is published,
+    /// so a reader that sees this deadline with the marked word can trust it.
+    fn mark_until(&self, ctl: &mut Control, until: u64, marked: Packed, plain: Packed) -> Packed {
+        let word = if self.arm(ctl, until) { marked } else { plain };
+        self.hot.open_until.store(until, Ordering::Release);
+        word
+    }
+
     /// Sets the deadline of an open circuit and arms its timer, or falls
     /// back to the clock. Called under the control lock.
     fn open_until(&self, ctl: &mut Control, until: u64, generation: u64) {
-        let word = if self.arm(ctl, until) {
-            Packed::timed(generation)
-        } else {
-            Packed::new(State::Open, generation)
-        };
-        // The timer is armed before the deadline is published: a reader that
-        // sees this deadline with the timed word can trust it.
-        self.hot.open_until.store(until, Ordering::Release);
+        let word = self.mark_until(
+            ctl,
+            until,
+            Packed::timed(generation),
+            Packed::new(State::Open, generation),
+        );
         self.hot.state.store(word.0, Ordering::Release);
     }
 
@@ -423,7 +436,7 @@ impl Shared {
         if word.is_closed() && self.plain {
             return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
         }
-        if word.is_timed() {
+        if word.has_deadline() {
             let until = self.hot.open_until.load(Ordering::Acquire);
             if self.alarm.passed.load(Ordering::Acquire) < until && !clock_turn() {
                 // The timer for this deadline has not fired: not due yet.
@@ -578,11 +591,12 @@ impl Shared {
                 {
                     return;
                 }
-                Some(until) if self.arm(ctl, until) => {
-                    self.hot.open_until.store(until, Ordering::Release);
-                    Packed::probes_out(generation)
-                }
-                Some(_) => Packed::new(State::HalfOpen, generation),
+                Some(until) => self.mark_until(
+                    ctl,
+                    until,
+                    Packed::probes_out(generation),
+                    Packed::new(State::HalfOpen, generation),
+                ),
             }
         };
         // Every admission reads this word: write it only when it changes.
@@ -620,10 +634,7 @@ impl Shared {
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,
-            deadline.map(|ns| Deadline {
-                epoch: self.epoch,
-                ns,
-            }),
+            deadline.map(|ns| self.deadline(ns)),
         ))
     }
 
@@ -1058,11 +1069,10 @@ enum Head {
 /// [`Outcome::Ignored`]: a half-open probe gives its slot back at once.
 #[must_use = "a permit records nothing until `record` is called or it is dropped"]
 pub struct Permit {
-    /// `None` only once dropped.
+    /// `None` once the outcome is recorded (or the permit moved out).
     shared: Option<Arc<Shared>>,
     ticket: Ticket,
     head: Head,
-    done: bool,
 }
 
 impl fmt::Debug for Permit {
@@ -1086,15 +1096,6 @@ impl Permit {
                 kind,
             },
             head: Head::Pending,
-            done: false,
-        }
-    }
-
-    #[inline]
-    fn shared(&self) -> &Shared {
-        match &self.shared {
-            Some(shared) => shared,
-            None => unreachable!("a permit's state is taken only when it is dropped"),
         }
     }
 
@@ -1109,8 +1110,10 @@ impl Permit {
     /// slow.
     #[inline]
     pub fn head_received(&mut self) {
-        if self.head == Head::Pending && self.shared().slow_ns.is_some() {
-            self.head = self.shared().judge_head(self.ticket);
+        if let Some(shared) = &self.shared {
+            if self.head == Head::Pending && shared.slow_ns.is_some() {
+                self.head = shared.judge_head(self.ticket);
+            }
         }
     }
 
@@ -1124,10 +1127,7 @@ impl Permit {
     /// (see [`is_finished`](Self::is_finished)).
     #[inline]
     pub(crate) fn finish(&mut self, outcome: Outcome) {
-        self.finish_recording(outcome);
-        if let Some(shared) = self.shared.take() {
-            spare::give_back(shared);
-        }
+        self.settle(Counter::from(outcome), outcome);
     }
 
     /// Whether [`finish`](Self::finish) or [`take`](Self::take) emptied it.
@@ -1145,27 +1145,28 @@ impl Permit {
                 shared: None,
                 ticket: self.ticket,
                 head: self.head,
-                done: true,
             },
         )
     }
 
-    #[inline]
-    fn finish_recording(&mut self, outcome: Outcome) {
-        self.done = true;
-        let shared = self.shared();
-        shared.counters.incr(Counter::from(outcome));
+    /// Counts the call as `counter`, records `outcome` and gives the
+    /// reference back to this thread; nothing if already done.
+    #[inline(always)]
+    fn settle(&mut self, counter: Counter, outcome: Outcome) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        shared.counters.incr(counter);
         // The healthy steady state: a success in a full, clean window with no
         // streak to break changes nothing, so it writes nothing.
-        if outcome == Outcome::Success
+        let unchanged = outcome == Outcome::Success
             && self.ticket.kind == Kind::Closed
             && shared.hot.consecutive.load(Ordering::Relaxed) == 0
-            && shared.rates.is_clean()
-        {
-            return;
+            && shared.rates.is_clean();
+        if !unchanged {
+            shared.record(self.ticket, &mut self.head, outcome);
         }
-        let (ticket, mut head) = (self.ticket, self.head);
-        self.shared().record(ticket, &mut head, outcome);
+        spare::give_back(shared);
     }
 }
 
@@ -1182,16 +1183,17 @@ struct Ticket {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        if !self.done {
-            self.done = true;
-            let (ticket, mut head) = (self.ticket, self.head);
-            let shared = self.shared();
-            shared.counters.incr(Counter::Dropped);
-            shared.record(ticket, &mut head, Outcome::Ignored);
+        // Most permits were recorded already; the rest are cancelled calls.
+        if !self.is_finished() {
+            self.abandon();
         }
-        if let Some(shared) = self.shared.take() {
-            spare::give_back(shared);
-        }
+    }
+}
+
+impl Permit {
+    #[cold]
+    fn abandon(&mut self) {
+        self.settle(Counter::Dropped, Outcome::Ignored);
     }
 }
 

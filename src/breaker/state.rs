@@ -113,7 +113,7 @@ impl Packed {
 
     /// Whether this is [`timed`](Self::timed) or
     /// [`probes_out`](Self::probes_out): rejecting until a deadline.
-    pub(crate) const fn is_timed(self) -> bool {
+    pub(crate) const fn has_deadline(self) -> bool {
         let tag = self.0 & TAG_MASK;
         tag == TIMED || tag == PROBES_OUT
     }
@@ -309,15 +309,15 @@ mod tests {
             let p = Packed::new(state, 12_345);
             assert_eq!(p.state(), state);
             assert_eq!(p.generation(), 12_345);
-            assert!(!p.is_timed());
+            assert!(!p.has_deadline());
         }
         let p = Packed::timed(12_345);
         assert_eq!(p.state(), State::Open);
         assert_eq!(p.generation(), 12_345);
-        assert!(p.is_timed());
+        assert!(p.has_deadline());
         let p = Packed::probes_out(12_345);
         assert_eq!(p.state(), State::HalfOpen);
         assert_eq!(p.generation(), 12_345);
-        assert!(p.is_timed());
+        assert!(p.has_deadline());
     }
 }
