@@ -183,7 +183,7 @@ async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes()
             .open_duration(Duration::from_millis(300))
             .probes(PROBES as u32)
             .close_after(2)
-            .probe_lease(Duration::from_secs(20))
+            .probe_timeout(Duration::from_secs(20))
     })
     .await;
     trip(&replicas[0].0, 1);

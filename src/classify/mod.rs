@@ -35,35 +35,11 @@ pub use self::http::{parse_retry_after, HttpClassifier};
 pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
 pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};
 
+pub use crate::breaker::Outcome;
+
 use std::error::Error as StdError;
-use std::time::Duration;
 
 use ::http::{HeaderMap, StatusCode};
-
-/// What one call says about the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The upstream did its job.
-    Success,
-    /// The upstream failed (5xx, connection error, attempt timeout, an error
-    /// inside a stream).
-    Failure,
-    /// Says nothing about the upstream (a bad request, a content filter, a
-    /// cancelled call). Counts nowhere and gives back a half-open slot.
-    Ignored,
-    /// The upstream asked to slow down. Passed through to the caller, neutral
-    /// for every rule.
-    RateLimited {
-        /// How long the upstream asked to wait, if it said.
-        retry_after: Option<Duration>,
-    },
-    /// The account's quota or credit ran out (OpenAI's `insufficient_quota`,
-    /// HTTP 402): the upstream is healthy but will refuse this caller until
-    /// someone pays, so retrying soon is pointless. Neutral for every rule,
-    /// like [`RateLimited`](Self::RateLimited).
-    QuotaExhausted,
-}
 
 /// The error type classifiers see: the inner service's error, boxed.
 pub type ErrorRef<'a> = &'a (dyn StdError + Send + Sync + 'static);

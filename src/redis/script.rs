@@ -50,7 +50,7 @@ impl Rule {
                 .filter(|_| windowed)
                 .map_or(0.0, |(_, r)| r),
             open_ms: ms(config.open).max(1),
-            open_max_ms: ms(config.open_max).max(1),
+            open_max_ms: ms(config.open_max()).max(1),
             multiplier: config.backoff_multiplier,
             jitter: config.jitter,
             probes: config.probes,
