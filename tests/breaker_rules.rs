@@ -680,3 +680,31 @@ async fn a_long_stream_with_a_quick_first_token_is_not_slow() {
     assert_eq!(b.state(), State::Closed);
     assert_eq!(b.snapshot().window.slow, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_crossed_the_slow_threshold_counts_once_in_the_window() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    let failing = b.admit().unwrap();
+    let succeeding = b.admit().unwrap();
+    advance(Duration::from_secs(6)).await;
+    // This admission finds both in flight past the threshold.
+    drop(b.admit().unwrap());
+    let w = b.snapshot().window;
+    assert_eq!((w.calls, w.failures, w.slow), (2, 0, 2));
+    failing.record(Outcome::Failure);
+    succeeding.record(Outcome::Success);
+    let w = b.snapshot().window;
+    assert_eq!(
+        (w.calls, w.failures, w.slow),
+        (2, 1, 2),
+        "one entry each: slow, and failed if it failed"
+    );
+    assert_eq!(b.snapshot().consecutive_failures, 1);
+    assert_eq!(b.snapshot().counters.slow, 2);
+}

@@ -380,6 +380,8 @@ pub enum ConfigError {
     KeyBounds,
     /// A stack's pieces do not fit together.
     Stack(&'static str),
+    /// A health prober's settings are unusable.
+    HealthProbe(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -448,6 +450,7 @@ impl fmt::Display for ConfigError {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
             ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
+            ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }
 }
