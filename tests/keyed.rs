@@ -327,3 +327,72 @@ async fn bad_key_bounds_are_config_errors() {
         ConfigError::VolumeGuard
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn authority_key_is_host_and_port_without_url_credentials() {
+    use tower_circuit_breaker::keyed::KeyFn;
+    let key_of = |uri: &str| {
+        let r = Request::get(uri).body(()).unwrap();
+        keyed::authority().key(&r).map(|k| k.as_str().to_owned())
+    };
+    for (uri, want) in [
+        ("https://user:secret@api.example.com/v1", "api.example.com"),
+        (
+            "https://user:secret@api.example.com:8443/v1",
+            "api.example.com:8443",
+        ),
+        ("https://sk-only@api.example.com/", "api.example.com"),
+        ("https://a:b@c@api.example.com/", "api.example.com"),
+        ("https://:@api.example.com/", "api.example.com"),
+        ("http://[::1]:8080/", "[::1]:8080"),
+        ("https://api.example.com/v1", "api.example.com"),
+    ] {
+        assert_eq!(key_of(uri).as_deref(), Some(want), "{uri}");
+    }
+    assert_eq!(key_of("/relative"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn url_credentials_and_query_never_reach_a_key_event_or_snapshot() {
+    use std::sync::Mutex;
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let breakers = set()
+        .on_transition(move |t| s.lock().unwrap().push(format!("{t:?}")))
+        .build()
+        .unwrap();
+    let layer = CircuitBreakerLayer::keyed(breakers.clone(), keyed::authority());
+    let upstream = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::builder().status(503).body(String::new()).unwrap())
+    });
+    let mut svc = ServiceBuilder::new().layer(layer).service(upstream);
+    // Two credentials for one host: one breaker, and neither credential in it.
+    let uris = [
+        "https://alice:pw-one@generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-1",
+        "https://bob:pw-two@generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-2",
+        "https://generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-3",
+    ];
+    for uri in uris {
+        let req = Request::get(uri).body(String::new()).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    let req = Request::get(uris[0]).body(String::new()).unwrap();
+    let err = svc.ready().await.unwrap().call(req).await.unwrap_err();
+    assert_eq!(
+        err.circuit_open().unwrap().key(),
+        Some("generativelanguage.example")
+    );
+    assert_eq!(
+        breakers.len(),
+        1,
+        "one host is one breaker, whatever the credential"
+    );
+    let mut shown = format!("{err:?} {err}");
+    for snap in breakers.snapshots() {
+        shown.push_str(&format!("{snap:?}"));
+    }
+    shown.push_str(&seen.lock().unwrap().join(" "));
+    for secret in ["pw-one", "pw-two", "alice", "bob", "AIza", "key="] {
+        assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+    }
+}

@@ -136,11 +136,27 @@ impl<B> KeyFn<Request<B>> for HashedHeader {
     }
 }
 
-/// Keys by the URI authority (`host:port`). See [`authority`].
+/// Keys by the URI's host and port. See [`authority`].
 #[derive(Debug, Clone, Copy)]
 pub struct Authority;
 
-/// Keys by the request URI's authority: one breaker per upstream host.
+/// Keys by the request URI's host and port (`api.example.com`,
+/// `api.example.com:8443`, as written in the URI): one breaker per upstream
+/// host. Requests with a relative URI have no key.
+///
+/// Credentials in the URL (`https://user:secret@host/`) never enter the key,
+/// so they appear in no event, error, snapshot or Redis key, and one host is
+/// one breaker whichever credential a request carries. Neither does the path
+/// or the query string (where Gemini takes `?key=`).
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{authority, KeyFn};
+///
+/// let req = http::Request::get("https://user:secret@api.example.com:8443/v1?key=AIza")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(authority().key(&req).unwrap().as_str(), "api.example.com:8443");
+/// ```
 pub fn authority() -> Authority {
     Authority
 }
@@ -148,7 +164,13 @@ pub fn authority() -> Authority {
 impl<B> KeyFn<Request<B>> for Authority {
     #[inline]
     fn key<'a>(&self, request: &'a Request<B>) -> Option<Key<'a>> {
-        request.uri().authority().map(|a| Key::from(a.as_str()))
+        let authority = request.uri().authority()?.as_str();
+        // Userinfo ends at the last `@`, which cannot occur in a host or port.
+        let host_port = match authority.rfind('@') {
+            Some(at) => &authority[at + 1..],
+            None => authority,
+        };
+        Some(Key::from(host_port))
     }
 }
 
