@@ -47,7 +47,7 @@ mod last;
 
 pub use self::key::{
     authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
-    HashedHeader, Header, Key, KeyFn,
+    HashedHeader, Header, Key, KeyFn, KeySecret, KeySecretError,
 };
 
 use std::fmt;

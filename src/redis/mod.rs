@@ -74,8 +74,11 @@
 //! `{p:name}:win` and `{p:name}:probes` (the hash tag keeps them in one Redis
 //! Cluster slot), and transitions are published on `p:events` as
 //! `<state> <epoch> <name>`. Nothing else goes to Redis: no request data but
-//! the breaker key itself, which for a credential is already a hash
-//! ([`Key::hashed`](crate::keyed::Key::hashed)).
+//! the breaker key itself, which for a credential is already a keyed hash
+//! ([`Key::hashed`](crate::keyed::Key::hashed)). Replicas find one account's
+//! breaker by that hash, so every replica must hash with the same
+//! [`KeySecret`](crate::keyed::KeySecret); one with another secret keeps
+//! breakers of its own for the same accounts.
 //!
 //! # Example
 //!
