@@ -39,6 +39,7 @@ const CHUNK: usize = 256;
 const MAX_KEY_LEN: usize = 1024;
 
 /// What an attachment keeps in step.
+#[derive(Clone)]
 pub(super) enum Target {
     One(Breaker),
     Keyed(KeyedBreakers),
