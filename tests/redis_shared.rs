@@ -856,3 +856,81 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
     assert!(all_in(&replicas, State::Open).await);
     assert!(eventually(WAIT, shared).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it() {
+    use tower::{Service, ServiceBuilder};
+    use tower_circuit_breaker::keyed::{self, KeySecret};
+
+    let prefix = unique_prefix("hashed");
+    // Each replica reads the same secret from its own configuration.
+    let secret = || KeySecret::new("shared-deployment-secret-0123456789").unwrap();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let set = KeyedBreakers::builder()
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let a = backend(SHARED_URL, &prefix)
+            .build()
+            .unwrap()
+            .attach_keyed(&set)
+            .unwrap();
+        let layer =
+            CircuitBreakerLayer::keyed(set.clone(), keyed::header_hashed("x-api-key", &secret()));
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(|_: http::Request<String>| async {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(503)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            }));
+        replicas.push((set, a, svc));
+    }
+    assert!(
+        eventually(WAIT, || async {
+            replicas.iter().all(|(_, a, _)| a.is_shared())
+        })
+        .await
+    );
+
+    let req = || {
+        http::Request::get("/")
+            .header("x-api-key", "sk-live-credential-42")
+            .body(String::new())
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let svc = &mut replicas[0].2;
+        svc.ready().await.unwrap().call(req()).await.unwrap();
+    }
+    // The other replica opens the same credential's breaker without having
+    // seen a call for it (no call there, so it cannot have tripped alone).
+    let key = keyed::Key::hashed(&secret(), b"sk-live-credential-42");
+    let learned = eventually(WAIT, || async {
+        replicas[1]
+            .0
+            .get(key.as_str())
+            .is_some_and(|b| b.state() == State::Open)
+    })
+    .await;
+    assert!(
+        learned,
+        "replica 1 finds the credential's breaker by its hash"
+    );
+    let svc = &mut replicas[1].2;
+    assert!(svc.ready().await.unwrap().call(req()).await.is_err());
+
+    let mut conn = connection(SHARED_URL).await;
+    let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        assert!(!k.contains("sk-live"), "{k}");
+        assert!(k.starts_with(&format!("{{{prefix}:#")), "{k}");
+    }
+}
