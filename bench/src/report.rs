@@ -241,7 +241,7 @@ pub fn budget(all: &[Measured]) -> String {
             );
         }
     };
-    use Path::{Bare, BareErr, Closed, KeyedClosed, Open};
+    use Path::{Bare, BareErr, Closed, KeyedHot, Open};
     let (one, many) = (Shape::OneTask, Shape::ManyTasks);
     line(
         "closed, 1 task, added over bare",
@@ -249,7 +249,7 @@ pub fn budget(all: &[Measured]) -> String {
         15.0,
     );
     if let (Some(k), Some(c)) = (
-        find(all, one, Breaker::Ours, KeyedClosed),
+        find(all, one, Breaker::Ours, KeyedHot),
         find(all, one, Breaker::Ours, Closed),
     ) {
         line(
