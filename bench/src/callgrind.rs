@@ -143,8 +143,6 @@ loops! {
     tower_resilience_5xx => Ok(rows::tower_resilience(Tr::default(), rows::failing_every()));
     /// tower-resilience, closed, the slow-call rule on.
     tower_resilience_slow => Ok(rows::tower_resilience(Tr::SLOW, rows::upstream(StatusCode::OK)));
-    /// tower-resilience, closed, a time window.
-    tower_resilience_window => Ok(rows::tower_resilience(Tr::TIME_WINDOW, rows::upstream(StatusCode::OK)));
     /// tower-resilience, open.
     tower_resilience_open => rows::tower_resilience_open(Tr::default());
     /// tower-resilience, open, the breaker named.

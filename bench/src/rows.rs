@@ -417,7 +417,7 @@ pub fn failing_every<E>(
             n
         });
         let mut res = Response::new(String::new());
-        if calls % FAIL_EVERY == 0 {
+        if calls.is_multiple_of(FAIL_EVERY) {
             *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         }
         ready(Ok(res))
@@ -442,8 +442,9 @@ pub fn json_upstream() -> ServiceFn<
 
 /// A 5xx answer turned into an `Err`, for the peers that see only
 /// `Ok`/`Err` (recloser and failsafe): how their users make them count one.
-#[derive(Debug)]
-pub struct ServerError(pub Response<String>);
+/// It keeps the status only; the answer is dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerError(pub StatusCode);
 
 impl From<Infallible> for ServerError {
     fn from(e: Infallible) -> Self {
@@ -459,7 +460,7 @@ where
     S: Service<Request, Response = Response<String>, Error = Infallible>,
 {
     svc.map_result(|result| match result {
-        Ok(res) if res.status().is_server_error() => Err(ServerError(res)),
+        Ok(res) if res.status().is_server_error() => Err(ServerError(res.status())),
         Ok(res) => Ok(res),
         Err(e) => match e {},
     })

@@ -1,7 +1,0 @@
-//! Instructions per call of `tower_circuit_breaker_bench::callgrind::tower_resilience_window`,
-//! alone in its binary; see `bench/callgrind.sh`.
-
-tower_circuit_breaker_bench::callgrind_main!(
-    tower_circuit_breaker_bench::callgrind::tower_resilience_window,
-    tower_circuit_breaker_bench::rows::Path::TimeWindow
-);
