@@ -86,10 +86,10 @@ done
 for _ in 1 2 3; do
   for m in $want; do
     f=$(floor_of "$m")
-    [[ $f != - && $want != *" $f "* ]] && want="$want$f "
+    if [[ $f != - && $want != *" $f "* ]]; then want="$want$f "; fi
   done
 done
-modes=$(for m in $known; do [[ $want == *" $m "* ]] && echo "$m"; done)
+modes=$(for m in $known; do if [[ $want == *" $m "* ]]; then echo "$m"; fi; done)
 
 cargo build --quiet --release -p tower-circuit-breaker-bench $(printf -- '--bin cg-%s ' $modes)
 
