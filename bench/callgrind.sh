@@ -79,7 +79,7 @@ known=$(awk 'NF { print $1 }' <<<"$table")
 
 # The modes asked for, then their floors (and their floors' floors), in
 # table order.
-want=" ${MODES:-$known} "
+want=" $(echo ${MODES:-$known}) "
 for m in $want; do
   grep -qx -- "$m" <<<"$known" || { echo "unknown mode: $m (known: $(echo $known))" >&2; exit 2; }
 done
