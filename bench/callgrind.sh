@@ -72,6 +72,15 @@ open-named open
 keyed-open open
 stack-open open
 '
+# DESIGN.md's instruction budgets: mode, over, at most this many Ir added.
+targets='
+closed          bare        150
+closed-5xx      bare-5xx    150
+open            failing     100
+keyed-rotating  closed      200
+slow            closed      150
+llm-json        http-json   100
+'
 
 floor_of() { awk -v m="$1" 'NF && $1 == m { print $2 }' <<<"$table"; }
 label_of() { awk -v m="$1" 'NF && $1 == m { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' <<<"$table"; }
@@ -131,6 +140,14 @@ minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
       printf '%s\t%s\t%s\t%s\n' "$m" "${irs[$m]}" "$f" "$d" >>"$out/summary.tsv.new"
     fi
   done
+  shown=
+  while read -r m over limit; do
+    [[ -n $m && -n ${irs[$m]:-} && -n ${irs[$over]:-} ]] || continue
+    if [[ -z $shown ]]; then echo; echo "budgets (DESIGN.md), Ir added:"; shown=1; fi
+    d=$(minus "${irs[$m]}" "${irs[$over]}")
+    v=$(awk -v d="$d" -v l="$limit" 'BEGIN { print (d <= l ? "met" : "MISSED") }')
+    printf '  %-40s %8s over %-10s (at most %s: %s)\n' "$(label_of "$m")" "$d" "$over" "$limit" "$v"
+  done <<<"$targets"
   if [[ -n ${irs[closed]:-} ]]; then
     echo
     echo "closed path, Ir per call by function ($n2 calls; $out/closed.$n2.out):"
