@@ -94,6 +94,8 @@ impl From<Breaker> for CircuitBreakerLayer {
 impl sealed::Sealed for CircuitBreakerLayer {}
 
 impl Build for CircuitBreakerLayer {
+    type Extra = ();
+
     fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
         Ok(CircuitBreakerLayer::new(
             builder.into_builder::<Breaker>().build()?,

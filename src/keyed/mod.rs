@@ -133,11 +133,47 @@ impl fmt::Debug for KeyedBreakers {
 
 impl sealed::Sealed for KeyedBreakers {}
 
+/// The settings only a keyed set has: its bounds and per-key overrides.
+#[derive(Clone)]
+pub struct KeyedSettings {
+    max_keys: usize,
+    idle_timeout: Duration,
+    key_overrides: Vec<(Box<str>, Override)>,
+}
+
+type Override = Arc<dyn Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync>;
+
+impl Default for KeyedSettings {
+    fn default() -> Self {
+        KeyedSettings {
+            max_keys: 10_000,
+            idle_timeout: Duration::from_secs(600),
+            key_overrides: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for KeyedSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSettings")
+            .field("max_keys", &self.max_keys)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("key_overrides", &self.key_overrides.len())
+            .finish()
+    }
+}
+
 impl Build for KeyedBreakers {
+    type Extra = KeyedSettings;
+
     fn build_from(builder: Builder<Self>) -> Result<Self, crate::ConfigError> {
-        let mut config = builder.config;
+        let (mut config, extra) = (builder.config, builder.extra);
         config.validate()?;
-        let overrides = std::mem::take(&mut config.key_overrides)
+        if extra.max_keys == 0 || extra.idle_timeout.is_zero() {
+            return Err(crate::ConfigError::KeyBounds);
+        }
+        let overrides = extra
+            .key_overrides
             .into_iter()
             .map(|(key, f)| {
                 let c = f(Builder::<Breaker>::with_config(config.clone())).config;
@@ -156,8 +192,8 @@ impl Build for KeyedBreakers {
                 shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
                 version: AtomicU64::new(last::next_version()),
                 hasher: DefaultHashBuilder::default(),
-                max_keys: config.max_keys,
-                idle: config.idle_timeout,
+                max_keys: extra.max_keys,
+                idle: extra.idle_timeout,
                 overflow: Breaker::with_config(config.clone(), Some("(overflow)".into())),
                 unkeyed: Breaker::with_config(config.clone(), Some("(unkeyed)".into())),
                 config,
@@ -375,7 +411,7 @@ impl Builder<KeyedBreakers> {
     /// The most keys the set holds (default 10,000). Beyond it, new keys
     /// share one overflow breaker until idle keys are evicted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.config.max_keys = max_keys;
+        self.extra.max_keys = max_keys;
         self
     }
 
@@ -383,7 +419,7 @@ impl Builder<KeyedBreakers> {
     /// 10 minutes). Eviction happens between one and two idle timeouts after
     /// the last use.
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
-        self.config.idle_timeout = idle;
+        self.extra.idle_timeout = idle;
         self
     }
 
@@ -404,7 +440,7 @@ impl Builder<KeyedBreakers> {
         key: &str,
         f: impl Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync + 'static,
     ) -> Self {
-        self.config.key_overrides.push((key.into(), Arc::new(f)));
+        self.extra.key_overrides.push((key.into(), Arc::new(f)));
         self
     }
 }

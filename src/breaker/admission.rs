@@ -1,0 +1,188 @@
+//! Admission: who may make a call, in each state.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::counters::Counter;
+use super::permit::{Kind, Permit};
+use super::state::Packed;
+use super::window::SLOW;
+use super::{Control, Events, Shared, State};
+use crate::error::{CircuitOpen, Rejection};
+use crate::sync::lock;
+
+impl Shared {
+    #[inline]
+    pub(super) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        let word = self.load();
+        if word.is_closed() && self.plain {
+            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
+        }
+        self.admit_other(word)
+    }
+
+    /// Every admission but a plain closed circuit's.
+    #[inline(never)]
+    pub(super) fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+        match word.state() {
+            State::Closed => self.admit_closed(word.generation()),
+            State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
+            State::Open => {
+                let until = self.hot.open_until.load(Ordering::Acquire);
+                let now = self.now();
+                if now < until {
+                    self.reject(Rejection::Open, Some(until))
+                } else {
+                    self.admit_probe(now)
+                }
+            }
+            State::HalfOpen => {
+                let now = self.now();
+                if word.is_probes_out() && now < self.hot.open_until.load(Ordering::Acquire) {
+                    // Every slot is taken and no deadline has come.
+                    return self.reject(Rejection::HalfOpenFull, None);
+                }
+                self.admit_probe(now)
+            }
+            State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
+        }
+    }
+
+    /// Whether the circuit is still in the period that admitted a call.
+    /// Generations are compared modulo 2^32.
+    #[inline]
+    pub(super) fn is_current(&self, state: State, generation: u32) -> bool {
+        let word = self.load();
+        word.state() == state && word.generation() as u32 == generation
+    }
+
+    #[inline]
+    pub(super) fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
+        if let Some(guard) = &self.volume {
+            let now = self.now();
+            if let Err(wait) = guard.try_admit(now) {
+                self.counters.incr(Counter::VolumeLimited);
+                return self.reject(Rejection::VolumeGuard, Some(now.saturating_add(wait)));
+            }
+        }
+        let Some(in_flight) = &self.in_flight else {
+            return Ok(Permit::new(self, generation, Kind::Closed, 0));
+        };
+        let now = self.now();
+        let threshold = self.slow_ns.unwrap_or(u64::MAX);
+        let mut f = lock(in_flight);
+        let crossed = f.sweep(now, threshold);
+        if crossed.is_empty() {
+            let id = f.start(now);
+            drop(f);
+            return Ok(Permit::new(self, generation, Kind::Tracked, id));
+        }
+        drop(f);
+        self.record_crossings(generation as u32, &crossed, now);
+        if self.is_current(State::Closed, generation as u32) {
+            let id = lock(in_flight).start(now);
+            return Ok(Permit::new(self, generation, Kind::Tracked, id));
+        }
+        // The crossings this admission found tripped the circuit: it is the
+        // first call the open circuit turns away, not one more call to an
+        // upstream already known to hang.
+        self.admit()
+    }
+
+    /// Calls still hanging past the slow threshold are slow now, not when
+    /// their timeouts finally return; each takes its one place in the
+    /// window here.
+    #[cold]
+    pub(super) fn record_crossings(&self, generation: u32, crossed: &[u32], now: u64) {
+        self.counters.add(Counter::Slow, crossed.len() as u64);
+        for &id in crossed {
+            let slot = self.record_closed(generation, SLOW, false, now);
+            if let (Some(slot), Some(f)) = (slot, &self.in_flight) {
+                lock(f).crossed_at(id, slot);
+            }
+        }
+    }
+
+    #[cold]
+    pub(super) fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
+        let mut ctl = lock(&self.control);
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        let word = self.load();
+        let admitted = match word.state() {
+            State::Open => Err(Some(self.hot.open_until.load(Ordering::Acquire))),
+            State::HalfOpen if ctl.cycle.used() < self.budget(&ctl) => {
+                Ok(ctl.cycle.start(now, self.probe_deadline_ns, self.lease_ns))
+            }
+            State::HalfOpen => Err(None),
+            // It changed while we waited for the lock.
+            State::Closed | State::Disabled | State::ForcedOpen => {
+                drop(ctl);
+                self.emit(events);
+                return self.admit();
+            }
+        };
+        self.remark(&mut ctl);
+        drop(ctl);
+        self.emit(events);
+        match admitted {
+            Ok(id) => Ok(Permit::new(self, word.generation(), Kind::Probe, id)),
+            Err(Some(until)) => self.reject(Rejection::Open, Some(until)),
+            Err(None) => self.reject(Rejection::HalfOpenFull, None),
+        }
+    }
+
+    /// Probes the current half-open cycle may hold.
+    pub(super) fn budget(&self, ctl: &Control) -> u32 {
+        if ctl.remote {
+            ctl.allowance
+        } else {
+            self.config.probes
+        }
+    }
+
+    /// In half-open, under the control lock: publishes the next probe
+    /// deadline and marks the state word when every probe slot is taken, so
+    /// that admissions are refused without the lock until a deadline comes.
+    pub(super) fn remark(&self, ctl: &mut Control) {
+        let word = self.load();
+        if word.state() != State::HalfOpen {
+            return;
+        }
+        let generation = word.generation();
+        self.set_open_until(ctl.cycle.next_deadline());
+        let marked = if ctl.cycle.used() < self.budget(ctl) {
+            Packed::new(State::HalfOpen, generation)
+        } else {
+            Packed::probes_out(generation)
+        };
+        // Every admission reads this word: write it only when it changes.
+        if word != marked {
+            self.hot.state.store(marked.0, Ordering::Release);
+        }
+    }
+
+    /// Rejects a call; `deadline` (ns since `epoch`) is when one may be
+    /// admitted again.
+    pub(super) fn reject(
+        self: &Arc<Self>,
+        cause: Rejection,
+        deadline: Option<u64>,
+    ) -> Result<Permit, CircuitOpen> {
+        if self.hot.metrics_only.load(Ordering::Acquire) {
+            self.counters.incr(Counter::WouldReject);
+            return Ok(Permit::new(
+                self,
+                self.load().generation(),
+                Kind::Passive,
+                0,
+            ));
+        }
+        self.counters.incr(Counter::Rejected);
+        Err(CircuitOpen::new(
+            self.name.clone(),
+            cause,
+            deadline.map(|ns| self.deadline(ns)),
+        ))
+    }
+}

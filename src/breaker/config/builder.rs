@@ -1,0 +1,311 @@
+//! [`Builder`]: the breaker's settings, validated by `build()`.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Config, ConfigError, Window};
+use crate::breaker::{Breaker, Transition};
+
+/// Builds a [`Breaker`] (or, through
+/// [`CircuitBreakerLayer::builder`](crate::CircuitBreakerLayer::builder), a
+/// layer) from a validated configuration.
+///
+/// Defaults follow the numbers of a typical LLM outage: a count window of 20
+/// calls, a 50 % failure rate once 20 calls are seen, 30 s open, reopen
+/// backoff doubling up to ten open durations (300 s) with 10 % jitter, 3
+/// probes and 2 successes to close, each probe failed if its response head
+/// has not come within the open duration.
+///
+/// # Upper bounds
+///
+/// Settings at which a circuit could not trip, half-open and close in any
+/// useful time are [`ConfigError`]s: `open_duration`, `max_open_duration`
+/// and `probe_timeout` above a week; `probes` above 65,536; a count window,
+/// `min_calls` or `consecutive_failures` above 2^20; `counter_stripes` above
+/// 1,024. Durations that mean "never" (a probe lease, a slow-call threshold,
+/// a volume-guard period) saturate instead.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::{Breaker, ConfigError};
+///
+/// let breaker = Breaker::builder()
+///     .count_window(10)
+///     .min_calls(5)
+///     .failure_rate(0.5)
+///     .consecutive_failures(5)
+///     .open_duration(Duration::from_secs(10))
+///     .build()?;
+/// assert_eq!(breaker.state(), tower_circuit_breaker::State::Closed);
+///
+/// // Bad configuration is an error from `build`, never a panic later.
+/// let err = Breaker::builder().count_window(10).min_calls(20).build().unwrap_err();
+/// assert!(matches!(err, ConfigError::MinCallsAboveWindow { .. }));
+/// # Ok::<_, ConfigError>(())
+/// ```
+pub struct Builder<T: Build = Breaker> {
+    pub(crate) config: Config,
+    /// Settings only `T` has (a keyed set's bounds, say).
+    pub(crate) extra: T::Extra,
+    _target: PhantomData<fn() -> T>,
+}
+
+impl<T: Build> fmt::Debug for Builder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .field("extra", &self.extra)
+            .finish()
+    }
+}
+
+impl<T: Build> Clone for Builder<T> {
+    fn clone(&self) -> Self {
+        Builder {
+            config: self.config.clone(),
+            extra: self.extra.clone(),
+            _target: PhantomData,
+        }
+    }
+}
+
+impl<T: Build> Default for Builder<T> {
+    fn default() -> Self {
+        Builder {
+            config: Config::default(),
+            extra: T::Extra::default(),
+            _target: PhantomData,
+        }
+    }
+}
+
+/// What a [`Builder`] can build: a [`Breaker`], a
+/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) or
+/// [`KeyedBreakers`](crate::keyed::KeyedBreakers).
+pub trait Build: sealed::Sealed + Sized {
+    /// Settings only this target has.
+    #[doc(hidden)]
+    type Extra: Default + Clone + fmt::Debug;
+
+    /// Builds from a validated configuration.
+    #[doc(hidden)]
+    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError>;
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for Breaker {}
+
+impl Build for Breaker {
+    type Extra = ();
+
+    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
+        builder.config.validate()?;
+        Ok(Breaker::from_config(builder.config))
+    }
+}
+
+impl<T: Build> Builder<T> {
+    /// Validates the configuration and builds.
+    pub fn build(self) -> Result<T, ConfigError> {
+        T::build_from(self)
+    }
+
+    /// The same settings, building something else (a [`Breaker`] from a
+    /// layer's builder, say). Settings only the old target had are left
+    /// behind.
+    pub fn into_builder<U: Build>(self) -> Builder<U> {
+        Builder::with_config(self.config)
+    }
+
+    pub(crate) fn with_config(config: Config) -> Self {
+        Builder {
+            config,
+            extra: T::Extra::default(),
+            _target: PhantomData,
+        }
+    }
+
+    /// A builder with the default configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Names the breaker; the name appears in events, snapshots and
+    /// [`CircuitOpen`](crate::CircuitOpen).
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
+    /// Rate rules look at the last `calls` recorded calls.
+    pub fn count_window(mut self, calls: u32) -> Self {
+        self.config.window = Window::Count(calls);
+        self
+    }
+
+    /// Rate rules look at the calls recorded in the last `span`, kept in
+    /// `buckets` buckets (exact to `span / buckets`).
+    pub fn time_window(mut self, span: Duration, buckets: u32) -> Self {
+        self.config.window = Window::Time { span, buckets };
+        self
+    }
+
+    /// Turns the window off, and with it the failure-rate and slow-call-rate
+    /// rules.
+    pub fn no_window(mut self) -> Self {
+        self.config.window = Window::None;
+        self
+    }
+
+    /// Sets the window.
+    pub fn window(mut self, window: Window) -> Self {
+        self.config.window = window;
+        self
+    }
+
+    /// The rate rules fire only once the window holds at least this many
+    /// calls.
+    pub fn min_calls(mut self, calls: u32) -> Self {
+        self.config.min_calls = calls;
+        self
+    }
+
+    /// Opens when failures reach this fraction of the window's calls.
+    pub fn failure_rate(mut self, rate: f64) -> Self {
+        self.config.failure_rate = Some(rate);
+        self
+    }
+
+    /// Turns the failure-rate rule off (the window may still serve the
+    /// slow-call rule).
+    pub fn no_failure_rate(mut self) -> Self {
+        self.config.failure_rate = None;
+        self
+    }
+
+    /// Opens after `n` failures in a row. Ignored and rate-limited outcomes
+    /// neither count nor break the streak.
+    pub fn consecutive_failures(mut self, n: u32) -> Self {
+        self.config.consecutive_failures = Some(n);
+        self
+    }
+
+    /// Opens when calls slower than `threshold` (time to response head) reach
+    /// `rate` of the window. A call still in flight is counted as slow as soon
+    /// as it crosses the threshold, so a hanging upstream trips the circuit
+    /// long before its timeouts come back. In half-open, a slow probe is a
+    /// failed probe.
+    pub fn slow_call(mut self, threshold: Duration, rate: f64) -> Self {
+        self.config.slow_call = Some((threshold, rate));
+        self
+    }
+
+    /// How long the circuit stays open after it trips (before jitter).
+    pub fn open_duration(mut self, open: Duration) -> Self {
+        self.config.open = open;
+        self
+    }
+
+    /// The cap of the reopen backoff. Unset, it is ten open durations, so
+    /// setting only [`open_duration`](Self::open_duration) always builds.
+    pub fn max_open_duration(mut self, open_max: Duration) -> Self {
+        self.config.open_max = Some(open_max);
+        self
+    }
+
+    /// Each reopen from half-open multiplies the open duration by this factor,
+    /// up to the cap. Default 2.
+    pub fn backoff_multiplier(mut self, multiplier: f64) -> Self {
+        self.config.backoff_multiplier = multiplier;
+        self
+    }
+
+    /// Each open duration is shortened by a random fraction of up to `jitter`
+    /// of itself, so replicas don't probe in lockstep. Default 0.1; 0 turns it
+    /// off.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.config.jitter = jitter;
+        self
+    }
+
+    /// How many probe calls one half-open cycle admits.
+    pub fn probes(mut self, probes: u32) -> Self {
+        self.config.probes = probes;
+        self
+    }
+
+    /// How many probe successes close the circuit.
+    pub fn close_after(mut self, successes: u32) -> Self {
+        self.config.close_after = successes;
+        self
+    }
+
+    /// A half-open probe whose response head has not come by then is a
+    /// failed probe, decided at that moment (the cycle reopens as soon as
+    /// `close_after` is out of reach); its late outcome is dropped. Defaults
+    /// to the base open duration; with the slow-call rule on, the slow
+    /// threshold is the deadline unless this is shorter. So no setting can
+    /// leave a hung upstream half-open for ever.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.config.probe_timeout = Some(timeout);
+        self
+    }
+
+    /// A probe still unfinished after this long (its head came in time, its
+    /// body is still streaming) gives its slot back without a verdict, and
+    /// its late outcome is dropped. Unset by default: a probe holds its slot
+    /// until it finishes. May not be shorter than the probe deadline (see
+    /// [`probe_timeout`](Self::probe_timeout)); `Duration::MAX` means never.
+    pub fn probe_lease(mut self, lease: Duration) -> Self {
+        self.config.probe_lease = Some(lease);
+        self
+    }
+
+    /// Shadow mode: the breaker records and reports every transition it would
+    /// make, but never rejects a call.
+    pub fn metrics_only(mut self, on: bool) -> Self {
+        self.config.metrics_only = on;
+        self
+    }
+
+    /// The volume guard: while `limit` calls have been admitted within the
+    /// last `period`, further calls are rejected (with
+    /// [`Rejection::VolumeGuard`](crate::error::Rejection::VolumeGuard)), whatever the
+    /// upstream's health. A runaway retry loop against a healthy upstream is
+    /// an incident too. Needs no failure rule; no half-open cycle is
+    /// involved. Exact to a sixteenth of `period`.
+    pub fn volume_guard(mut self, limit: u32, period: Duration) -> Self {
+        self.config.volume_guard = Some((limit, period));
+        self
+    }
+
+    /// Seeds the jitter, for runs that must repeat exactly.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.config.seed = Some(seed);
+        self
+    }
+
+    /// Calls `listener` after every state change.
+    pub fn on_transition(mut self, listener: impl Fn(&Transition) + Send + Sync + 'static) -> Self {
+        self.config.listeners.push(Arc::new(listener));
+        self
+    }
+
+    /// How many threads get a counter stripe of their own (two cache lines
+    /// each, counted without atomic read-modify-writes); later threads share
+    /// one more stripe. More saves time when many threads call through one
+    /// breaker; fewer saves memory when there are many breakers. Default 16.
+    /// Keyed breakers start with the shared stripe alone and get theirs (at
+    /// most one per CPU) once a key has admitted 1,024 calls. At most 1,024.
+    pub fn counter_stripes(mut self, stripes: usize) -> Self {
+        self.config.counter_stripes = stripes;
+        self
+    }
+}

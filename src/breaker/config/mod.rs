@@ -1,0 +1,290 @@
+//! Breaker configuration, its builder and its validation.
+
+mod builder;
+mod error;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::state::Transition;
+
+pub(crate) use self::builder::sealed;
+pub use self::builder::{Build, Builder};
+pub use self::error::ConfigError;
+
+/// Which calls the rate rules look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Window {
+    /// No window: the failure-rate and slow-call-rate rules are off.
+    None,
+    /// The last `n` recorded calls.
+    Count(u32),
+    /// The calls recorded in the last `span`, kept in `buckets` buckets, so
+    /// the window is exact to one bucket (`span / buckets`).
+    Time {
+        /// How far back the window reaches.
+        span: Duration,
+        /// How many buckets the span is cut into.
+        buckets: u32,
+    },
+}
+
+pub(crate) type Listener = Arc<dyn Fn(&Transition) + Send + Sync>;
+
+/// A validated breaker configuration.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) window: Window,
+    pub(crate) min_calls: u32,
+    pub(crate) failure_rate: Option<f64>,
+    pub(crate) consecutive_failures: Option<u32>,
+    pub(crate) slow_call: Option<(Duration, f64)>,
+    pub(crate) open: Duration,
+    /// The reopen backoff's cap; `None`: [`DEFAULT_CAP_MULTIPLE`] times
+    /// the open duration.
+    pub(crate) open_max: Option<Duration>,
+    pub(crate) backoff_multiplier: f64,
+    pub(crate) jitter: f64,
+    pub(crate) probes: u32,
+    pub(crate) close_after: u32,
+    pub(crate) probe_lease: Option<Duration>,
+    pub(crate) probe_timeout: Option<Duration>,
+    pub(crate) metrics_only: bool,
+    pub(crate) volume_guard: Option<(u32, Duration)>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) counter_stripes: usize,
+    /// Owned counter stripes only once the breaker is busy (keyed breakers).
+    pub(crate) stripes_when_busy: bool,
+    pub(crate) listeners: Vec<Listener>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("name", &self.name)
+            .field("window", &self.window)
+            .field("min_calls", &self.min_calls)
+            .field("failure_rate", &self.failure_rate)
+            .field("consecutive_failures", &self.consecutive_failures)
+            .field("slow_call", &self.slow_call)
+            .field("open", &self.open)
+            .field("open_max", &self.open_max)
+            .field("backoff_multiplier", &self.backoff_multiplier)
+            .field("jitter", &self.jitter)
+            .field("probes", &self.probes)
+            .field("close_after", &self.close_after)
+            .field("probe_lease", &self.probe_lease)
+            .field("probe_timeout", &self.probe_timeout)
+            .field("metrics_only", &self.metrics_only)
+            .field("volume_guard", &self.volume_guard)
+            .field("listeners", &self.listeners.len())
+            .finish()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: None,
+            window: Window::Count(20),
+            min_calls: 20,
+            failure_rate: Some(0.5),
+            consecutive_failures: None,
+            slow_call: None,
+            open: Duration::from_secs(30),
+            open_max: None,
+            backoff_multiplier: 2.0,
+            jitter: 0.1,
+            probes: 3,
+            close_after: 2,
+            probe_lease: None,
+            probe_timeout: None,
+            metrics_only: false,
+            volume_guard: None,
+            seed: None,
+            counter_stripes: 16,
+            stripes_when_busy: false,
+            listeners: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// How long a half-open probe's slot is held at most: its lease, or
+    /// else its deadline.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn lease(&self) -> Duration {
+        self.probe_lease.unwrap_or_else(|| self.probe_deadline())
+    }
+
+    /// A half-open probe whose response head has not come by then is a
+    /// failed probe: the probe timeout, or the slow-call threshold when that
+    /// is shorter (or no timeout is set), or else the base open duration.
+    pub(crate) fn probe_deadline(&self) -> Duration {
+        match (self.probe_timeout, self.slow_call) {
+            (Some(t), Some((slow, _))) => t.min(slow),
+            (Some(t), None) => t,
+            (None, Some((slow, _))) => slow,
+            (None, None) => self.open,
+        }
+    }
+
+    /// The cap of the reopen backoff.
+    pub(crate) fn open_max(&self) -> Duration {
+        self.open_max.unwrap_or_else(|| {
+            self.open
+                .saturating_mul(DEFAULT_CAP_MULTIPLE)
+                .min(MAX_DURATION.max(self.open))
+        })
+    }
+
+    pub(crate) fn has_rate_rule(&self) -> bool {
+        !matches!(self.window, Window::None)
+            && (self.failure_rate.is_some() || self.slow_call.is_some())
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        use ConfigError as E;
+        fn rate_ok(r: f64) -> bool {
+            r > 0.0 && r <= 1.0
+        }
+        if self.open.is_zero() {
+            return Err(E::ZeroOpenDuration);
+        }
+        let too_long = |setting, d: Duration| {
+            (d > MAX_DURATION).then_some(E::TooLong {
+                setting,
+                max: MAX_DURATION,
+            })
+        };
+        let too_many = |setting, n: u64, max: u64| (n > max).then_some(E::TooMany { setting, max });
+        if let Some(e) = too_long("open_duration", self.open)
+            .or_else(|| self.open_max.and_then(|m| too_long("max_open_duration", m)))
+            .or_else(|| {
+                self.probe_timeout
+                    .and_then(|t| too_long("probe_timeout", t))
+            })
+            .or_else(|| too_many("probes", self.probes.into(), MAX_PROBES.into()))
+            .or_else(|| too_many("min_calls", self.min_calls.into(), MAX_COUNT_WINDOW.into()))
+            .or_else(|| {
+                self.consecutive_failures.and_then(|n| {
+                    too_many("consecutive_failures", n.into(), MAX_COUNT_WINDOW.into())
+                })
+            })
+            .or_else(|| {
+                too_many(
+                    "counter_stripes",
+                    self.counter_stripes as u64,
+                    MAX_COUNTER_STRIPES as u64,
+                )
+            })
+        {
+            return Err(e);
+        }
+        if self.open_max() < self.open {
+            return Err(E::OpenMaxBelowOpen {
+                open: self.open,
+                open_max: self.open_max(),
+            });
+        }
+        if !(self.backoff_multiplier >= 1.0 && self.backoff_multiplier.is_finite()) {
+            return Err(E::BackoffMultiplier(self.backoff_multiplier));
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return Err(E::Jitter(self.jitter));
+        }
+        if self.probes == 0 {
+            return Err(E::ZeroProbes);
+        }
+        if self.close_after == 0 || self.close_after > self.probes {
+            return Err(E::CloseAfter {
+                close_after: self.close_after,
+                probes: self.probes,
+            });
+        }
+        if self.probe_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(E::ZeroProbeTimeout);
+        }
+        if let Some(lease) = self.probe_lease {
+            if lease.is_zero() {
+                return Err(E::ZeroProbeLease);
+            }
+            if lease < self.probe_deadline() {
+                return Err(E::LeaseBelowProbeTimeout {
+                    lease,
+                    probe_timeout: self.probe_deadline(),
+                });
+            }
+        }
+        if let Some(rate) = self.failure_rate {
+            if !rate_ok(rate) {
+                return Err(E::Rate {
+                    rule: "failure_rate",
+                    value: rate,
+                });
+            }
+        }
+        if let Some((threshold, rate)) = self.slow_call {
+            if threshold.is_zero() {
+                return Err(E::ZeroSlowThreshold);
+            }
+            if !rate_ok(rate) {
+                return Err(E::Rate {
+                    rule: "slow_call_rate",
+                    value: rate,
+                });
+            }
+        }
+        if let Some((limit, period)) = self.volume_guard {
+            if limit == 0 || period.is_zero() {
+                return Err(E::VolumeGuard);
+            }
+        }
+        if self.consecutive_failures == Some(0) {
+            return Err(E::ZeroConsecutiveFailures);
+        }
+        match self.window {
+            Window::None => {}
+            Window::Count(n) => {
+                if n == 0 {
+                    return Err(E::EmptyWindow);
+                }
+                if n > MAX_COUNT_WINDOW {
+                    return Err(E::WindowTooLarge(n));
+                }
+                if self.min_calls > n {
+                    return Err(E::MinCallsAboveWindow {
+                        min_calls: self.min_calls,
+                        window: n,
+                    });
+                }
+            }
+            Window::Time { span, buckets } => {
+                if span.is_zero() || buckets == 0 {
+                    return Err(E::EmptyWindow);
+                }
+                if buckets > MAX_BUCKETS || span < Duration::from_nanos(buckets.into()) {
+                    return Err(E::TooManyBuckets(buckets));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The largest count window accepted; also the most `min_calls` and
+/// `consecutive_failures` may ask for.
+pub(crate) const MAX_COUNT_WINDOW: u32 = 1 << 20;
+/// The longest open duration, backoff cap or probe timeout accepted: a week.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The most probes one half-open cycle may admit.
+pub(crate) const MAX_PROBES: u32 = 1 << 16;
+/// The most counter stripes a breaker may have (each is 128 bytes).
+pub(crate) const MAX_COUNTER_STRIPES: usize = 1024;
+/// With no cap set, the reopen backoff stops at this many open durations.
+pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 10;
+/// The most buckets a time window may have.
+pub(crate) const MAX_BUCKETS: u32 = 4096;

@@ -1,0 +1,248 @@
+//! Recording: what a finished call (or a health probe) does to the window,
+//! the streak and the half-open tally, and the trip rules run over them.
+
+use std::sync::atomic::Ordering;
+
+use super::counters::Counter;
+use super::permit::{Head, Kind, Ticket};
+use super::window::{self, Rates, FAILED, SLOW};
+use super::{Control, Events, Outcome, Reason, Shared, State, WindowStats};
+use crate::sync::lock;
+
+impl Shared {
+    /// Records a finished call.
+    pub(super) fn record(&self, permit: Ticket, head: &mut Head, outcome: Outcome) {
+        if *head == Head::Pending {
+            *head = self.judge_head(permit);
+        }
+        let slow = *head == Head::Slow;
+        match permit.kind {
+            Kind::Passive => {}
+            Kind::Closed | Kind::Tracked => {
+                let failed = match outcome {
+                    Outcome::Success => false,
+                    Outcome::Failure => true,
+                    // Neutral everywhere: not in any window, and the streak
+                    // of failures goes on.
+                    _ => return,
+                };
+                let now = if matches!(self.rates, Rates::Time(_)) {
+                    self.now()
+                } else {
+                    0
+                };
+                if let Head::Crossed(slot) = *head {
+                    // Already in the window as slow: a failure marks that
+                    // entry failed too, and only a failure counts further.
+                    if failed && self.is_current(State::Closed, permit.generation) {
+                        let streak = self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1;
+                        let stats = self.rates.mark_failed(slot, now);
+                        self.evaluate(permit.generation, streak, stats);
+                    }
+                    return;
+                }
+                let entry = if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
+                self.record_closed(permit.generation, entry, true, now);
+            }
+            Kind::Probe => self.record_probe(permit.generation, permit.id, outcome, slow),
+        }
+    }
+
+    /// Judges the call's time to head, now: slow, fast, or already counted
+    /// as slow while it was in flight. Counts a slow call. For a probe,
+    /// marks its head as come, so its deadline no longer applies.
+    pub(super) fn judge_head(&self, permit: Ticket) -> Head {
+        let started = match permit.kind {
+            Kind::Tracked => match self.in_flight.as_ref().map(|f| lock(f).finish(permit.id)) {
+                Some(window::Finished::Running(started)) => started,
+                Some(window::Finished::Crossed(slot)) => return Head::Crossed(slot),
+                Some(window::Finished::Gone) | None => return Head::Fast,
+            },
+            Kind::Probe => {
+                let mut ctl = lock(&self.control);
+                let now = self.now();
+                let mut events = Events::default();
+                self.catch_up(&mut ctl, now, &mut events);
+                let started = if self.is_current(State::HalfOpen, permit.generation) {
+                    ctl.cycle.head(permit.id)
+                } else {
+                    None
+                };
+                self.remark(&mut ctl);
+                drop(ctl);
+                self.emit(events);
+                match started {
+                    Some(started) => started,
+                    // Decided by its deadline already: its outcome will be
+                    // dropped anyway.
+                    None => return Head::Fast,
+                }
+            }
+            Kind::Closed | Kind::Passive => return Head::Fast,
+        };
+        let Some(threshold) = self.slow_ns else {
+            return Head::Fast;
+        };
+        if self.now().saturating_sub(started) > threshold {
+            self.counters.incr(Counter::Slow);
+            Head::Slow
+        } else {
+            Head::Fast
+        }
+    }
+
+    /// Adds one entry to the window and the streak; returns where in the
+    /// window it went, if it counted. `finished` is false for a call
+    /// counted as slow while still in flight: it is no outcome, so it does
+    /// not break a failure streak.
+    pub(super) fn record_closed(
+        &self,
+        generation: u32,
+        entry: u8,
+        finished: bool,
+        now: u64,
+    ) -> Option<window::Slot> {
+        if !self.is_current(State::Closed, generation) {
+            // An outcome counts only in the period that admitted its call.
+            return None;
+        }
+        let streak = if entry & FAILED != 0 {
+            self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            // Any finished call that did not fail, slow or not.
+            if finished && self.hot.consecutive.load(Ordering::Acquire) != 0 {
+                self.hot.consecutive.store(0, Ordering::Release);
+            }
+            0
+        };
+        let (stats, slot) = self.rates.record(entry, now);
+        self.evaluate(generation, streak, stats);
+        Some(slot)
+    }
+
+    /// Runs the trip rules over the streak and the window.
+    pub(super) fn evaluate(&self, generation: u32, streak: u64, stats: WindowStats) {
+        let c = &self.config;
+        let reason = if c
+            .consecutive_failures
+            .is_some_and(|n| streak >= u64::from(n))
+        {
+            Some(Reason::ConsecutiveFailures)
+        } else if stats.calls > 0 && stats.calls >= u64::from(c.min_calls) {
+            if c.failure_rate.is_some_and(|r| stats.failure_rate() >= r) {
+                Some(Reason::FailureRate)
+            } else if c.slow_call.is_some_and(|(_, r)| stats.slow_rate() >= r) {
+                Some(Reason::SlowCallRate)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.trip(generation, reason, stats);
+        }
+    }
+
+    #[cold]
+    pub(super) fn trip(&self, generation: u32, reason: Reason, stats: WindowStats) {
+        let mut ctl = lock(&self.control);
+        if !self.is_current(State::Closed, generation) {
+            return;
+        }
+        ctl.tripped = stats;
+        let mut events = Events::default();
+        events.push(self.transition(&mut ctl, State::Open, reason, self.now()));
+        drop(ctl);
+        self.emit(events);
+    }
+
+    /// What the tally of the current half-open cycle decides, if anything.
+    /// With a shared-state backend the cluster decides instead.
+    pub(super) fn verdict(&self, ctl: &Control) -> Option<(State, Reason)> {
+        let c = &self.config;
+        if ctl.remote {
+            None
+        } else if ctl.cycle.successes >= c.close_after {
+            Some((State::Closed, Reason::ProbesSucceeded))
+        } else if c.probes.saturating_sub(ctl.cycle.failures) < c.close_after {
+            Some((State::Open, Reason::ProbesFailed))
+        } else {
+            None
+        }
+    }
+
+    #[cold]
+    pub(super) fn record_probe(&self, generation: u32, id: u32, outcome: Outcome, slow: bool) {
+        let mut ctl = lock(&self.control);
+        let now = self.now();
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        if self.is_current(State::HalfOpen, generation) && ctl.cycle.release(id) {
+            match outcome {
+                Outcome::Success if !slow => {
+                    ctl.cycle.successes += 1;
+                    self.counters.incr(Counter::ProbeSuccesses);
+                }
+                Outcome::Success | Outcome::Failure => {
+                    ctl.cycle.failures += 1;
+                    self.counters.incr(Counter::ProbeFailures);
+                }
+                // Ignored, rate-limited and quota-exhausted probes give their
+                // slot back.
+                _ => {}
+            }
+            if let Some((to, reason)) = self.verdict(&ctl) {
+                events.push(self.transition(&mut ctl, to, reason, now));
+            }
+        }
+        // Otherwise from an older cycle, or decided by its deadline: dropped.
+        self.remark(&mut ctl);
+        drop(ctl);
+        self.emit(events);
+    }
+
+    #[cold]
+    pub(super) fn record_health(&self, healthy: bool) {
+        if !healthy {
+            self.counters.incr(Counter::HealthProbeFailures);
+            return;
+        }
+        self.counters.incr(Counter::HealthProbeSuccesses);
+        let mut ctl = lock(&self.control);
+        let now = self.now();
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        let restart = match self.load().state() {
+            State::Open => true,
+            // Every slot is held by calls still waiting for their heads
+            // (hung, most likely, from before the heal) and nothing has
+            // succeeded yet: real traffic could not confirm the heal until
+            // their deadlines, so start a fresh cycle instead.
+            State::HalfOpen => {
+                ctl.cycle.successes == 0
+                    && ctl.cycle.used() >= self.budget(&ctl)
+                    && ctl.cycle.all_waiting_for_head()
+            }
+            _ => false,
+        };
+        if restart {
+            events.push(self.transition(&mut ctl, State::HalfOpen, Reason::HealthProbe, now));
+            self.remark(&mut ctl);
+        }
+        drop(ctl);
+        self.emit(events);
+    }
+
+    #[cold]
+    pub(super) fn set_manual(&self, to: State, reason: Reason) {
+        let mut ctl = lock(&self.control);
+        if to == State::Closed {
+            ctl.reopens = 0;
+        }
+        let mut events = Events::default();
+        events.push(self.transition(&mut ctl, to, reason, self.now()));
+        drop(ctl);
+        self.emit(events);
+    }
+}

@@ -1,0 +1,159 @@
+//! Transitions: moving between states, the reopen backoff, and telling
+//! listeners, traces and snapshots about it.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::counters::Counter;
+use super::half_open::Cycle;
+use super::state::Packed;
+use super::{nanos, Control, Events, Reason, Shared, Snapshot, State, Transition, WindowStats};
+use crate::sync::lock;
+
+impl Shared {
+    /// Moves to `to` under the control lock at `at` (ns since `epoch`),
+    /// starting a new generation.
+    pub(super) fn transition(
+        &self,
+        ctl: &mut Control,
+        to: State,
+        reason: Reason,
+        at: u64,
+    ) -> Transition {
+        self.transition_for(ctl, to, reason, at, None)
+    }
+
+    /// Like [`transition`](Self::transition); an `Open` state lasts `open_ns`
+    /// when given, instead of the backoff's next duration.
+    pub(super) fn transition_for(
+        &self,
+        ctl: &mut Control,
+        to: State,
+        reason: Reason,
+        at: u64,
+        open_ns: Option<u64>,
+    ) -> Transition {
+        let from = self.load();
+        let generation = from.generation() + 1;
+        let mut open_for = None;
+        let mut until = u64::MAX;
+        ctl.cycle = Cycle::default();
+        ctl.allowance = 0;
+        match to {
+            State::Open => {
+                if from.state() == State::HalfOpen {
+                    ctl.reopens = ctl.reopens.saturating_add(1);
+                }
+                let d = open_ns.unwrap_or_else(|| self.open_duration(ctl)).max(1);
+                until = at.saturating_add(d);
+                open_for = Some(Duration::from_nanos(d));
+            }
+            State::Closed => {
+                ctl.reopens = 0;
+                ctl.tripped = WindowStats::default();
+                self.rates.clear();
+                self.hot.consecutive.store(0, Ordering::Release);
+                if let Some(guard) = &self.volume {
+                    guard.clear();
+                }
+            }
+            State::HalfOpen | State::ForcedOpen | State::Disabled => {}
+        }
+        if let Some(f) = &self.in_flight {
+            lock(f).clear();
+        }
+        // The deadline before the word: a reader that sees the new word
+        // reads its deadline.
+        self.set_open_until(until);
+        self.hot
+            .state
+            .store(Packed::new(to, generation).0, Ordering::Release);
+        self.changes.notify_waiters();
+        Transition {
+            key: self.name.clone(),
+            from: from.state(),
+            to,
+            reason,
+            at: self.epoch + Duration::from_nanos(at),
+            open_for,
+        }
+    }
+
+    pub(super) fn open_duration(&self, ctl: &mut Control) -> u64 {
+        let c = &self.config;
+        let base = nanos(c.open) as f64;
+        let cap = nanos(c.open_max()) as f64;
+        let grown = (base * c.backoff_multiplier.powi(ctl.reopens.min(1024) as i32)).min(cap);
+        let jitter = if c.jitter > 0.0 {
+            c.jitter * ctl.rng.unit()
+        } else {
+            0.0
+        };
+        ((grown * (1.0 - jitter)) as u64).max(1)
+    }
+
+    /// Traces each transition and calls the listeners, outside the control
+    /// lock. A listener that panics is logged, counted and skipped: the
+    /// panic never reaches the caller (nor a backend's task) that happened
+    /// to make the transition. Under `panic = "abort"` nothing can be
+    /// caught.
+    pub(super) fn emit(&self, events: Events) {
+        for t in events.list.into_iter().flatten() {
+            tracing::info!(
+                target: "tower_circuit_breaker",
+                key = t.key.as_deref().unwrap_or(""),
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                reason = t.reason.as_str(),
+                open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
+                "circuit {}",
+                t.to
+            );
+            for listener in &self.config.listeners {
+                if catch_unwind(AssertUnwindSafe(|| listener(&t))).is_err() {
+                    self.counters.incr(Counter::ListenerPanics);
+                    tracing::error!(
+                        target: "tower_circuit_breaker",
+                        key = t.key.as_deref().unwrap_or(""),
+                        to = t.to.as_str(),
+                        "a transition listener panicked; the breaker carries on"
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let now = self.now();
+        let mut ctl = lock(&self.control);
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        let word = self.load();
+        let window = match word.state() {
+            State::Closed => self.rates.stats(now),
+            _ => ctl.tripped,
+        };
+        let retry_in = (word.state() == State::Open).then(|| {
+            Duration::from_nanos(
+                self.hot
+                    .open_until
+                    .load(Ordering::Acquire)
+                    .saturating_sub(now),
+            )
+        });
+        let snapshot = Snapshot {
+            key: self.name.clone(),
+            state: word.state(),
+            window,
+            consecutive_failures: self.hot.consecutive.load(Ordering::Acquire),
+            retry_in,
+            reopens: ctl.reopens,
+            counters: self.counters.sum(),
+            metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
+        };
+        drop(ctl);
+        self.emit(events);
+        snapshot
+    }
+}

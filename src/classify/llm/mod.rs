@@ -1,0 +1,300 @@
+//! Classification for LLM APIs: OpenAI, Anthropic, Gemini and compatible.
+
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+
+use super::http::parse_retry_after;
+use super::sse::{SseStream, DEFAULT_MAX_LINE};
+use super::{Classify, ClassifyStream, ErrorRef, Outcome, Verdict};
+
+mod events;
+mod json;
+mod rate_limit;
+#[cfg(test)]
+mod tests;
+
+pub use self::events::LlmEvents;
+pub use self::rate_limit::parse_rate_limit_reset;
+
+use self::events::{kind_of, Kind};
+use self::rate_limit::rate_limit_reset;
+
+/// The classifier for LLM HTTP APIs (OpenAI, Anthropic, Gemini, Azure OpenAI
+/// and the many servers that speak their dialects).
+///
+/// | response | outcome |
+/// |---|---|
+/// | 2xx `text/event-stream` | deferred: the stream is read with [`SseStream`] and [`LlmEvents`] |
+/// | other 1xx, 2xx, 3xx | `Success` |
+/// | 429 | deferred to the (small) error body: `QuotaExhausted` when it says `insufficient_quota`, otherwise `RateLimited` with the wait taken from `retry-after-ms`, `Retry-After`, `x-ratelimit-reset-*` or Gemini's `retryDelay` |
+/// | 409 | `RateLimited`, wait from the headers |
+/// | 402 | `QuotaExhausted` (payment required: a billing matter, not an outage) |
+/// | other 4xx: 400 (bad request, content filter, context too long), 401, 403, 404, 413, 422, ... | `Ignored` |
+/// | 5xx, including Anthropic's 529 | `Failure` |
+/// | any inner error: connect, reset, attempt timeout (`tower::timeout::error::Elapsed`) | `Failure` |
+///
+/// A 429 body the caller never reads (a retry layer that drops it) or that
+/// breaks off still counts as `RateLimited`: the head already said so.
+///
+/// A 200 JSON answer (not streamed) is a `Success` on its head, content
+/// filter or not: the upstream answered, and reading every body to the end
+/// would hold each call's permit for as long.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, StatusCode};
+/// use tower_circuit_breaker::classify::{Classify, ClassifyStream, LlmClassifier, Verdict};
+/// use tower_circuit_breaker::Outcome;
+///
+/// let llm = LlmClassifier::new();
+/// let none = HeaderMap::new();
+/// assert!(matches!(llm.classify_response(StatusCode::BAD_REQUEST, &none), Verdict::Done(Outcome::Ignored)));
+/// let overloaded = StatusCode::from_u16(529).unwrap();
+/// assert!(matches!(llm.classify_response(overloaded, &none), Verdict::Done(Outcome::Failure)));
+///
+/// // A quota that ran out is told apart from a transient 429.
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-ratelimit-reset-requests", "6m0s".parse().unwrap());
+/// let Verdict::Defer(mut body) = llm.classify_response(StatusCode::TOO_MANY_REQUESTS, &headers) else {
+///     unreachable!()
+/// };
+/// body.on_data(br#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#);
+/// assert_eq!(body.on_end(), Outcome::RateLimited { retry_after: Some(Duration::from_secs(360)) });
+///
+/// let Verdict::Defer(mut body) = llm.classify_response(StatusCode::TOO_MANY_REQUESTS, &none) else {
+///     unreachable!()
+/// };
+/// body.on_data(br#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#);
+/// assert_eq!(body.on_end(), Outcome::QuotaExhausted);
+/// ```
+///
+/// With a layer:
+///
+/// ```
+/// use tower_circuit_breaker::classify::LlmClassifier;
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// # fn main() -> Result<(), tower_circuit_breaker::ConfigError> {
+/// let layer = CircuitBreakerLayer::builder()
+///     .count_window(20)
+///     .failure_rate(0.5)
+///     .build()?
+///     .with_classifier(LlmClassifier::new());
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct LlmClassifier {
+    max_line: usize,
+    require_final: bool,
+}
+
+impl LlmClassifier {
+    /// The classifier with its defaults: SSE lines capped at
+    /// [`DEFAULT_MAX_LINE`], and a stream that ends cleanly between events
+    /// without a final event counted as a success.
+    pub const fn new() -> Self {
+        LlmClassifier {
+            max_line: DEFAULT_MAX_LINE,
+            require_final: false,
+        }
+    }
+
+    /// Caps SSE lines and event payloads at `max_line` bytes.
+    pub const fn max_line(mut self, max_line: usize) -> Self {
+        self.max_line = max_line;
+        self
+    }
+
+    /// Counts a stream that ends without a final event (`data: [DONE]`,
+    /// `message_stop`, `response.completed`) as a failure. Only for upstreams
+    /// that always send one: Gemini does not.
+    pub const fn require_final_event(mut self, on: bool) -> Self {
+        self.require_final = on;
+        self
+    }
+
+    /// How long a rate-limited answer asks the caller to wait:
+    /// `retry-after-ms`, then `Retry-After` (seconds or an HTTP date), then
+    /// the `x-ratelimit-reset-*` headers OpenAI sends (`1s`, `6m0s`, `20ms`).
+    ///
+    /// Of the `x-ratelimit-reset-*` headers, those whose
+    /// `x-ratelimit-remaining-*` twin is `0` are the limits that were hit; the
+    /// longest of them is taken (the longest of all when none says `0`).
+    /// Anthropic's `anthropic-ratelimit-*-reset` timestamps are not read: its
+    /// 429 answers carry `retry-after`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    ///
+    /// let mut h = http::HeaderMap::new();
+    /// h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+    /// h.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
+    /// h.insert("x-ratelimit-remaining-tokens", "1200".parse().unwrap());
+    /// h.insert("x-ratelimit-reset-tokens", "6m0s".parse().unwrap());
+    /// assert_eq!(LlmClassifier::retry_after(&h), Some(Duration::from_secs(1)));
+    /// ```
+    pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+        parse_retry_after(headers).or_else(|| rate_limit_reset(headers))
+    }
+}
+
+impl Default for LlmClassifier {
+    fn default() -> Self {
+        LlmClassifier::new()
+    }
+}
+
+impl Classify for LlmClassifier {
+    type Stream = LlmStream;
+
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<LlmStream> {
+        let outcome = match status.as_u16() {
+            200..=299 if is_event_stream(headers) => {
+                let sse = SseStream::new()
+                    .max_line(self.max_line)
+                    .require_final_event(self.require_final);
+                return Verdict::Defer(LlmStream(Inner::Sse(sse)));
+            }
+            429 => {
+                return Verdict::Defer(LlmStream(Inner::RateLimited(ErrorBody {
+                    buf: Vec::new(),
+                    retry_after: LlmClassifier::retry_after(headers),
+                })))
+            }
+            409 => Outcome::RateLimited {
+                retry_after: LlmClassifier::retry_after(headers),
+            },
+            402 => Outcome::QuotaExhausted,
+            500.. => Outcome::Failure,
+            400..=499 => Outcome::Ignored,
+            _ => Outcome::Success,
+        };
+        Verdict::Done(outcome)
+    }
+
+    fn classify_error(&self, _error: ErrorRef<'_>) -> Outcome {
+        Outcome::Failure
+    }
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+// === impl LlmStream ===
+
+/// The body classifier of [`LlmClassifier`]: an SSE stream, or a 429 error
+/// body read for `insufficient_quota`.
+#[derive(Debug)]
+pub struct LlmStream(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Sse(SseStream<LlmEvents>),
+    RateLimited(ErrorBody),
+}
+
+/// The most of a 429 body that is read: error bodies are a few hundred bytes.
+const MAX_ERROR_BODY: usize = 16 * 1024;
+
+#[derive(Debug)]
+struct ErrorBody {
+    buf: Vec<u8>,
+    retry_after: Option<Duration>,
+}
+
+impl ErrorBody {
+    fn decide(&self) -> Outcome {
+        let fields = json::scan(&self.buf);
+        let quota = fields
+            .error
+            .iter()
+            .flat_map(|e| [e.ty, e.code, e.status])
+            .chain([fields.code])
+            .flatten()
+            .any(|t| matches!(kind_of(t), Kind::Quota));
+        if quota {
+            return Outcome::QuotaExhausted;
+        }
+        let retry_after = self.retry_after.or_else(|| {
+            fields
+                .retry_delay
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(parse_rate_limit_reset)
+        });
+        Outcome::RateLimited { retry_after }
+    }
+
+    fn head_only(&self) -> Outcome {
+        Outcome::RateLimited {
+            retry_after: self.retry_after,
+        }
+    }
+}
+
+impl ClassifyStream for LlmStream {
+    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
+        match &mut self.0 {
+            Inner::Sse(sse) => sse.on_data(chunk),
+            Inner::RateLimited(body) => {
+                let room = MAX_ERROR_BODY - body.buf.len();
+                body.buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                (body.buf.len() >= MAX_ERROR_BODY).then(|| body.decide())
+            }
+        }
+    }
+
+    fn on_end(self) -> Outcome {
+        match self.0 {
+            Inner::Sse(sse) => sse.on_end(),
+            Inner::RateLimited(body) => body.decide(),
+        }
+    }
+
+    fn on_error(self) -> Outcome {
+        match self.0 {
+            Inner::Sse(sse) => sse.on_error(),
+            Inner::RateLimited(body) => body.head_only(),
+        }
+    }
+
+    fn on_drop(self) -> Outcome {
+        match self.0 {
+            Inner::Sse(sse) => sse.on_drop(),
+            Inner::RateLimited(body) => body.head_only(),
+        }
+    }
+}
+
+// === SseStream with the LLM rules ===
+
+impl SseStream<LlmEvents> {
+    /// A stream classifier with the [`LlmEvents`] rules.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, SseStream};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let mut stream = SseStream::new();
+    /// // An Anthropic-style overload error in the middle of a 200 stream:
+    /// let error = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n";
+    /// assert_eq!(stream.on_data(error), Some(Outcome::Failure));
+    /// ```
+    pub fn new() -> Self {
+        SseStream::with_events(LlmEvents)
+    }
+}
+
+impl Default for SseStream<LlmEvents> {
+    fn default() -> Self {
+        SseStream::new()
+    }
+}
