@@ -60,7 +60,8 @@ fn tripped(probes: u32, close_after: u32) -> Breaker {
         .build()
         .unwrap();
     b.admit().unwrap().record(Outcome::Failure);
-    assert_eq!(b.state(), State::Open);
+    // Open for a nanosecond: by now it may already say half-open.
+    assert_ne!(b.state(), State::Closed);
     b
 }
 
@@ -185,8 +186,9 @@ fn a_failed_and_a_successful_probe_racing_reopen_once() {
         // Two successes were needed; one failure makes that impossible,
         // whichever outcome lands first. The success that lands after the
         // reopen belongs to a finished cycle and is dropped.
+        // (Reopened for a nanosecond: by now it may say half-open again.)
         let s = b.snapshot();
-        assert_eq!(s.state, State::Open);
+        assert_ne!(s.state, State::Closed);
         assert_eq!(s.reopens, 1);
         assert_eq!(transitions.load(SeqCst), 2, "the trip and one reopen");
         balance(&b, 0);

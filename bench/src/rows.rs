@@ -477,8 +477,8 @@ pub fn ours_builder(open: Duration) -> tower_circuit_breaker::Builder<CircuitBre
         .open_duration(open)
         .probes(PROBES)
         .close_after(2)
-        // Held probes must not run out of lease in the middle of a run.
-        .probe_lease(Duration::from_secs(3600))
+        // Held probes must not reach their deadline in the middle of a run.
+        .probe_timeout(Duration::from_secs(3600))
 }
 
 /// This crate with the common configuration, open for `open`.
