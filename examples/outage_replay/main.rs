@@ -37,6 +37,7 @@
 //! timeout plus one second, so a hanging probe is judged by its timeout.
 
 mod engine;
+mod figures;
 mod report;
 mod scenario;
 
