@@ -202,7 +202,7 @@ pub fn arrivals(scenario: &Scenario) -> Vec<Duration> {
     out
 }
 
-type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
+pub type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
 
 fn run_stack(
     scenario: Arc<Scenario>,
@@ -251,7 +251,7 @@ fn retry_after_cap(scenario: &Scenario) -> Duration {
 }
 
 /// The scenario's breaker configuration for upstream `i`.
-fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
+pub fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
     let b = &scenario.breaker;
     let mut builder = Breaker::builder()
         .name(scenario.upstreams[i].name.as_str())

@@ -94,12 +94,12 @@ impl Figures {
             answered_wait: Waits::of(answered().map(|r| r.wait_s).collect()),
             answered_ttft: Waits::of(answered().map(|r| r.first_byte_s).collect()),
             amplification: ratio(theirs.len() as f64),
-            cost_usd: theirs.iter().map(|a| a.cost_usd).sum(),
+            // A fold from +0: an empty f64 sum is -0.
+            cost_usd: theirs.iter().fold(0.0, |sum, a| sum + a.cost_usd),
             wasted_cost_usd: theirs
                 .iter()
                 .filter(|a| !a.answered)
-                .map(|a| a.cost_usd)
-                .sum(),
+                .fold(0.0, |sum, a| sum + a.cost_usd),
         }
     }
 
@@ -108,6 +108,7 @@ impl Figures {
         let good_answer = scenario.upstreams[0].cost.billed(1.0);
         Some(match figure {
             Figure::Requests => self.requests as f64,
+            Figure::Errors => (self.failed + self.rejected) as f64,
             Figure::PrimaryAttempts => self.attempts[0].1 as f64,
             Figure::UserErrorRate => self.user_error_rate?,
             Figure::WaitMean => self.wait?.mean_s,
@@ -131,8 +132,9 @@ pub struct Recovery {
     pub upstream: String,
     /// The start of the healthy phases that end the scenario.
     pub healed_at_s: Option<f64>,
-    /// From the heal to the circuit being closed: 0 when it was closed at
-    /// the heal (always, without a breaker), `None` when it never closes.
+    /// From the heal to the circuit being closed for the rest of the run: 0
+    /// when it was closed at the heal and stayed closed (always, without a
+    /// breaker), `None` when it is not closed at the end.
     pub recovery_lag_s: Option<f64>,
     /// From the upstream's first failing phase to the circuit's first open.
     pub time_to_trip_s: Option<f64>,
@@ -147,14 +149,14 @@ impl Recovery {
             .filter(|t| t.upstream == u.name)
             .collect();
         let healed_at_s = u.healed_at(within).map(|d| d.as_secs_f64());
+        // Closed for good: the last change after the heal is a close, or
+        // there is none and the circuit was closed at the heal.
         let recovery_lag_s = healed_at_s.and_then(|heal| {
-            let before = mine.iter().rev().find(|t| t.t_s <= heal);
-            if before.is_none_or(|t| t.to == "closed") {
-                return Some(0.0);
+            if mine.last().is_some_and(|t| t.to != "closed") {
+                return None;
             }
-            mine.iter()
-                .find(|t| t.t_s > heal && t.to == "closed")
-                .map(|t| t.t_s - heal)
+            let last_change = mine.last().filter(|t| t.t_s > heal);
+            Some(last_change.map_or(0.0, |t| t.t_s - heal))
         });
         let time_to_trip_s = u.failing_from(within).and_then(|from| {
             let from = from.as_secs_f64();

@@ -94,7 +94,7 @@ pub fn table(replay: &Replay) -> String {
     let _ = writeln!(
         out,
         "recovery (s): healed at, time to trip (from the first failing phase), recovery lag \
-         (heal to closed; never: still not closed at the end); breaker state changes"
+         (heal to closed for good; never: not closed at the end); breaker state changes"
     );
     for s in &replay.stacks {
         for r in &s.recovery {
@@ -134,7 +134,13 @@ pub fn table(replay: &Replay) -> String {
     if let Some(w) = &replay.setup.writeup {
         writeup(&mut out, replay, w);
     }
-    out
+    // Padded columns leave spaces at the ends of lines; documents quoting
+    // the table do not keep them.
+    out.lines().fold(String::new(), |mut text, line| {
+        text.push_str(line.trim_end());
+        text.push('\n');
+        text
+    })
 }
 
 /// The write-up's own table, its figures beside the replay's for the outage.
@@ -197,7 +203,7 @@ fn writeup(out: &mut String, replay: &Replay, w: &Writeup) {
 
 fn show(figure: Figure, value: Option<f64>) -> String {
     or_dash(value, |x| match figure {
-        Figure::Requests | Figure::PrimaryAttempts => format!("{x:.0}"),
+        Figure::Requests | Figure::Errors | Figure::PrimaryAttempts => format!("{x:.0}"),
         Figure::UserErrorRate => format!("{:.1} %", x * 100.0),
         Figure::WaitMean | Figure::WaitP99 | Figure::AnsweredWaitMean | Figure::AnsweredWaitP99 => {
             format!("{x:.2} s")

@@ -193,6 +193,8 @@ pub struct WriteupRow {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Figure {
     Requests,
+    /// Requests that failed or were rejected.
+    Errors,
     /// Attempts that reached the primary upstream.
     PrimaryAttempts,
     UserErrorRate,
@@ -208,8 +210,9 @@ pub enum Figure {
 }
 
 impl Figure {
-    pub const NAMES: [(&'static str, Figure); 10] = [
+    pub const NAMES: [(&'static str, Figure); 11] = [
         ("requests", Figure::Requests),
+        ("errors", Figure::Errors),
         ("primary_attempts", Figure::PrimaryAttempts),
         ("user_error_rate", Figure::UserErrorRate),
         ("wait_mean_s", Figure::WaitMean),
@@ -756,7 +759,20 @@ fn breaker(
         ));
     }
     let probe_timeout = match &raw.probe_timeout_s {
-        Some(v) => Some(seconds(src, v, "probe_timeout_s")?).filter(|d| !d.is_zero()),
+        Some(v) => match seconds(src, v, "probe_timeout_s")? {
+            d if d.is_zero() => None,
+            // TODO(probe_timeout): the key sets the probe lease until the
+            // core has a probe deadline, and a lease must outlast the
+            // attempt it frees.
+            d if d <= client.attempt_timeout => {
+                return Err(src.at(
+                    v,
+                    "`probe_timeout_s` must be longer than `attempt_timeout_s` in this build \
+                     (it sets the probe lease); 0 turns it off",
+                ))
+            }
+            d => Some(d),
+        },
         None => None,
     };
     if let Some(v) = &raw.health_probe_interval_s {
