@@ -33,19 +33,15 @@ fn load(name: &str) -> scenario::Scenario {
 }
 
 /// A shipped scenario's full replay, run once for all the tests that read
-/// it.
+/// it (one at a time: each replays its stacks on threads of its own).
 fn replayed(name: &str) -> &'static Replay {
     static RUNS: OnceLock<Mutex<HashMap<String, &'static Replay>>> = OnceLock::new();
-    let runs = RUNS.get_or_init(Default::default);
-    if let Some(replay) = runs.lock().unwrap().get(name) {
-        return replay;
-    }
-    let replay = Box::leak(Box::new(engine::replay(&load(name)).unwrap()));
-    *runs
-        .lock()
-        .unwrap()
+    let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
+    let run = runs
         .entry(name.to_owned())
-        .or_insert(replay)
+        .or_insert_with(|| Box::leak(Box::new(engine::replay(&load(name)).unwrap())));
+    // Reborrowed through the `&'static`, it outlives the lock.
+    run
 }
 
 fn stack<'a>(replay: &'a Replay, name: &str) -> &'a StackRun {
