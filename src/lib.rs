@@ -78,6 +78,7 @@ pub mod classify;
 pub mod error;
 pub mod failover;
 pub mod future;
+pub mod health;
 pub mod keyed;
 mod layer;
 #[cfg(feature = "redis")]

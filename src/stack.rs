@@ -90,9 +90,9 @@ type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error
 /// [`RetryPolicy`] defaults (3 retries, backoff from 500 ms to 10 s,
 /// `Retry-After` waited up to 20 s).
 ///
-/// Unless a probe lease is set on the breaker, the stack sets it to the
-/// longer of the open duration and the attempt timeout plus one second, so a
-/// hanging probe is always judged by its timeout.
+/// A half-open probe is failed if its response head has not come by its
+/// probe deadline (see [`Builder::probe_timeout`]); the stack refuses a probe
+/// timeout longer than the attempt timeout, and caps the default one there.
 pub struct StackBuilder<C = HttpClassifier> {
     attempt_timeout: Duration,
     total_timeout: Option<Duration>,
@@ -242,19 +242,19 @@ impl<C: Clone> StackBuilder<C> {
                 ));
             }
         }
-        match config.probe_lease {
-            Some(lease) if lease <= attempt => {
-                return Err(ConfigError::Stack(
-                    "the probe lease is not longer than the attempt timeout",
-                ));
-            }
-            Some(_) => {}
-            None => {
-                let lease = config
-                    .open
-                    .max(attempt.saturating_add(Duration::from_secs(1)));
-                breaker = breaker.probe_lease(lease);
-            }
+        if config.probe_timeout.is_some_and(|t| t > attempt) {
+            return Err(ConfigError::Stack(
+                "the probe timeout is longer than the attempt timeout",
+            ));
+        }
+        if config.probe_lease.is_some_and(|lease| lease <= attempt) {
+            return Err(ConfigError::Stack(
+                "the probe lease is not longer than the attempt timeout",
+            ));
+        }
+        if config.probe_timeout.is_none() && config.probe_deadline() > attempt {
+            // A probe cannot wait for its head longer than its attempt does.
+            breaker = breaker.probe_timeout(attempt);
         }
         if let Some(seed) = self.seed {
             breaker = breaker.seed(seed);

@@ -174,8 +174,9 @@ async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
     // Four calls hang (think: 60 s attempt timeouts that have not fired yet).
     let hanging: Vec<_> = (0..4).map(|_| b.admit().unwrap()).collect();
     advance(Duration::from_secs(6)).await;
-    // The next admission notices that they crossed the threshold.
-    let p = b.admit().unwrap();
+    // The next admission notices that they crossed the threshold, trips
+    // the circuit, and is the first call it turns away.
+    assert!(b.admit().is_err(), "the tripping admission is rejected");
     assert_eq!(
         b.state(),
         State::Open,
@@ -187,7 +188,6 @@ async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
     for h in hanging {
         h.record(Outcome::Failure);
     }
-    drop(p);
     let snap = b.snapshot();
     assert_eq!(snap.counters.failures, 4);
     assert_eq!(snap.counters.slow, 4);
@@ -283,28 +283,88 @@ async fn dropped_ignored_and_rate_limited_probes_give_their_slot_back() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_hung_probe_gives_its_slot_back_when_its_lease_expires() {
+async fn a_streaming_probe_gives_its_slot_back_when_its_lease_expires() {
     let b = base()
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(10))
         .probes(1)
         .close_after(1)
+        .probe_timeout(Duration::from_secs(2))
         .probe_lease(Duration::from_secs(5))
         .build()
         .unwrap();
     record(&b, Outcome::Failure, 1);
     advance(Duration::from_secs(10)).await;
-    let hung = b.admit().unwrap();
-    advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
+    let mut streaming = b.admit().unwrap();
+    advance(Duration::from_secs(1)).await;
+    // Its head came in time; its body is still streaming.
+    streaming.head_received();
+    advance(Duration::from_secs(4) - Duration::from_nanos(1)).await;
     assert!(b.admit().is_err(), "the lease still holds");
     advance(Duration::from_nanos(1)).await;
     let fresh = b.admit().expect("the expired lease freed the slot");
-    // The hung probe's late outcome is dropped, and expiry was not a failure.
-    hung.record(Outcome::Failure);
+    // The late outcome is dropped, and expiry was not a failure.
+    streaming.record(Outcome::Failure);
     assert_eq!(b.state(), State::HalfOpen);
     fresh.record(Outcome::Success);
     assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_without_a_head_by_its_deadline_fails_and_reopens_then() {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .probes(3)
+        .close_after(2)
+        .probe_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    advance(Duration::from_secs(10)).await;
+    let hung: Vec<_> = (0..3).map(|_| b.admit().unwrap()).collect();
+    advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
+    assert_eq!(b.state(), State::HalfOpen, "the deadline has not come");
+    advance(Duration::from_nanos(1)).await;
+    // Two probes without a head: closing is out of reach, so it reopens at
+    // the deadline, with the backoff grown, and nobody had to call.
+    let snap = b.snapshot();
+    assert_eq!(snap.state, State::Open);
+    assert_eq!(snap.reopens, 1);
+    assert_eq!(snap.retry_in, Some(Duration::from_secs(20)));
+    // The second failure decided the cycle; the third probe belongs to it
+    // no more.
+    assert_eq!(snap.counters.probe_failures, 2);
+    // Their late outcomes are dropped.
+    for h in hung {
+        h.record(Outcome::Success);
+    }
+    assert_eq!(b.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_breaker_tells_its_state_at_the_deadline_it_passed() {
+    let b = base()
+        .no_window()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(10))
+        .probes(1)
+        .close_after(1)
+        .probe_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    record(&b, Outcome::Failure, 1);
+    advance(Duration::from_secs(10)).await;
+    let hung = b.admit().unwrap();
+    // Nobody touches it for 100 s: the probe failed at 15 s, the circuit
+    // reopened for 20 s, and went half-open again at 35 s.
+    advance(Duration::from_secs(100)).await;
+    let snap = b.snapshot();
+    assert_eq!(snap.state, State::HalfOpen);
+    assert_eq!(snap.reopens, 1);
+    drop(hung);
 }
 
 #[tokio::test(start_paused = true)]
@@ -619,4 +679,32 @@ async fn a_long_stream_with_a_quick_first_token_is_not_slow() {
     streaming.record(Outcome::Success);
     assert_eq!(b.state(), State::Closed);
     assert_eq!(b.snapshot().window.slow, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_crossed_the_slow_threshold_counts_once_in_the_window() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    let failing = b.admit().unwrap();
+    let succeeding = b.admit().unwrap();
+    advance(Duration::from_secs(6)).await;
+    // This admission finds both in flight past the threshold.
+    drop(b.admit().unwrap());
+    let w = b.snapshot().window;
+    assert_eq!((w.calls, w.failures, w.slow), (2, 0, 2));
+    failing.record(Outcome::Failure);
+    succeeding.record(Outcome::Success);
+    let w = b.snapshot().window;
+    assert_eq!(
+        (w.calls, w.failures, w.slow),
+        (2, 1, 2),
+        "one entry each: slow, and failed if it failed"
+    );
+    assert_eq!(b.snapshot().consecutive_failures, 1);
+    assert_eq!(b.snapshot().counters.slow, 2);
 }

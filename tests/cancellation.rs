@@ -203,7 +203,7 @@ fn half_open() -> Breaker {
         .consecutive_failures(1)
         .open_duration(Duration::from_nanos(1))
         .max_open_duration(Duration::from_nanos(1))
-        .probe_lease(Duration::from_secs(3600))
+        .probe_timeout(Duration::from_secs(3600))
         .probes(1)
         .close_after(1)
         .jitter(0.0)

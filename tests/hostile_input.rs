@@ -322,9 +322,64 @@ proptest! {
     }
 
     #[test]
+    fn grpc_retry_pushback_is_bounded(digits in "[0-9]{1,40}") {
+        if let Outcome::RateLimited { retry_after: Some(d) } = grpc_pushback(&digits) {
+            prop_assert!(d <= Duration::from_secs(3600), "{digits}: {d:?}");
+        }
+    }
+
+    #[test]
     fn rate_limit_reset_is_bounded(text in "[0-9.hmsun\u{b5}]{0,12}") {
         if let Some(d) = parse_rate_limit_reset(&text) {
             prop_assert!(d <= Duration::from_secs(7 * 24 * 3600));
         }
+    }
+}
+
+fn grpc_pushback(value: &str) -> Outcome {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-status", HeaderValue::from_static("8"));
+    h.insert(
+        "grpc-retry-pushback-ms",
+        HeaderValue::from_str(value).unwrap(),
+    );
+    match GrpcClassifier.classify_response(StatusCode::OK, &h) {
+        Verdict::Done(o) => o,
+        Verdict::Defer(_) => panic!("a trailers-only answer decides on the head"),
+    }
+}
+
+#[test]
+fn grpc_retry_pushback_is_capped_at_one_hour() {
+    let hour = Some(Duration::from_secs(3600));
+    // Twelve digits was 31 years; any longer run of digits is still a long wait.
+    for long in [
+        "999999999999",
+        "3600001",
+        "18446744073709551615",
+        "99999999999999999999999",
+    ] {
+        assert_eq!(
+            grpc_pushback(long),
+            Outcome::RateLimited { retry_after: hour },
+            "{long}"
+        );
+    }
+    assert_eq!(
+        grpc_pushback("3600000"),
+        Outcome::RateLimited { retry_after: hour }
+    );
+    assert_eq!(
+        grpc_pushback("1500"),
+        Outcome::RateLimited {
+            retry_after: Some(Duration::from_millis(1500))
+        }
+    );
+    for bad in ["-1", "", "1e3", "soon", "12 34"] {
+        assert_eq!(
+            grpc_pushback(bad),
+            Outcome::RateLimited { retry_after: None },
+            "{bad:?}"
+        );
     }
 }

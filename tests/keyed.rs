@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::time::advance;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::error::Rejection;
-use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
+use tower_circuit_breaker::keyed::{self, Key, KeySecret, KeySecretError, KeyedBreakers};
 use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, ConfigError, Outcome, State};
 
 fn set() -> tower_circuit_breaker::Builder<KeyedBreakers> {
@@ -23,6 +23,10 @@ fn set() -> tower_circuit_breaker::Builder<KeyedBreakers> {
         .consecutive_failures(3)
         .jitter(0.0)
         .open_duration(Duration::from_secs(30))
+}
+
+fn secret() -> KeySecret {
+    KeySecret::new("test-secret-0123456789abcdef").unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,7 +126,9 @@ async fn every_key_extractor_routes_to_its_own_breaker() {
         "api.example:443"
     );
     assert_eq!(keyed::extension::<Route>().key(&r).unwrap().as_str(), "eu");
-    let hashed = keyed::header_hashed("authorization").key(&r).unwrap();
+    let hashed = keyed::header_hashed("authorization", &secret())
+        .key(&r)
+        .unwrap();
     assert!(hashed.as_str().starts_with('#') && !hashed.as_str().contains("secret"));
     let f =
         keyed::from_fn(|r: &Request<()>| r.headers().get("x-model")?.to_str().ok().map(Key::from));
@@ -133,7 +139,10 @@ async fn every_key_extractor_routes_to_its_own_breaker() {
 #[tokio::test(start_paused = true)]
 async fn credential_keys_appear_only_as_hashes() {
     let breakers = set().build().unwrap();
-    let layer = CircuitBreakerLayer::keyed(breakers.clone(), keyed::header_hashed("x-api-key"));
+    let layer = CircuitBreakerLayer::keyed(
+        breakers.clone(),
+        keyed::header_hashed("x-api-key", &secret()),
+    );
     let upstream = tower::service_fn(|_: Request<String>| async {
         Ok::<_, Infallible>(Response::builder().status(503).body(String::new()).unwrap())
     });
@@ -204,7 +213,8 @@ async fn keys_are_bounded_and_open_keys_survive_eviction_under_pressure() {
         }
         assert!(breakers.len() <= 100);
         let down = breakers.get("down").expect("an open key is never evicted");
-        assert_eq!(down.state(), State::Open);
+        // Its open period is over, so it says half-open, with no call needed.
+        assert_eq!(down.state(), State::HalfOpen);
     }
     // The outage was remembered throughout: its open period ran out, so the
     // next call is a half-open probe, not a fresh closed breaker's call.
@@ -325,5 +335,146 @@ async fn bad_key_bounds_are_config_errors() {
             .build()
             .unwrap_err(),
         ConfigError::VolumeGuard
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn authority_key_is_host_and_port_without_url_credentials() {
+    use tower_circuit_breaker::keyed::KeyFn;
+    let key_of = |uri: &str| {
+        let r = Request::get(uri).body(()).unwrap();
+        keyed::authority().key(&r).map(|k| k.as_str().to_owned())
+    };
+    for (uri, want) in [
+        ("https://user:secret@api.example.com/v1", "api.example.com"),
+        (
+            "https://user:secret@api.example.com:8443/v1",
+            "api.example.com:8443",
+        ),
+        ("https://sk-only@api.example.com/", "api.example.com"),
+        ("https://a:b@c@api.example.com/", "api.example.com"),
+        ("https://:@api.example.com/", "api.example.com"),
+        ("http://[::1]:8080/", "[::1]:8080"),
+        ("https://api.example.com/v1", "api.example.com"),
+    ] {
+        assert_eq!(key_of(uri).as_deref(), Some(want), "{uri}");
+    }
+    assert_eq!(key_of("/relative"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn url_credentials_and_query_never_reach_a_key_event_or_snapshot() {
+    use std::sync::Mutex;
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let breakers = set()
+        .on_transition(move |t| s.lock().unwrap().push(format!("{t:?}")))
+        .build()
+        .unwrap();
+    let layer = CircuitBreakerLayer::keyed(breakers.clone(), keyed::authority());
+    let upstream = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::builder().status(503).body(String::new()).unwrap())
+    });
+    let mut svc = ServiceBuilder::new().layer(layer).service(upstream);
+    // Two credentials for one host: one breaker, and neither credential in it.
+    let uris = [
+        "https://alice:pw-one@generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-1",
+        "https://bob:pw-two@generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-2",
+        "https://generativelanguage.example/v1/models/m:generateContent?key=AIza-SECRET-3",
+    ];
+    for uri in uris {
+        let req = Request::get(uri).body(String::new()).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    let req = Request::get(uris[0]).body(String::new()).unwrap();
+    let err = svc.ready().await.unwrap().call(req).await.unwrap_err();
+    assert_eq!(
+        err.circuit_open().unwrap().key(),
+        Some("generativelanguage.example")
+    );
+    assert_eq!(
+        breakers.len(),
+        1,
+        "one host is one breaker, whatever the credential"
+    );
+    let mut shown = format!("{err:?} {err}");
+    for snap in breakers.snapshots() {
+        shown.push_str(&format!("{snap:?}"));
+    }
+    shown.push_str(&seen.lock().unwrap().join(" "));
+    for secret in ["pw-one", "pw-two", "alice", "bob", "AIza", "key="] {
+        assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+    }
+}
+
+/// What anyone holding a log line could compute before keys were keyed: an
+/// unkeyed FNV-1a-64 of the credential.
+fn unkeyed_fnv(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("#{h:016x}")
+}
+
+#[test]
+fn a_hashed_key_cannot_be_recomputed_from_the_credential_alone() {
+    use tower_circuit_breaker::keyed::KeyFn;
+    let r = Request::get("/")
+        .header("x-api-key", "sk-live-abcdef")
+        .body(())
+        .unwrap();
+    let key = keyed::header_hashed("x-api-key", &secret())
+        .key(&r)
+        .unwrap();
+    assert_ne!(
+        key.as_str(),
+        unkeyed_fnv(b"sk-live-abcdef"),
+        "an offline guess matches the key"
+    );
+    assert_eq!(key.as_str().len(), 17);
+    assert!(key.as_str()[1..].bytes().all(|b| b.is_ascii_hexdigit()));
+}
+
+#[test]
+fn replicas_with_one_secret_agree_and_other_secrets_do_not() {
+    let a = KeySecret::new("shared-by-every-replica-0001").unwrap();
+    let b = KeySecret::new("shared-by-every-replica-0001").unwrap();
+    let c = KeySecret::new("shared-by-every-replica-0002").unwrap();
+    let cred = b"Bearer sk-live-abcdef";
+    assert_eq!(
+        Key::hashed(&a, cred).as_str(),
+        Key::hashed(&b, cred).as_str()
+    );
+    assert_ne!(
+        Key::hashed(&a, cred).as_str(),
+        Key::hashed(&c, cred).as_str()
+    );
+    // Different credentials under one secret stay apart.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..10_000u32 {
+        let k = Key::hashed(&a, format!("sk-live-{i}").as_bytes());
+        assert!(seen.insert(k.as_str().to_owned()));
+    }
+}
+
+#[test]
+fn a_key_secret_is_long_enough_and_never_shown() {
+    assert_eq!(
+        KeySecret::new("").unwrap_err(),
+        KeySecretError::TooShort { len: 0 }
+    );
+    assert_eq!(
+        KeySecret::new([7u8; 15]).unwrap_err(),
+        KeySecretError::TooShort { len: 15 }
+    );
+    assert!(KeySecret::new([7u8; 16]).is_ok());
+    let s = KeySecret::new("hunter2-hunter2-hunter2").unwrap();
+    let shown = format!("{s:?} {:?}", keyed::header_hashed("x-api-key", &s));
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(
+        !shown.contains(char::is_numeric),
+        "no key material: {shown}"
     );
 }

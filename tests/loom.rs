@@ -45,7 +45,7 @@ fn base() -> Builder<Breaker> {
         .counter_stripes(1)
         .open_duration(Duration::from_nanos(1))
         .max_open_duration(Duration::from_nanos(1))
-        .probe_lease(Duration::from_secs(3600))
+        .probe_timeout(Duration::from_secs(3600))
         .jitter(0.0)
         .seed(1)
 }

@@ -4,7 +4,10 @@
 //! the rules in the design notes: a count window of the last `n` calls,
 //! `min_calls`, the failure rate, consecutive failures, open durations with
 //! capped exponential backoff (no jitter), half-open probe budgets with
-//! `close_after` and reopening, probe leases, dropped permits, neutral
+//! `close_after` and reopening, probe deadlines (a probe with no response
+//! head by then is a failed probe, at that moment) and leases (which free a
+//! slot once the head came), deadlines applied at the moment they came
+//! whenever the breaker is next touched, dropped permits, neutral
 //! ignored and rate-limited outcomes, generations (an outcome counts only in
 //! the period that admitted its call), and metrics-only mode (what would be
 //! rejected is admitted and counted, and nothing else changes). Random sequences of admissions,
@@ -36,7 +39,34 @@ struct Cfg {
     multiplier: u64,
     probes: u32,
     close_after: u32,
+    /// The probe deadline; `None`: the open duration.
+    probe_timeout: Option<u64>,
+    /// Never shorter than the deadline.
     lease: Option<u64>,
+}
+
+impl Cfg {
+    fn deadline(&self) -> u64 {
+        self.probe_timeout.unwrap_or(self.open)
+    }
+}
+
+/// A probe in flight.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    id: u64,
+    /// Failed if no head by then; `None` once the head came.
+    verdict_at: Option<u64>,
+    /// Freed without a verdict then.
+    lease_at: Option<u64>,
+}
+
+impl Lease {
+    fn due(&self) -> u64 {
+        self.verdict_at
+            .unwrap_or(u64::MAX)
+            .min(self.lease_at.unwrap_or(u64::MAX))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,8 +110,8 @@ struct Model {
     streak: u64,
     /// The window that tripped the circuit (calls, failures).
     tripped: (u64, u64),
-    /// Half-open: outstanding probes (id, lease deadline), successes, failures.
-    leases: Vec<(u64, u64)>,
+    /// Half-open: outstanding probes, successes, failures.
+    leases: Vec<Lease>,
     successes: u32,
     failures: u32,
     next_id: u64,
@@ -110,10 +140,6 @@ impl Model {
         }
     }
 
-    fn lease(&self) -> u64 {
-        self.cfg.lease.unwrap_or(self.cfg.open)
-    }
-
     /// `open * multiplier^reopens`, capped.
     fn open_for(&self) -> u64 {
         let mut d = self.cfg.open;
@@ -135,7 +161,46 @@ impl Model {
         (self.window.len() as u64, failures)
     }
 
+    /// Applies every deadline that came by `now`, at the moment it came.
+    fn catch_up(&mut self) {
+        loop {
+            match self.state {
+                State::Open if self.now >= self.open_until => {
+                    self.go_at(State::HalfOpen, self.open_until);
+                }
+                State::HalfOpen => {
+                    let Some(i) = (0..self.leases.len()).min_by_key(|&i| self.leases[i].due())
+                    else {
+                        return;
+                    };
+                    let l = self.leases[i];
+                    if l.due() > self.now {
+                        return;
+                    }
+                    self.leases.swap_remove(i);
+                    if l.verdict_at == Some(l.due()) {
+                        self.failures += 1;
+                        self.decide(l.due());
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn decide(&mut self, at: u64) {
+        if self.successes >= self.cfg.close_after {
+            self.go_at(State::Closed, at);
+        } else if self.cfg.probes - self.failures < self.cfg.close_after {
+            self.go_at(State::Open, at);
+        }
+    }
+
     fn go(&mut self, to: State) {
+        self.go_at(to, self.now);
+    }
+
+    fn go_at(&mut self, to: State, at: u64) {
         let from = self.state;
         self.gen += 1;
         self.leases.clear();
@@ -146,7 +211,7 @@ impl Model {
                 if from == State::HalfOpen {
                     self.reopens += 1;
                 }
-                self.open_until = self.now + self.open_for();
+                self.open_until = at + self.open_for();
             }
             State::Closed => {
                 self.reopens = 0;
@@ -161,22 +226,23 @@ impl Model {
 
     /// `Ok(is_probe)` or `Err(retry_after)`.
     fn admit(&mut self) -> Result<Mp, Option<u64>> {
+        self.catch_up();
         let r = match self.state {
             State::Closed => Ok(Mp::Closed { gen: self.gen }),
             State::Disabled => Ok(Mp::Passive),
             State::ForcedOpen => Err(None),
-            State::Open if self.now < self.open_until => Err(Some(self.open_until - self.now)),
-            State::Open | State::HalfOpen => {
-                if self.state == State::Open {
-                    // The open period is fully over: this caller starts a cycle.
-                    self.go(State::HalfOpen);
-                }
+            State::Open => Err(Some(self.open_until - self.now)),
+            State::HalfOpen => {
                 let now = self.now;
-                let live = self.leases.iter().filter(|(_, d)| *d > now).count() as u32;
+                let live = self.leases.len() as u32;
                 if live + self.successes + self.failures < self.cfg.probes {
                     let id = self.next_id;
                     self.next_id += 1;
-                    self.leases.push((id, now + self.lease()));
+                    self.leases.push(Lease {
+                        id,
+                        verdict_at: Some(now + self.cfg.deadline()),
+                        lease_at: self.cfg.lease.map(|l| now + l),
+                    });
                     Ok(Mp::Probe { gen: self.gen, id })
                 } else {
                     Err(None)
@@ -235,31 +301,32 @@ impl Model {
                 }
             }
             Mp::Probe { gen, id } => {
+                self.catch_up();
                 if self.state != State::HalfOpen || gen != self.gen {
                     return; // from an older cycle
                 }
-                let Some(i) = self.leases.iter().position(|(p, _)| *p == id) else {
-                    return;
+                let Some(i) = self.leases.iter().position(|l| l.id == id) else {
+                    return; // decided by its deadline or freed by its lease: dropped
                 };
-                let (_, deadline) = self.leases.swap_remove(i);
-                if deadline <= self.now {
-                    return; // it outlived its lease: the late outcome is dropped
-                }
+                self.leases.swap_remove(i);
                 match fin {
-                    Fin::Success => {
-                        self.successes += 1;
-                        if self.successes >= self.cfg.close_after {
-                            self.go(State::Closed);
-                        }
-                    }
-                    Fin::Failure => {
-                        self.failures += 1;
-                        if self.cfg.probes - self.failures < self.cfg.close_after {
-                            self.go(State::Open);
-                        }
-                    }
+                    Fin::Success => self.successes += 1,
+                    Fin::Failure => self.failures += 1,
                     // The slot comes back.
                     Fin::Ignored | Fin::RateLimited | Fin::Drop => {}
+                }
+                self.decide(self.now);
+            }
+        }
+    }
+
+    /// The probe's response head came: its deadline no longer applies.
+    fn head(&mut self, permit: Mp) {
+        self.catch_up();
+        if let Mp::Probe { gen, id } = permit {
+            if self.state == State::HalfOpen && gen == self.gen {
+                if let Some(l) = self.leases.iter_mut().find(|l| l.id == id) {
+                    l.verdict_at = None;
                 }
             }
         }
@@ -276,6 +343,7 @@ impl Model {
 enum Op {
     Admit,
     Finish(u16, Fin),
+    Head(u16),
     Advance(u64),
     Reset,
     ForceOpen,
@@ -300,6 +368,9 @@ fn breaker(cfg: &Cfg) -> Breaker {
     };
     if let Some(n) = cfg.consecutive {
         b = b.consecutive_failures(n as u32);
+    }
+    if let Some(t) = cfg.probe_timeout {
+        b = b.probe_timeout(Duration::from_nanos(t));
     }
     if let Some(lease) = cfg.lease {
         b = b.probe_lease(Duration::from_nanos(lease));
@@ -359,6 +430,15 @@ fn run(cfg: Cfg, ops: Vec<Op>) -> Vec<State> {
                     }
                     m.record(mp, fin);
                 }
+                Op::Head(i) => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let at = usize::from(i) % held.len();
+                    let (p, mp) = &mut held[at];
+                    p.head_received();
+                    m.head(*mp);
+                }
                 Op::Advance(ticks) => {
                     tokio::time::advance(Duration::from_nanos(ticks * TICK)).await;
                     m.now += ticks * TICK;
@@ -380,6 +460,8 @@ fn run(cfg: Cfg, ops: Vec<Op>) -> Vec<State> {
                     m.metrics_only = on;
                 }
             }
+            // A snapshot touches the breaker: deadlines that came apply.
+            m.catch_up();
             compare(&b, &m, step);
             if seen.last() != Some(&m.state) {
                 seen.push(m.state);
@@ -461,20 +543,26 @@ fn cfg() -> impl Strategy<Value = Cfg> {
         prop::sample::select(vec![1u64, 2, 3]),
         1u32..=4,
         any::<Index>(),
-        prop_oneof![1 => Just(None), 3 => (1u64..=16).prop_map(Some)],
+        prop_oneof![1 => Just(None), 2 => (1u64..=8).prop_map(Some)],
+        prop_oneof![1 => Just(None), 2 => (0u64..=8).prop_map(Some)],
     )
         .prop_map(
-            |(window, min, rate, consecutive, open, cap, mult, probes, close, lease)| Cfg {
-                window,
-                min_calls: min.index(window) as u64 + 1,
-                rate,
-                consecutive,
-                open: open * 2 * TICK,
-                open_max: open * 2 * TICK * cap,
-                multiplier: mult,
-                probes,
-                close_after: close.index(probes as usize) as u32 + 1,
-                lease: lease.map(|l| l * TICK),
+            |(window, min, rate, consecutive, open, cap, mult, probes, close, timeout, extra)| {
+                let probe_timeout = timeout.map(|t| t * TICK);
+                let deadline = probe_timeout.unwrap_or(open * 2 * TICK);
+                Cfg {
+                    window,
+                    min_calls: min.index(window) as u64 + 1,
+                    rate,
+                    consecutive,
+                    open: open * 2 * TICK,
+                    open_max: open * 2 * TICK * cap,
+                    multiplier: mult,
+                    probes,
+                    close_after: close.index(probes as usize) as u32 + 1,
+                    probe_timeout,
+                    lease: extra.map(|l| deadline + l * TICK),
+                }
             },
         )
 }
@@ -493,6 +581,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         40 => Just(Op::Admit),
         40 => (any::<u16>(), fin()).prop_map(|(i, f)| Op::Finish(i, f)),
+        10 => any::<u16>().prop_map(Op::Head),
         20 => (0u64..=12).prop_map(Op::Advance),
         2 => Just(Op::Reset),
         1 => Just(Op::ForceOpen),
@@ -522,6 +611,7 @@ fn a_scripted_run_goes_through_trip_reopen_backoff_and_close() {
         multiplier: 2,
         probes: 2,
         close_after: 2,
+        probe_timeout: None,
         lease: Some(20 * TICK),
     };
     let ops = vec![
@@ -557,10 +647,10 @@ fn a_scripted_run_goes_through_trip_reopen_backoff_and_close() {
 // === regressions found by the model ===
 
 #[test]
-fn a_probe_that_outlived_its_lease_has_its_late_outcome_dropped() {
-    // The lease defaults to the open duration (2 ticks). The probe's success
-    // arrives exactly when its lease ends, with no admission in between to
-    // reclaim the slot: it must be dropped, not close the circuit.
+fn a_probe_past_its_deadline_has_its_late_outcome_dropped() {
+    // The deadline defaults to the open duration (2 ticks). The probe's
+    // success arrives exactly at its deadline, with no admission in between:
+    // it failed at the deadline, and the success must not close the circuit.
     let cfg = Cfg {
         window: 1,
         min_calls: 1,
@@ -571,6 +661,7 @@ fn a_probe_that_outlived_its_lease_has_its_late_outcome_dropped() {
         multiplier: 1,
         probes: 1,
         close_after: 1,
+        probe_timeout: None,
         lease: None,
     };
     let ops = vec![
@@ -580,9 +671,51 @@ fn a_probe_that_outlived_its_lease_has_its_late_outcome_dropped() {
         Op::Admit,
         Op::Advance(2),
         Op::Finish(0, Fin::Success),
-        // The slot is free again: the next caller probes.
+        // Reopened at the deadline for 2 ticks; then the next caller probes.
+        Op::Advance(2),
         Op::Admit,
         Op::Finish(0, Fin::Success),
+    ];
+    assert_eq!(
+        run(cfg, ops),
+        [
+            State::Closed,
+            State::Open,
+            State::HalfOpen,
+            State::Open,
+            State::HalfOpen,
+            State::Closed
+        ]
+    );
+}
+
+#[test]
+fn a_probe_whose_head_came_is_freed_by_its_lease_without_a_verdict() {
+    let cfg = Cfg {
+        window: 1,
+        min_calls: 1,
+        rate: Some(25),
+        consecutive: None,
+        open: 2 * TICK,
+        open_max: 2 * TICK,
+        multiplier: 1,
+        probes: 1,
+        close_after: 1,
+        probe_timeout: Some(TICK),
+        lease: Some(3 * TICK),
+    };
+    let ops = vec![
+        Op::Admit,
+        Op::Finish(0, Fin::Failure),
+        Op::Advance(2),
+        Op::Admit,
+        Op::Head(0),
+        Op::Advance(3),
+        // The slot is free: a new probe closes the circuit; the first one's
+        // late failure is dropped.
+        Op::Admit,
+        Op::Finish(1, Fin::Success),
+        Op::Finish(0, Fin::Failure),
     ];
     assert_eq!(
         run(cfg, ops),

@@ -183,7 +183,7 @@ async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes()
             .open_duration(Duration::from_millis(300))
             .probes(PROBES as u32)
             .close_after(2)
-            .probe_lease(Duration::from_secs(20))
+            .probe_timeout(Duration::from_secs(20))
     })
     .await;
     trip(&replicas[0].0, 1);
@@ -785,4 +785,152 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
     .await;
     assert!(in_step, "replica b follows all 70 trips and no other key");
     assert!(attach_a.is_shared() && attach_b.is_shared());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
+    let prefix = unique_prefix("panicking-listener");
+    // Replica 1's listener panics whenever the cluster opens it: that
+    // transition is applied by its sync task, not by a caller.
+    let panics = Arc::new(AtomicUsize::new(0));
+    let p = panics.clone();
+    let config = |listener: bool| {
+        let p = p.clone();
+        let b = Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_millis(300))
+            .probes(1)
+            .close_after(1);
+        if listener {
+            b.on_transition(move |t| {
+                if t.to == State::Open {
+                    p.fetch_add(1, Ordering::Relaxed);
+                    panic!("listener bug");
+                }
+            })
+        } else {
+            b
+        }
+    };
+    let mut replicas = Vec::new();
+    for listener in [false, true] {
+        let b = config(listener).build().unwrap();
+        let a = backend(SHARED_URL, &prefix)
+            .build()
+            .unwrap()
+            .attach(&b)
+            .unwrap();
+        replicas.push((b, a));
+    }
+    let shared = || async {
+        replicas
+            .iter()
+            .all(|(b, a)| a.is_shared() && b.remote().is_shared())
+    };
+    assert!(
+        eventually(WAIT, shared).await,
+        "every replica reaches redis"
+    );
+
+    trip(&replicas[0].0, 1);
+    assert!(
+        all_in(&replicas, State::Open).await,
+        "the cluster opens replica 1 too"
+    );
+    assert!(
+        eventually(WAIT, || async { panics.load(Ordering::Relaxed) >= 1 }).await,
+        "the listener ran under the sync task"
+    );
+    // Sharing comes back, and the replica still follows the cluster: a probe
+    // on replica 0 closes both.
+    assert!(
+        eventually(WAIT, shared).await,
+        "replica 1 is back in shared mode"
+    );
+    admit_probe(&replicas[0].0).await.record(Outcome::Success);
+    assert!(all_in(&replicas, State::Closed).await);
+    // And a second trip reaches it as well.
+    trip(&replicas[0].0, 1);
+    assert!(all_in(&replicas, State::Open).await);
+    assert!(eventually(WAIT, shared).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it() {
+    use tower::{Service, ServiceBuilder};
+    use tower_circuit_breaker::keyed::{self, KeySecret};
+
+    let prefix = unique_prefix("hashed");
+    // Each replica reads the same secret from its own configuration.
+    let secret = || KeySecret::new("shared-deployment-secret-0123456789").unwrap();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let set = KeyedBreakers::builder()
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let a = backend(SHARED_URL, &prefix)
+            .build()
+            .unwrap()
+            .attach_keyed(&set)
+            .unwrap();
+        let layer =
+            CircuitBreakerLayer::keyed(set.clone(), keyed::header_hashed("x-api-key", &secret()));
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(|_: http::Request<String>| async {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(503)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            }));
+        replicas.push((set, a, svc));
+    }
+    assert!(
+        eventually(WAIT, || async {
+            replicas.iter().all(|(_, a, _)| a.is_shared())
+        })
+        .await
+    );
+
+    let req = || {
+        http::Request::get("/")
+            .header("x-api-key", "sk-live-credential-42")
+            .body(String::new())
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let svc = &mut replicas[0].2;
+        svc.ready().await.unwrap().call(req()).await.unwrap();
+    }
+    // The other replica opens the same credential's breaker without having
+    // seen a call for it (no call there, so it cannot have tripped alone).
+    let key = keyed::Key::hashed(&secret(), b"sk-live-credential-42");
+    let learned = eventually(WAIT, || async {
+        replicas[1]
+            .0
+            .get(key.as_str())
+            .is_some_and(|b| b.state() == State::Open)
+    })
+    .await;
+    assert!(
+        learned,
+        "replica 1 finds the credential's breaker by its hash"
+    );
+    let svc = &mut replicas[1].2;
+    assert!(svc.ready().await.unwrap().call(req()).await.is_err());
+
+    let mut conn = connection(SHARED_URL).await;
+    let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        assert!(!k.contains("sk-live"), "{k}");
+        assert!(k.starts_with(&format!("{{{prefix}:#")), "{k}");
+    }
 }

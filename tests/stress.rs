@@ -93,8 +93,8 @@ async fn a_thousand_callers_through_repeated_open_half_open_cycles() {
         .probes(PROBES)
         .close_after(2)
         // Longer than the attempt timeout: every probe ends (one way or
-        // another) before its lease could run out.
-        .probe_lease(Duration::from_secs(30))
+        // another) before its deadline could come.
+        .probe_timeout(Duration::from_secs(30))
         .on_transition(move |t| log.lock().unwrap().push((t.at, t.from, t.to)))
         .build()
         .unwrap();

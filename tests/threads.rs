@@ -16,7 +16,7 @@ fn half_open_admits_exactly_the_probe_budget_across_eight_threads() {
             // opened: the race is for the probe slots.
             .open_duration(Duration::from_nanos(1))
             .max_open_duration(Duration::from_nanos(1))
-            .probe_lease(Duration::from_secs(3600))
+            .probe_timeout(Duration::from_secs(3600))
             .probes(3)
             .close_after(3)
             .jitter(0.0)

@@ -39,12 +39,15 @@ pub(crate) struct Config {
     pub(crate) consecutive_failures: Option<u32>,
     pub(crate) slow_call: Option<(Duration, f64)>,
     pub(crate) open: Duration,
-    pub(crate) open_max: Duration,
+    /// The reopen backoff's cap; `None`: [`DEFAULT_CAP_MULTIPLE`] times
+    /// the open duration.
+    pub(crate) open_max: Option<Duration>,
     pub(crate) backoff_multiplier: f64,
     pub(crate) jitter: f64,
     pub(crate) probes: u32,
     pub(crate) close_after: u32,
     pub(crate) probe_lease: Option<Duration>,
+    pub(crate) probe_timeout: Option<Duration>,
     pub(crate) metrics_only: bool,
     pub(crate) volume_guard: Option<(u32, Duration)>,
     pub(crate) seed: Option<u64>,
@@ -73,6 +76,7 @@ impl fmt::Debug for Config {
             .field("probes", &self.probes)
             .field("close_after", &self.close_after)
             .field("probe_lease", &self.probe_lease)
+            .field("probe_timeout", &self.probe_timeout)
             .field("metrics_only", &self.metrics_only)
             .field("volume_guard", &self.volume_guard)
             .field("listeners", &self.listeners.len())
@@ -92,12 +96,13 @@ impl Default for Config {
             consecutive_failures: None,
             slow_call: None,
             open: Duration::from_secs(30),
-            open_max: Duration::from_secs(300),
+            open_max: None,
             backoff_multiplier: 2.0,
             jitter: 0.1,
             probes: 3,
             close_after: 2,
             probe_lease: None,
+            probe_timeout: None,
             metrics_only: false,
             volume_guard: None,
             seed: None,
@@ -112,8 +117,32 @@ impl Default for Config {
 }
 
 impl Config {
+    /// How long a half-open probe's slot is held at most: its lease, or
+    /// else its deadline.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn lease(&self) -> Duration {
-        self.probe_lease.unwrap_or(self.open)
+        self.probe_lease.unwrap_or_else(|| self.probe_deadline())
+    }
+
+    /// A half-open probe whose response head has not come by then is a
+    /// failed probe: the probe timeout, or the slow-call threshold when that
+    /// is shorter (or no timeout is set), or else the base open duration.
+    pub(crate) fn probe_deadline(&self) -> Duration {
+        match (self.probe_timeout, self.slow_call) {
+            (Some(t), Some((slow, _))) => t.min(slow),
+            (Some(t), None) => t,
+            (None, Some((slow, _))) => slow,
+            (None, None) => self.open,
+        }
+    }
+
+    /// The cap of the reopen backoff.
+    pub(crate) fn open_max(&self) -> Duration {
+        self.open_max.unwrap_or_else(|| {
+            self.open
+                .saturating_mul(DEFAULT_CAP_MULTIPLE)
+                .min(MAX_DURATION.max(self.open))
+        })
     }
 
     pub(crate) fn has_rate_rule(&self) -> bool {
@@ -129,10 +158,40 @@ impl Config {
         if self.open.is_zero() {
             return Err(E::ZeroOpenDuration);
         }
-        if self.open_max < self.open {
+        let too_long = |setting, d: Duration| {
+            (d > MAX_DURATION).then_some(E::TooLong {
+                setting,
+                max: MAX_DURATION,
+            })
+        };
+        let too_many = |setting, n: u64, max: u64| (n > max).then_some(E::TooMany { setting, max });
+        if let Some(e) = too_long("open_duration", self.open)
+            .or_else(|| self.open_max.and_then(|m| too_long("max_open_duration", m)))
+            .or_else(|| {
+                self.probe_timeout
+                    .and_then(|t| too_long("probe_timeout", t))
+            })
+            .or_else(|| too_many("probes", self.probes.into(), MAX_PROBES.into()))
+            .or_else(|| too_many("min_calls", self.min_calls.into(), MAX_COUNT_WINDOW.into()))
+            .or_else(|| {
+                self.consecutive_failures.and_then(|n| {
+                    too_many("consecutive_failures", n.into(), MAX_COUNT_WINDOW.into())
+                })
+            })
+            .or_else(|| {
+                too_many(
+                    "counter_stripes",
+                    self.counter_stripes as u64,
+                    MAX_COUNTER_STRIPES as u64,
+                )
+            })
+        {
+            return Err(e);
+        }
+        if self.open_max() < self.open {
             return Err(E::OpenMaxBelowOpen {
                 open: self.open,
-                open_max: self.open_max,
+                open_max: self.open_max(),
             });
         }
         if !(self.backoff_multiplier >= 1.0 && self.backoff_multiplier.is_finite()) {
@@ -150,9 +209,18 @@ impl Config {
                 probes: self.probes,
             });
         }
+        if self.probe_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(E::ZeroProbeTimeout);
+        }
         if let Some(lease) = self.probe_lease {
             if lease.is_zero() {
                 return Err(E::ZeroProbeLease);
+            }
+            if lease < self.probe_deadline() {
+                return Err(E::LeaseBelowProbeTimeout {
+                    lease,
+                    probe_timeout: self.probe_deadline(),
+                });
             }
         }
         if let Some(rate) = self.failure_rate {
@@ -214,8 +282,17 @@ impl Config {
     }
 }
 
-/// The largest count window accepted.
+/// The largest count window accepted; also the most `min_calls` and
+/// `consecutive_failures` may ask for.
 pub(crate) const MAX_COUNT_WINDOW: u32 = 1 << 20;
+/// The longest open duration, backoff cap or probe timeout accepted: a week.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The most probes one half-open cycle may admit.
+pub(crate) const MAX_PROBES: u32 = 1 << 16;
+/// The most counter stripes a breaker may have (each is 128 bytes).
+pub(crate) const MAX_COUNTER_STRIPES: usize = 1024;
+/// With no cap set, the reopen backoff stops at this many open durations.
+pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 10;
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
 
@@ -247,6 +324,31 @@ pub enum ConfigError {
     },
     /// The probe lease is zero.
     ZeroProbeLease,
+    /// The probe timeout is zero.
+    ZeroProbeTimeout,
+    /// The probe lease is shorter than the probe deadline, so a probe's
+    /// verdict could be lost.
+    LeaseBelowProbeTimeout {
+        /// The lease.
+        lease: Duration,
+        /// The probe deadline (the probe timeout, or the slow-call threshold).
+        probe_timeout: Duration,
+    },
+    /// A duration setting above its upper bound (a week), at which the
+    /// circuit could not complete a cycle in any useful time.
+    TooLong {
+        /// Which setting.
+        setting: &'static str,
+        /// Its upper bound.
+        max: Duration,
+    },
+    /// A count setting above its upper bound.
+    TooMany {
+        /// Which setting.
+        setting: &'static str,
+        /// Its upper bound.
+        max: u64,
+    },
     /// A rate threshold is outside `(0, 1]`.
     Rate {
         /// Which rule.
@@ -278,6 +380,8 @@ pub enum ConfigError {
     KeyBounds,
     /// A stack's pieces do not fit together.
     Stack(&'static str),
+    /// A health prober's settings are unusable.
+    HealthProbe(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -304,6 +408,20 @@ impl fmt::Display for ConfigError {
                 "close_after must be between 1 and probes ({probes}), got {close_after}"
             ),
             ConfigError::ZeroProbeLease => f.write_str("probe lease must be greater than zero"),
+            ConfigError::ZeroProbeTimeout => f.write_str("probe timeout must be greater than zero"),
+            ConfigError::LeaseBelowProbeTimeout {
+                lease,
+                probe_timeout,
+            } => write!(
+                f,
+                "probe lease {lease:?} is shorter than the probe deadline {probe_timeout:?}"
+            ),
+            ConfigError::TooLong { setting, max } => {
+                write!(f, "{setting} is longer than its upper bound {max:?}")
+            }
+            ConfigError::TooMany { setting, max } => {
+                write!(f, "{setting} is above its upper bound {max}")
+            }
             ConfigError::Rate { rule, value } => {
                 write!(f, "{rule} must be in (0, 1], got {value}")
             }
@@ -332,6 +450,7 @@ impl fmt::Display for ConfigError {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
             ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
+            ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }
 }
@@ -344,8 +463,18 @@ impl std::error::Error for ConfigError {}
 ///
 /// Defaults follow the numbers of a typical LLM outage: a count window of 20
 /// calls, a 50 % failure rate once 20 calls are seen, 30 s open, reopen
-/// backoff doubling up to 300 s with 10 % jitter, 3 probes and 2 successes to
-/// close.
+/// backoff doubling up to ten open durations (300 s) with 10 % jitter, 3
+/// probes and 2 successes to close, each probe failed if its response head
+/// has not come within the open duration.
+///
+/// # Upper bounds
+///
+/// Settings at which a circuit could not trip, half-open and close in any
+/// useful time are [`ConfigError`]s: `open_duration`, `max_open_duration`
+/// and `probe_timeout` above a week; `probes` above 65,536; a count window,
+/// `min_calls` or `consecutive_failures` above 2^20; `counter_stripes` above
+/// 1,024. Durations that mean "never" (a probe lease, a slow-call threshold,
+/// a volume-guard period) saturate instead.
 ///
 /// # Example
 ///
@@ -525,9 +654,10 @@ impl<T> Builder<T> {
         self
     }
 
-    /// The cap of the reopen backoff.
+    /// The cap of the reopen backoff. Unset, it is ten open durations, so
+    /// setting only [`open_duration`](Self::open_duration) always builds.
     pub fn max_open_duration(mut self, open_max: Duration) -> Self {
-        self.config.open_max = open_max;
+        self.config.open_max = Some(open_max);
         self
     }
 
@@ -558,8 +688,22 @@ impl<T> Builder<T> {
         self
     }
 
-    /// A probe still unfinished after this long gives its slot back and its
-    /// late outcome is dropped. Defaults to the base open duration.
+    /// A half-open probe whose response head has not come by then is a
+    /// failed probe, decided at that moment (the cycle reopens as soon as
+    /// `close_after` is out of reach); its late outcome is dropped. Defaults
+    /// to the base open duration; with the slow-call rule on, the slow
+    /// threshold is the deadline unless this is shorter. So no setting can
+    /// leave a hung upstream half-open for ever.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.config.probe_timeout = Some(timeout);
+        self
+    }
+
+    /// A probe still unfinished after this long (its head came in time, its
+    /// body is still streaming) gives its slot back without a verdict, and
+    /// its late outcome is dropped. Unset by default: a probe holds its slot
+    /// until it finishes. May not be shorter than the probe deadline (see
+    /// [`probe_timeout`](Self::probe_timeout)); `Duration::MAX` means never.
     pub fn probe_lease(mut self, lease: Duration) -> Self {
         self.config.probe_lease = Some(lease);
         self
@@ -600,7 +744,7 @@ impl<T> Builder<T> {
     /// one more stripe. More saves time when many threads call through one
     /// breaker; fewer saves memory when there are many breakers. Default 16.
     /// Keyed breakers start with the shared stripe alone and get theirs (at
-    /// most one per CPU) once a key has admitted 1,024 calls.
+    /// most one per CPU) once a key has admitted 1,024 calls. At most 1,024.
     pub fn counter_stripes(mut self, stripes: usize) -> Self {
         self.config.counter_stripes = stripes;
         self

@@ -35,9 +35,12 @@ pub(crate) enum Counter {
     VolumeLimited,
     ProbeSuccesses,
     ProbeFailures,
+    HealthProbeSuccesses,
+    HealthProbeFailures,
+    ListenerPanics,
 }
 
-const COUNTERS: usize = 13;
+const COUNTERS: usize = 16;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -206,6 +209,9 @@ impl Striped {
             volume_limited: get(Counter::VolumeLimited),
             probe_successes: get(Counter::ProbeSuccesses),
             probe_failures: get(Counter::ProbeFailures),
+            health_probe_successes: get(Counter::HealthProbeSuccesses),
+            health_probe_failures: get(Counter::HealthProbeFailures),
+            listener_panics: get(Counter::ListenerPanics),
         }
     }
 }

@@ -4,6 +4,17 @@
 //! the call's [`Outcome`]. A permit dropped without an outcome counts as
 //! [`Outcome::Ignored`] (a cancelled call says nothing about the upstream).
 //!
+//! # Time
+//!
+//! Time comes from [`tokio::time::Instant`], so `tokio::time::pause()` drives
+//! every deadline in tests. The breaker arms no timer of its own: deadlines
+//! (the end of the open period, a probe's deadline or lease) are checked
+//! whenever the breaker is touched (an admission, a recorded outcome,
+//! [`Breaker::state`], [`Breaker::snapshot`]) and applied at the moment they
+//! came, not the moment they were noticed. [`Breaker::changed`] sleeps in the
+//! waiter's own task. So a breaker works the same on a runtime built without
+//! timers, or on none.
+//!
 //! # Example
 //!
 //! ```
@@ -28,37 +39,44 @@
 //! # }
 //! ```
 
+mod changed;
 mod config;
 mod counters;
+mod half_open;
+mod outcome;
+mod permit;
+mod remote;
 mod spare;
 mod state;
 mod volume;
 mod window;
 
-use std::cell::Cell;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
+pub use self::changed::Changed;
 pub(crate) use self::config::{sealed, Config};
 pub use self::config::{Build, Builder, ConfigError, Window};
+pub use self::outcome::Outcome;
+pub use self::permit::Permit;
+pub use self::remote::Remote;
 pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
 
 use self::counters::{Counter, Striped};
+use self::half_open::{Cycle, Expiry};
+use self::permit::{Head, Kind, Ticket};
 use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates, FAILED, SLOW};
 use crate::error::{CircuitOpen, Deadline, Rejection};
 use crate::rng::Rng;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
-use crate::Outcome;
 
 /// A handle to one circuit breaker. Cheap to clone; every clone shares the
 /// same state.
@@ -72,12 +90,7 @@ use crate::Outcome;
 /// touches no lock and no shared reference count (a finished permit leaves
 /// its reference with its thread for the next call, so a thread may keep a
 /// dropped breaker's state alive until it calls another breaker or exits).
-/// An open circuit opened inside a Tokio runtime with timers rejects without
-/// reading the clock until a timer set just before its deadline fires; the
-/// deadline is kept to the nanosecond all the same, in paused time too.
-/// Elsewhere it reads the clock: outside a runtime, in a runtime without
-/// timers (Tokio's panic on trying is caught, and its message printed, once
-/// per breaker), and in builds with `panic = "abort"`, which never try.
+/// An open circuit rejects with two atomic loads and one clock read.
 #[derive(Clone)]
 pub struct Breaker {
     shared: Arc<Shared>,
@@ -98,7 +111,9 @@ impl fmt::Debug for Breaker {
 struct Hot {
     /// [`Packed`] state and generation.
     state: AtomicU64,
-    /// While open: when the next probe may be admitted (ns since `epoch`).
+    /// The next moment time alone changes the state (ns since `epoch`):
+    /// while open, the end of the open period; while half-open, the first
+    /// probe deadline or lease; `u64::MAX` for none.
     open_until: AtomicU64,
     consecutive: AtomicU64,
     metrics_only: AtomicBool,
@@ -106,8 +121,6 @@ struct Hot {
 
 pub(crate) struct Shared {
     hot: Hot,
-    /// Marks open deadlines as they pass, so that rejecting reads no clock.
-    alarm: Arc<Alarm>,
     /// Woken on every transition.
     changes: Arc<Notify>,
     rates: Rates,
@@ -120,46 +133,14 @@ pub(crate) struct Shared {
     config: Arc<Config>,
     /// Threshold of the slow-call rule, in ns.
     slow_ns: Option<u64>,
+    /// A half-open probe's deadline for its response head, in ns.
+    probe_deadline_ns: u64,
+    /// A half-open probe's lease, in ns.
+    lease_ns: Option<u64>,
     /// Neither a volume guard nor a slow-call rule: a closed circuit admits
     /// with nothing but a permit.
     plain: bool,
     epoch: Instant,
-}
-
-/// A coarse clock fed by the runtime's timer, so that rejecting while open
-/// (or while every half-open probe slot is taken) reads no clock.
-///
-/// When the circuit opens inside a Tokio runtime (or its last probe slot is
-/// taken), a timer is registered for one millisecond before the deadline
-/// (the end of the open period, or of the first probe lease) (the driver rounds up to whole
-/// milliseconds), with this as its waker. The driver wakes it as it
-/// processes timers, before it polls any task, and the wake writes the
-/// deadline into [`passed`](Self::passed). While the state word is
-/// [`Packed::timed`] or [`Packed::probes_out`] and the deadline is above
-/// `passed`, the deadline has
-/// not come: the call is rejected without reading the clock. From then on
-/// the clock decides, exactly, as it does where no timer could be armed.
-/// A waker woken early, or by a driver shutting down, only sends calls to
-/// the clock sooner.
-#[derive(Default)]
-struct Alarm {
-    /// The deadline of the armed timer (ns since `epoch`).
-    armed: AtomicU64,
-    /// The latest deadline known to have come, or nearly (ns since `epoch`).
-    passed: AtomicU64,
-    /// Timers are not available (a runtime without a time driver).
-    unavailable: AtomicBool,
-}
-
-impl std::task::Wake for Alarm {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        let at = self.armed.load(Ordering::Acquire);
-        self.passed.fetch_max(at, Ordering::AcqRel);
-    }
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -174,39 +155,21 @@ struct Control {
     remote: bool,
     /// In remote mode: probes this replica may admit in the current cycle.
     allowance: u32,
-    /// While open, or half-open with every slot taken: the timer that feeds
-    /// [`Alarm`].
-    timer: Option<Pin<Box<Sleep>>>,
 }
 
-/// Bookkeeping of one half-open cycle.
+/// Transitions made under the control lock, emitted once it is released.
+/// One touch makes at most three (open -> half-open -> open -> half-open,
+/// when a probe deadline passed long ago) and a recorded probe one more.
 #[derive(Default)]
-struct Cycle {
-    /// Probes admitted and not yet finished: id, lease deadline, start.
-    leases: Vec<(u32, u64, u64)>,
-    successes: u32,
-    failures: u32,
-    next_id: u32,
+pub(crate) struct Events {
+    list: [Option<Transition>; 4],
 }
 
-impl Cycle {
-    fn used(&self) -> u32 {
-        self.leases.len() as u32 + self.successes + self.failures
-    }
-
-    /// Takes back the slots of probes whose lease ran out.
-    fn reclaim(&mut self, now: u64) {
-        self.leases.retain(|&(_, deadline, _)| deadline > now);
-    }
-
-    /// Ends probe `id`'s lease; `false` if it had already expired.
-    fn release(&mut self, id: u32) -> bool {
-        match self.leases.iter().position(|&(p, _, _)| p == id) {
-            Some(i) => {
-                self.leases.swap_remove(i);
-                true
-            }
-            None => false,
+impl Events {
+    fn push(&mut self, t: Transition) {
+        match self.list.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(t),
+            None => debug_assert!(false, "more transitions in one touch than expected"),
         }
     }
 }
@@ -215,6 +178,12 @@ impl Cycle {
 
 impl Breaker {
     /// A builder with the default configuration.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, State};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// assert_eq!(breaker.state(), State::Closed);
+    /// ```
     pub fn builder() -> Builder<Breaker> {
         Builder::new()
     }
@@ -233,11 +202,10 @@ impl Breaker {
             shared: Arc::new(Shared {
                 hot: Hot {
                     state: AtomicU64::new(Packed::new(State::Closed, 0).0),
-                    open_until: AtomicU64::new(0),
+                    open_until: AtomicU64::new(u64::MAX),
                     consecutive: AtomicU64::new(0),
                     metrics_only: AtomicBool::new(config.metrics_only),
                 },
-                alarm: Arc::default(),
                 changes: Arc::new(Notify::new()),
                 rates: if has_window {
                     Rates::new(config.window)
@@ -256,10 +224,11 @@ impl Breaker {
                     rng: config.seed.map_or_else(Rng::random, Rng::new),
                     remote: false,
                     allowance: 0,
-                    timer: None,
                 }),
                 plain: slow_ns.is_none() && config.volume_guard.is_none(),
                 slow_ns,
+                probe_deadline_ns: nanos(config.probe_deadline()),
+                lease_ns: config.probe_lease.map(nanos),
                 epoch: Instant::now(),
                 name,
                 config,
@@ -270,46 +239,114 @@ impl Breaker {
     /// Asks to make one call. Closed (and disabled) circuits admit at once,
     /// without a lock; open ones reject; half-open ones admit up to the probe
     /// budget.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let permit = breaker.admit().expect("a new breaker is closed");
+    /// permit.record(Outcome::Success);
+    /// ```
     #[inline]
     pub fn admit(&self) -> Result<Permit, CircuitOpen> {
         self.shared.admit()
     }
 
-    /// The current state.
+    /// The current state. Once the open period is over it says
+    /// [`State::HalfOpen`], with no call needed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder().open_duration(Duration::from_secs(30)).jitter(0.0).build().unwrap();
+    /// breaker.force_open();
+    /// breaker.reset();
+    /// assert_eq!(breaker.state(), State::Closed);
+    /// # }
+    /// ```
     #[inline]
     pub fn state(&self) -> State {
-        Packed(self.shared.hot.state.load(Ordering::Acquire)).state()
+        let state = self.shared.load().state();
+        match state {
+            State::Open | State::HalfOpen => self.shared.touch(),
+            _ => state,
+        }
     }
 
     /// The breaker's name, if it has one.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
+    /// assert_eq!(breaker.name(), Some("gpt-4o"));
+    /// ```
     pub fn name(&self) -> Option<&str> {
         self.shared.name.as_deref()
     }
 
     /// State, window, counters and timers at this moment.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, State};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let snap = breaker.snapshot();
+    /// assert_eq!(snap.state, State::Closed);
+    /// assert_eq!(snap.counters.admitted, 0);
+    /// ```
     pub fn snapshot(&self) -> Snapshot {
         self.shared.snapshot()
     }
 
     /// Rejects every call until [`reset`](Self::reset). Does not advance the
     /// reopen backoff.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, State};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.force_open();
+    /// assert!(breaker.admit().is_err());
+    /// assert_eq!(breaker.state(), State::ForcedOpen);
+    /// ```
     pub fn force_open(&self) {
         self.shared
             .set_manual(State::ForcedOpen, Reason::ForcedOpen);
     }
 
     /// Admits every call and records nothing, until [`reset`](Self::reset).
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, Outcome, State};
+    /// let breaker = Breaker::builder().consecutive_failures(1).build().unwrap();
+    /// breaker.disable();
+    /// breaker.admit().unwrap().record(Outcome::Failure);
+    /// assert_eq!(breaker.state(), State::Disabled);
+    /// ```
     pub fn disable(&self) {
         self.shared.set_manual(State::Disabled, Reason::Disabled);
     }
 
     /// Closes the circuit with an empty window and the reopen backoff reset.
     /// Lifetime counters are kept.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, State};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.force_open();
+    /// breaker.reset();
+    /// assert_eq!(breaker.state(), State::Closed);
+    /// ```
     pub fn reset(&self) {
         self.shared.set_manual(State::Closed, Reason::Reset);
     }
 
     /// Whether the breaker is in metrics-only (shadow) mode.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().metrics_only(true).build().unwrap();
+    /// assert!(breaker.is_metrics_only());
+    /// ```
     #[inline]
     pub fn is_metrics_only(&self) -> bool {
         self.shared.hot.metrics_only.load(Ordering::Acquire)
@@ -318,18 +355,64 @@ impl Breaker {
     /// Turns shadow mode on or off: the breaker keeps recording and making
     /// transitions, but admits the calls it would have rejected (counted in
     /// [`Counters::would_reject`]).
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.set_metrics_only(true);
+    /// breaker.force_open();
+    /// assert!(breaker.admit().is_ok(), "shadow mode never rejects");
+    /// assert_eq!(breaker.snapshot().counters.would_reject, 1);
+    /// ```
     pub fn set_metrics_only(&self, on: bool) {
         self.shared.hot.metrics_only.store(on, Ordering::Release);
     }
 
-    /// A future that completes at the next state change after this call.
+    /// A future that completes at the next state change after this call,
+    /// including one that comes with time alone (the end of the open
+    /// period), which it waits for in its own task.
     ///
     /// A retry waiting out its backoff can race its sleep against this, so it
     /// learns at once that the circuit opened instead of sleeping first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder().open_duration(Duration::from_secs(30)).jitter(0.0).build().unwrap();
+    /// breaker.remote().open_for(Duration::from_secs(30));
+    /// breaker.changed().await; // wakes when the open period is over
+    /// assert_eq!(breaker.state(), State::HalfOpen);
+    /// # }
+    /// ```
     pub fn changed(&self) -> Changed {
-        Changed {
-            inner: Arc::clone(&self.shared.changes).notified_owned(),
-        }
+        Changed::new(&self.shared)
+    }
+
+    /// Records the answer of a health probe: the breaker's own cheap request
+    /// to a circuit that is not closed (see [`crate::health`]). A
+    /// [`Success`](Outcome::Success) ends the open period at once (the
+    /// circuit goes half-open, so real traffic confirms the heal), and
+    /// starts a fresh half-open cycle when every probe slot of the current
+    /// one is held by calls still waiting for their response head. Anything
+    /// else changes nothing. Health probes never enter the window, never
+    /// advance the reopen backoff, and are counted apart
+    /// ([`Counters::health_probe_successes`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.remote().open_for(Duration::from_secs(30));
+    /// breaker.record_health_probe(Outcome::Success);
+    /// assert_eq!(breaker.state(), State::HalfOpen);
+    /// # }
+    /// ```
+    pub fn record_health_probe(&self, outcome: Outcome) {
+        self.shared.record_health(outcome == Outcome::Success);
     }
 
     /// Controls for a shared-state backend (such as the Redis one) that keeps
@@ -341,6 +424,12 @@ impl Breaker {
     }
 
     /// Whether two handles share one breaker.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let a = Breaker::builder().build().unwrap();
+    /// assert!(a.ptr_eq(&a.clone()));
+    /// ```
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
@@ -353,7 +442,7 @@ impl Breaker {
     }
 }
 
-// === impl Shared ===
+// === impl Shared: time ===
 
 impl Shared {
     #[inline]
@@ -370,94 +459,105 @@ impl Shared {
         }
     }
 
-    /// Arms the timer that marks `until` in [`Alarm`]; `false` when none
-    /// could be armed (no runtime at hand, or one without timers).
-    ///
-    /// Tokio offers no way to ask whether a runtime has timers but to try
-    /// and catch its panic, so builds that abort on panic never try.
-    fn arm(&self, ctl: &mut Control, until: u64) -> bool {
-        ctl.timer = None;
-        if cfg!(loom) || cfg!(panic = "abort") || self.alarm.unavailable.load(Ordering::Relaxed) {
-            return false;
-        }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return false;
-        }
-        self.alarm.armed.store(until, Ordering::Release);
-        let at = self.deadline(until.saturating_sub(TIMER_LEAD)).instant();
-        // A runtime without a time driver panics here, once per breaker.
-        let Ok(mut sleep) = std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(at)))
-        else {
-            self.alarm.unavailable.store(true, Ordering::Relaxed);
-            return false;
-        };
-        let waker = Waker::from(Arc::clone(&self.alarm));
-        if sleep
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_ready()
-        {
-            return false;
-        }
-        ctl.timer = Some(sleep);
-        true
-    }
-
-    /// Under the control lock: arms the timer for `until`, publishes
-    /// `until` as the deadline and returns `marked`, or `plain` if no timer
-    /// could be armed. The timer is armed before the deadline is published,
-    /// so a reader that sees this deadline with the marked word can trust it.
-    fn mark_until(&self, ctl: &mut Control, until: u64, marked: Packed, plain: Packed) -> Packed {
-        let word = if self.arm(ctl, until) { marked } else { plain };
-        self.hot.open_until.store(until, Ordering::Release);
-        word
-    }
-
-    /// Sets the deadline of an open circuit and arms its timer, or falls
-    /// back to the clock. Called under the control lock.
-    fn open_until(&self, ctl: &mut Control, until: u64, generation: u64) {
-        let word = self.mark_until(
-            ctl,
-            until,
-            Packed::timed(generation),
-            Packed::new(State::Open, generation),
-        );
-        self.hot.state.store(word.0, Ordering::Release);
-    }
-
     #[inline]
     fn load(&self) -> Packed {
         Packed(self.hot.state.load(Ordering::Acquire))
     }
 
+    /// The next moment time alone changes the state; `u64::MAX` for none.
+    fn next_deadline(&self) -> u64 {
+        match self.load().state() {
+            State::Open | State::HalfOpen => self.hot.open_until.load(Ordering::Acquire),
+            _ => u64::MAX,
+        }
+    }
+
+    fn set_open_until(&self, until: u64) {
+        self.hot.open_until.store(until, Ordering::Release);
+    }
+
+    /// Applies the deadlines that have passed and returns the state.
+    fn touch(&self) -> State {
+        let now = self.now();
+        if now >= self.hot.open_until.load(Ordering::Acquire) {
+            let mut ctl = lock(&self.control);
+            let mut events = Events::default();
+            self.catch_up(&mut ctl, now, &mut events);
+            drop(ctl);
+            self.emit(events);
+        }
+        self.load().state()
+    }
+
+    /// Under the control lock: applies every deadline that has passed by
+    /// `now`, each at the moment it came, so that a breaker nobody touched
+    /// for a while tells the same story as one touched all along.
+    fn catch_up(&self, ctl: &mut Control, now: u64, events: &mut Events) {
+        loop {
+            match self.load().state() {
+                State::Open => {
+                    let until = self.hot.open_until.load(Ordering::Acquire);
+                    if now < until {
+                        break;
+                    }
+                    events.push(self.transition(ctl, State::HalfOpen, Reason::OpenElapsed, until));
+                }
+                State::HalfOpen => {
+                    let Some((at, expiry)) = ctl.cycle.pop_due(now) else {
+                        break;
+                    };
+                    if expiry == Expiry::Failed {
+                        // No response head by the probe deadline: a failed
+                        // probe now; its late outcome will be dropped.
+                        ctl.cycle.failures += 1;
+                        self.counters.incr(Counter::ProbeFailures);
+                        if let Some((to, reason)) = self.verdict(ctl) {
+                            events.push(self.transition(ctl, to, reason, at));
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.remark(ctl);
+    }
+}
+
+// === impl Shared: admission ===
+
+impl Shared {
     #[inline]
     fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let word = self.load();
         if word.is_closed() && self.plain {
             return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
         }
-        if word.has_deadline() {
-            let until = self.hot.open_until.load(Ordering::Acquire);
-            if self.alarm.passed.load(Ordering::Acquire) < until && !clock_turn() {
-                // The timer for this deadline has not fired: not due yet.
-                return match word.state() {
-                    State::Open => self.reject(Rejection::Open, Some(until)),
-                    _ => self.reject(Rejection::HalfOpenFull, None),
-                };
-            }
-        }
         self.admit_other(word)
     }
 
-    /// Every admission but a closed circuit's without a volume guard or
-    /// slow-call rule, and an open one's whose timer is pending.
+    /// Every admission but a plain closed circuit's.
     #[inline(never)]
     fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
         match word.state() {
             State::Closed => self.admit_closed(word.generation()),
             State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
-            State::Open => self.admit_open(self.hot.open_until.load(Ordering::Acquire)),
-            State::HalfOpen => self.admit_probe(self.now()),
+            State::Open => {
+                let until = self.hot.open_until.load(Ordering::Acquire);
+                let now = self.now();
+                if now < until {
+                    self.reject(Rejection::Open, Some(until))
+                } else {
+                    self.admit_probe(now)
+                }
+            }
+            State::HalfOpen => {
+                let now = self.now();
+                if word.is_probes_out() && now < self.hot.open_until.load(Ordering::Acquire) {
+                    // Every slot is taken and no deadline has come.
+                    return self.reject(Rejection::HalfOpenFull, None);
+                }
+                self.admit_probe(now)
+            }
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
         }
     }
@@ -484,72 +584,65 @@ impl Shared {
         };
         let now = self.now();
         let threshold = self.slow_ns.unwrap_or(u64::MAX);
-        let (crossed, id) = {
-            let mut f = lock(in_flight);
-            (f.sweep(now, threshold), f.start(now))
-        };
-        let permit = Permit::new(self, generation, Kind::Tracked, id);
-        if crossed > 0 {
-            // Calls still hanging past the threshold are slow now, not when
-            // their timeouts finally return. This call was admitted while
-            // closed, even if these crossings open the circuit.
-            self.counters.add(Counter::Slow, crossed);
-            for _ in 0..crossed {
-                self.record_closed(generation as u32, SLOW, false, now);
-            }
+        let mut f = lock(in_flight);
+        let crossed = f.sweep(now, threshold);
+        if crossed.is_empty() {
+            let id = f.start(now);
+            drop(f);
+            return Ok(Permit::new(self, generation, Kind::Tracked, id));
         }
-        Ok(permit)
+        drop(f);
+        self.record_crossings(generation as u32, &crossed, now);
+        if self.is_current(State::Closed, generation as u32) {
+            let id = lock(in_flight).start(now);
+            return Ok(Permit::new(self, generation, Kind::Tracked, id));
+        }
+        // The crossings this admission found tripped the circuit: it is the
+        // first call the open circuit turns away, not one more call to an
+        // upstream already known to hang.
+        self.admit()
     }
 
-    /// An open circuit whose deadline may have passed: the clock decides.
+    /// Calls still hanging past the slow threshold are slow now, not when
+    /// their timeouts finally return; each takes its one place in the
+    /// window here.
     #[cold]
-    fn admit_open(self: &Arc<Self>, until: u64) -> Result<Permit, CircuitOpen> {
-        let now = self.now();
-        if now < until {
-            self.reject(Rejection::Open, Some(until))
-        } else {
-            self.admit_probe(now)
+    fn record_crossings(&self, generation: u32, crossed: &[u32], now: u64) {
+        self.counters.add(Counter::Slow, crossed.len() as u64);
+        for &id in crossed {
+            let slot = self.record_closed(generation, SLOW, false, now);
+            if let (Some(slot), Some(f)) = (slot, &self.in_flight) {
+                lock(f).crossed_at(id, slot);
+            }
         }
     }
 
     #[cold]
     fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
         let mut ctl = lock(&self.control);
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
         let word = self.load();
-        let mut event = None;
-        match word.state() {
-            State::Open => {
-                let until = self.hot.open_until.load(Ordering::Acquire);
-                if now < until {
-                    drop(ctl);
-                    return self.reject(Rejection::Open, Some(until));
-                }
-                event = Some(self.transition(&mut ctl, State::HalfOpen, Reason::OpenElapsed, now));
+        let admitted = match word.state() {
+            State::Open => Err(Some(self.hot.open_until.load(Ordering::Acquire))),
+            State::HalfOpen if ctl.cycle.used() < self.budget(&ctl) => {
+                Ok(ctl.cycle.start(now, self.probe_deadline_ns, self.lease_ns))
             }
-            State::HalfOpen => {}
+            State::HalfOpen => Err(None),
             // It changed while we waited for the lock.
             State::Closed | State::Disabled | State::ForcedOpen => {
                 drop(ctl);
+                self.emit(events);
                 return self.admit();
             }
-        }
-        let generation = self.load().generation();
-        ctl.cycle.reclaim(now);
-        let admitted = (ctl.cycle.used() < self.budget(&ctl)).then(|| {
-            let id = ctl.cycle.next_id;
-            ctl.cycle.next_id = id.wrapping_add(1);
-            let deadline = now + nanos(self.config.lease());
-            ctl.cycle.leases.push((id, deadline, now));
-            id
-        });
-        self.mark_probes(&mut ctl, generation);
+        };
+        self.remark(&mut ctl);
         drop(ctl);
-        if let Some(t) = event {
-            self.emit(t);
-        }
+        self.emit(events);
         match admitted {
-            Some(id) => Ok(Permit::new(self, generation, Kind::Probe, id)),
-            None => self.reject(Rejection::HalfOpenFull, None),
+            Ok(id) => Ok(Permit::new(self, word.generation(), Kind::Probe, id)),
+            Err(Some(until)) => self.reject(Rejection::Open, Some(until)),
+            Err(None) => self.reject(Rejection::HalfOpenFull, None),
         }
     }
 
@@ -562,55 +655,24 @@ impl Shared {
         }
     }
 
-    /// In half-open, under the control lock: marks the state word when every
-    /// probe slot is taken, so that admissions are refused without the lock
-    /// (or the clock) until the first lease may run out.
-    fn mark_probes(&self, ctl: &mut Control, generation: u64) {
-        let word = if ctl.cycle.used() < self.budget(ctl) {
-            ctl.timer = None;
-            Packed::new(State::HalfOpen, generation)
-        } else {
-            match ctl
-                .cycle
-                .leases
-                .iter()
-                .map(|&(_, deadline, _)| deadline)
-                .min()
-            {
-                // Only the lock's holders can free a slot.
-                None => {
-                    ctl.timer = None;
-                    self.hot.open_until.store(u64::MAX, Ordering::Release);
-                    Packed::probes_out(generation)
-                }
-                // Already marked, and its timer still pending.
-                Some(until)
-                    if self.load() == Packed::probes_out(generation)
-                        && self.hot.open_until.load(Ordering::Acquire) == until
-                        && ctl.timer.is_some() =>
-                {
-                    return;
-                }
-                Some(until) => self.mark_until(
-                    ctl,
-                    until,
-                    Packed::probes_out(generation),
-                    Packed::new(State::HalfOpen, generation),
-                ),
-            }
-        };
-        // Every admission reads this word: write it only when it changes.
-        if self.load() != word {
-            self.hot.state.store(word.0, Ordering::Release);
-        }
-    }
-
-    /// After probe slots or the budget changed, under the control lock:
-    /// marks a half-open state word again.
+    /// In half-open, under the control lock: publishes the next probe
+    /// deadline and marks the state word when every probe slot is taken, so
+    /// that admissions are refused without the lock until a deadline comes.
     fn remark(&self, ctl: &mut Control) {
         let word = self.load();
-        if word.state() == State::HalfOpen {
-            self.mark_probes(ctl, word.generation());
+        if word.state() != State::HalfOpen {
+            return;
+        }
+        let generation = word.generation();
+        self.set_open_until(ctl.cycle.next_deadline());
+        let marked = if ctl.cycle.used() < self.budget(ctl) {
+            Packed::new(State::HalfOpen, generation)
+        } else {
+            Packed::probes_out(generation)
+        };
+        // Every admission reads this word: write it only when it changes.
+        if word != marked {
+            self.hot.state.store(marked.0, Ordering::Release);
         }
     }
 
@@ -637,7 +699,11 @@ impl Shared {
             deadline.map(|ns| self.deadline(ns)),
         ))
     }
+}
 
+// === impl Shared: recording ===
+
+impl Shared {
     /// Records a finished call.
     fn record(&self, permit: Ticket, head: &mut Head, outcome: Outcome) {
         if *head == Head::Pending {
@@ -647,9 +713,9 @@ impl Shared {
         match permit.kind {
             Kind::Passive => {}
             Kind::Closed | Kind::Tracked => {
-                let entry = match outcome {
-                    Outcome::Success => 0,
-                    Outcome::Failure => FAILED,
+                let failed = match outcome {
+                    Outcome::Success => false,
+                    Outcome::Failure => true,
                     // Neutral everywhere: not in any window, and the streak
                     // of failures goes on.
                     _ => return,
@@ -659,7 +725,17 @@ impl Shared {
                 } else {
                     0
                 };
-                let entry = entry | if slow { SLOW } else { 0 };
+                if let Head::Crossed(slot) = *head {
+                    // Already in the window as slow: a failure marks that
+                    // entry failed too, and only a failure counts further.
+                    if failed && self.is_current(State::Closed, permit.generation) {
+                        let streak = self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1;
+                        let stats = self.rates.mark_failed(slot, now);
+                        self.evaluate(permit.generation, streak, stats);
+                    }
+                    return;
+                }
+                let entry = if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
                 self.record_closed(permit.generation, entry, true, now);
             }
             Kind::Probe => self.record_probe(permit.generation, permit.id, outcome, slow),
@@ -667,29 +743,39 @@ impl Shared {
     }
 
     /// Judges the call's time to head, now: slow, fast, or already counted
-    /// as slow while it was in flight. Counts a slow call.
+    /// as slow while it was in flight. Counts a slow call. For a probe,
+    /// marks its head as come, so its deadline no longer applies.
     fn judge_head(&self, permit: Ticket) -> Head {
-        let Some(threshold) = self.slow_ns else {
-            return Head::Fast;
-        };
         let started = match permit.kind {
-            Kind::Tracked => match self
-                .in_flight
-                .as_ref()
-                .and_then(|f| lock(f).finish(permit.id))
-            {
-                Some(started) => started,
-                None => return Head::Crossed,
+            Kind::Tracked => match self.in_flight.as_ref().map(|f| lock(f).finish(permit.id)) {
+                Some(window::Finished::Running(started)) => started,
+                Some(window::Finished::Crossed(slot)) => return Head::Crossed(slot),
+                Some(window::Finished::Gone) | None => return Head::Fast,
             },
             Kind::Probe => {
-                let ctl = lock(&self.control);
-                match ctl.cycle.leases.iter().find(|l| l.0 == permit.id) {
-                    Some(&(_, _, started)) => started,
-                    // Its lease ran out: its outcome will be dropped anyway.
+                let mut ctl = lock(&self.control);
+                let now = self.now();
+                let mut events = Events::default();
+                self.catch_up(&mut ctl, now, &mut events);
+                let started = if self.is_current(State::HalfOpen, permit.generation) {
+                    ctl.cycle.head(permit.id)
+                } else {
+                    None
+                };
+                self.remark(&mut ctl);
+                drop(ctl);
+                self.emit(events);
+                match started {
+                    Some(started) => started,
+                    // Decided by its deadline already: its outcome will be
+                    // dropped anyway.
                     None => return Head::Fast,
                 }
             }
             Kind::Closed | Kind::Passive => return Head::Fast,
+        };
+        let Some(threshold) = self.slow_ns else {
+            return Head::Fast;
         };
         if self.now().saturating_sub(started) > threshold {
             self.counters.incr(Counter::Slow);
@@ -699,13 +785,20 @@ impl Shared {
         }
     }
 
-    /// Adds one entry to the window and the streak. `finished` is false for
-    /// a call counted as slow while still in flight: it is no outcome, so it
-    /// does not break a failure streak.
-    fn record_closed(&self, generation: u32, entry: u8, finished: bool, now: u64) {
+    /// Adds one entry to the window and the streak; returns where in the
+    /// window it went, if it counted. `finished` is false for a call
+    /// counted as slow while still in flight: it is no outcome, so it does
+    /// not break a failure streak.
+    fn record_closed(
+        &self,
+        generation: u32,
+        entry: u8,
+        finished: bool,
+        now: u64,
+    ) -> Option<window::Slot> {
         if !self.is_current(State::Closed, generation) {
             // An outcome counts only in the period that admitted its call.
-            return;
+            return None;
         }
         let streak = if entry & FAILED != 0 {
             self.hot.consecutive.fetch_add(1, Ordering::AcqRel) + 1
@@ -716,7 +809,13 @@ impl Shared {
             }
             0
         };
-        let stats = self.rates.record(entry, now);
+        let (stats, slot) = self.rates.record(entry, now);
+        self.evaluate(generation, streak, stats);
+        Some(slot)
+    }
+
+    /// Runs the trip rules over the streak and the window.
+    fn evaluate(&self, generation: u32, streak: u64, stats: WindowStats) {
         let c = &self.config;
         let reason = if c
             .consecutive_failures
@@ -746,51 +845,87 @@ impl Shared {
             return;
         }
         ctl.tripped = stats;
-        let t = self.transition(&mut ctl, State::Open, reason, self.now());
+        let mut events = Events::default();
+        events.push(self.transition(&mut ctl, State::Open, reason, self.now()));
         drop(ctl);
-        self.emit(t);
+        self.emit(events);
+    }
+
+    /// What the tally of the current half-open cycle decides, if anything.
+    /// With a shared-state backend the cluster decides instead.
+    fn verdict(&self, ctl: &Control) -> Option<(State, Reason)> {
+        let c = &self.config;
+        if ctl.remote {
+            None
+        } else if ctl.cycle.successes >= c.close_after {
+            Some((State::Closed, Reason::ProbesSucceeded))
+        } else if c.probes.saturating_sub(ctl.cycle.failures) < c.close_after {
+            Some((State::Open, Reason::ProbesFailed))
+        } else {
+            None
+        }
     }
 
     #[cold]
     fn record_probe(&self, generation: u32, id: u32, outcome: Outcome, slow: bool) {
         let mut ctl = lock(&self.control);
         let now = self.now();
-        // A lease that ran out is over whether or not an admission has
-        // reclaimed its slot yet.
-        ctl.cycle.reclaim(now);
-        if !self.is_current(State::HalfOpen, generation) || !ctl.cycle.release(id) {
-            // From an older cycle, or its lease expired: dropped. Expired
-            // leases may have freed slots all the same.
-            self.remark(&mut ctl);
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        if self.is_current(State::HalfOpen, generation) && ctl.cycle.release(id) {
+            match outcome {
+                Outcome::Success if !slow => {
+                    ctl.cycle.successes += 1;
+                    self.counters.incr(Counter::ProbeSuccesses);
+                }
+                Outcome::Success | Outcome::Failure => {
+                    ctl.cycle.failures += 1;
+                    self.counters.incr(Counter::ProbeFailures);
+                }
+                // Ignored, rate-limited and quota-exhausted probes give their
+                // slot back.
+                _ => {}
+            }
+            if let Some((to, reason)) = self.verdict(&ctl) {
+                events.push(self.transition(&mut ctl, to, reason, now));
+            }
+        }
+        // Otherwise from an older cycle, or decided by its deadline: dropped.
+        self.remark(&mut ctl);
+        drop(ctl);
+        self.emit(events);
+    }
+
+    #[cold]
+    fn record_health(&self, healthy: bool) {
+        if !healthy {
+            self.counters.incr(Counter::HealthProbeFailures);
             return;
         }
-        let c = &self.config;
-        let next = match outcome {
-            Outcome::Success if !slow => {
-                ctl.cycle.successes += 1;
-                self.counters.incr(Counter::ProbeSuccesses);
-                (ctl.cycle.successes >= c.close_after)
-                    .then_some((State::Closed, Reason::ProbesSucceeded))
+        self.counters.incr(Counter::HealthProbeSuccesses);
+        let mut ctl = lock(&self.control);
+        let now = self.now();
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        let restart = match self.load().state() {
+            State::Open => true,
+            // Every slot is held by calls still waiting for their heads
+            // (hung, most likely, from before the heal) and nothing has
+            // succeeded yet: real traffic could not confirm the heal until
+            // their deadlines, so start a fresh cycle instead.
+            State::HalfOpen => {
+                ctl.cycle.successes == 0
+                    && ctl.cycle.used() >= self.budget(&ctl)
+                    && ctl.cycle.all_waiting_for_head()
             }
-            Outcome::Success | Outcome::Failure => {
-                ctl.cycle.failures += 1;
-                self.counters.incr(Counter::ProbeFailures);
-                (c.probes - ctl.cycle.failures < c.close_after)
-                    .then_some((State::Open, Reason::ProbesFailed))
-            }
-            // Ignored, rate-limited and quota-exhausted probes give their
-            // slot back.
-            _ => None,
+            _ => false,
         };
-        // With a shared-state backend the cluster decides the cycle.
-        let next = next.filter(|_| !ctl.remote);
-        if let Some((to, reason)) = next {
-            let t = self.transition(&mut ctl, to, reason, now);
-            drop(ctl);
-            self.emit(t);
-        } else {
+        if restart {
+            events.push(self.transition(&mut ctl, State::HalfOpen, Reason::HealthProbe, now));
             self.remark(&mut ctl);
         }
+        drop(ctl);
+        self.emit(events);
     }
 
     #[cold]
@@ -799,14 +934,20 @@ impl Shared {
         if to == State::Closed {
             ctl.reopens = 0;
         }
-        let t = self.transition(&mut ctl, to, reason, self.now());
+        let mut events = Events::default();
+        events.push(self.transition(&mut ctl, to, reason, self.now()));
         drop(ctl);
-        self.emit(t);
+        self.emit(events);
     }
+}
 
-    /// Moves to `to` under the control lock, starting a new generation.
-    fn transition(&self, ctl: &mut Control, to: State, reason: Reason, now: u64) -> Transition {
-        self.transition_for(ctl, to, reason, now, None)
+// === impl Shared: transitions ===
+
+impl Shared {
+    /// Moves to `to` under the control lock at `at` (ns since `epoch`),
+    /// starting a new generation.
+    fn transition(&self, ctl: &mut Control, to: State, reason: Reason, at: u64) -> Transition {
+        self.transition_for(ctl, to, reason, at, None)
     }
 
     /// Like [`transition`](Self::transition); an `Open` state lasts `open_ns`
@@ -816,13 +957,13 @@ impl Shared {
         ctl: &mut Control,
         to: State,
         reason: Reason,
-        now: u64,
+        at: u64,
         open_ns: Option<u64>,
     ) -> Transition {
         let from = self.load();
         let generation = from.generation() + 1;
         let mut open_for = None;
-        let mut until = 0;
+        let mut until = u64::MAX;
         ctl.cycle = Cycle::default();
         ctl.allowance = 0;
         match to {
@@ -831,7 +972,7 @@ impl Shared {
                     ctl.reopens = ctl.reopens.saturating_add(1);
                 }
                 let d = open_ns.unwrap_or_else(|| self.open_duration(ctl)).max(1);
-                until = now.saturating_add(d);
+                until = at.saturating_add(d);
                 open_for = Some(Duration::from_nanos(d));
             }
             State::Closed => {
@@ -848,21 +989,19 @@ impl Shared {
         if let Some(f) = &self.in_flight {
             lock(f).clear();
         }
-        if to == State::Open {
-            self.open_until(ctl, until, generation);
-        } else {
-            ctl.timer = None;
-            self.hot
-                .state
-                .store(Packed::new(to, generation).0, Ordering::Release);
-        }
+        // The deadline before the word: a reader that sees the new word
+        // reads its deadline.
+        self.set_open_until(until);
+        self.hot
+            .state
+            .store(Packed::new(to, generation).0, Ordering::Release);
         self.changes.notify_waiters();
         Transition {
             key: self.name.clone(),
             from: from.state(),
             to,
             reason,
-            at: self.epoch + Duration::from_nanos(now),
+            at: self.epoch + Duration::from_nanos(at),
             open_for,
         }
     }
@@ -870,7 +1009,7 @@ impl Shared {
     fn open_duration(&self, ctl: &mut Control) -> u64 {
         let c = &self.config;
         let base = nanos(c.open) as f64;
-        let cap = nanos(c.open_max) as f64;
+        let cap = nanos(c.open_max()) as f64;
         let grown = (base * c.backoff_multiplier.powi(ctl.reopens.min(1024) as i32)).min(cap);
         let jitter = if c.jitter > 0.0 {
             c.jitter * ctl.rng.unit()
@@ -880,25 +1019,42 @@ impl Shared {
         ((grown * (1.0 - jitter)) as u64).max(1)
     }
 
-    fn emit(&self, t: Transition) {
-        tracing::info!(
-            target: "tower_circuit_breaker",
-            key = t.key.as_deref().unwrap_or(""),
-            from = t.from.as_str(),
-            to = t.to.as_str(),
-            reason = t.reason.as_str(),
-            open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
-            "circuit {}",
-            t.to
-        );
-        for listener in &self.config.listeners {
-            listener(&t);
+    /// Traces each transition and calls the listeners, outside the control
+    /// lock. A listener that panics is logged, counted and skipped: the
+    /// panic never reaches the caller (nor a backend's task) that happened
+    /// to make the transition. Under `panic = "abort"` nothing can be
+    /// caught.
+    fn emit(&self, events: Events) {
+        for t in events.list.into_iter().flatten() {
+            tracing::info!(
+                target: "tower_circuit_breaker",
+                key = t.key.as_deref().unwrap_or(""),
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                reason = t.reason.as_str(),
+                open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
+                "circuit {}",
+                t.to
+            );
+            for listener in &self.config.listeners {
+                if catch_unwind(AssertUnwindSafe(|| listener(&t))).is_err() {
+                    self.counters.incr(Counter::ListenerPanics);
+                    tracing::error!(
+                        target: "tower_circuit_breaker",
+                        key = t.key.as_deref().unwrap_or(""),
+                        to = t.to.as_str(),
+                        "a transition listener panicked; the breaker carries on"
+                    );
+                }
+            }
         }
     }
 
     fn snapshot(&self) -> Snapshot {
         let now = self.now();
-        let ctl = lock(&self.control);
+        let mut ctl = lock(&self.control);
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
         let word = self.load();
         let window = match word.state() {
             State::Closed => self.rates.stats(now),
@@ -912,7 +1068,7 @@ impl Shared {
                     .saturating_sub(now),
             )
         });
-        Snapshot {
+        let snapshot = Snapshot {
             key: self.name.clone(),
             state: word.state(),
             window,
@@ -921,319 +1077,15 @@ impl Shared {
             reopens: ctl.reopens,
             counters: self.counters.sum(),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
-        }
-    }
-}
-
-// === impl Remote ===
-
-/// The controls a shared-state backend uses to keep a breaker in step with
-/// its replicas; see [`Breaker::remote`].
-///
-/// In shared mode the breaker still evaluates its own rules (a trip is
-/// local first, then shared), but a half-open cycle admits only the probes
-/// the backend granted from the cluster-wide budget, and the cluster decides
-/// when the cycle closes or reopens. Leaving shared mode (when the store is
-/// unreachable) restores local half-open decisions at once.
-pub struct Remote<'a> {
-    shared: &'a Shared,
-}
-
-impl fmt::Debug for Remote<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Remote")
-            .field("name", &self.shared.name)
-            .finish()
-    }
-}
-
-impl Remote<'_> {
-    /// Enters or leaves shared mode.
-    pub fn set_shared(&self, on: bool) {
-        let mut ctl = lock(&self.shared.control);
-        ctl.remote = on;
-        self.shared.remark(&mut ctl);
-    }
-
-    /// Whether the breaker is in shared mode.
-    pub fn is_shared(&self) -> bool {
-        lock(&self.shared.control).remote
-    }
-
-    /// Lets the current half-open cycle admit `n` more probes. Ignored unless
-    /// the circuit is half-open in shared mode.
-    pub fn grant_probes(&self, n: u32) {
-        let mut ctl = lock(&self.shared.control);
-        if ctl.remote && self.shared.load().state() == State::HalfOpen {
-            ctl.allowance = ctl.allowance.saturating_add(n);
-            self.shared.remark(&mut ctl);
-        }
-    }
-
-    /// Opens the circuit for `remaining`, as the cluster decided (the reopen
-    /// backoff is the cluster's too). Already open: only the deadline moves.
-    /// Forced-open and disabled circuits are left alone.
-    pub fn open_for(&self, remaining: Duration) {
-        let s = self.shared;
-        let mut ctl = lock(&s.control);
-        let now = s.now();
-        let until = now.saturating_add(nanos(remaining).max(1));
-        match s.load().state() {
-            State::ForcedOpen | State::Disabled => {}
-            State::Open => s.open_until(&mut ctl, until, s.load().generation()),
-            State::Closed | State::HalfOpen => {
-                if s.load().state() == State::Closed {
-                    ctl.tripped = s.rates.stats(now);
-                }
-                let t = s.transition_for(
-                    &mut ctl,
-                    State::Open,
-                    Reason::Remote,
-                    now,
-                    Some(until - now),
-                );
-                drop(ctl);
-                s.emit(t);
-            }
-        }
-    }
-
-    /// Closes an open or half-open circuit, as the cluster decided.
-    pub fn close(&self) {
-        let s = self.shared;
-        let mut ctl = lock(&s.control);
-        if matches!(s.load().state(), State::Open | State::HalfOpen) {
-            let t = s.transition(&mut ctl, State::Closed, Reason::Remote, s.now());
-            drop(ctl);
-            s.emit(t);
-        }
-    }
-}
-
-// === impl Changed ===
-
-pin_project_lite::pin_project! {
-    /// Completes at the next state change; see [`Breaker::changed`].
-    pub struct Changed {
-        #[pin]
-        inner: tokio::sync::futures::OwnedNotified,
-    }
-}
-
-impl fmt::Debug for Changed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Changed").finish_non_exhaustive()
-    }
-}
-
-impl std::future::Future for Changed {
-    type Output = ();
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        self.project().inner.poll(cx)
-    }
-}
-
-// === impl Permit ===
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Admitted while closed.
-    Closed,
-    /// Admitted while closed, and tracked in flight by the slow-call rule.
-    Tracked,
-    /// A half-open probe.
-    Probe,
-    /// Admitted but never recorded: disabled, or a shadow-mode call that
-    /// would have been rejected.
-    Passive,
-}
-
-/// What the slow-call rule made of the call's time to head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Head {
-    /// Not judged yet.
-    Pending,
-    Fast,
-    Slow,
-    /// Counted as slow while still in flight; not counted again.
-    Crossed,
-}
-
-/// The right to make one call, and the duty to report how it went.
-///
-/// Dropping a permit without [`record`](Self::record) counts as
-/// [`Outcome::Ignored`]: a half-open probe gives its slot back at once.
-#[must_use = "a permit records nothing until `record` is called or it is dropped"]
-pub struct Permit {
-    /// `None` once the outcome is recorded (or the permit moved out).
-    shared: Option<Arc<Shared>>,
-    ticket: Ticket,
-    head: Head,
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("generation", &self.ticket.generation)
-            .field("kind", &self.ticket.kind)
-            .finish()
-    }
-}
-
-impl Permit {
-    #[inline]
-    fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
-        shared.counters.incr(Counter::Admitted);
-        Permit {
-            shared: Some(spare::take(shared)),
-            ticket: Ticket {
-                generation: generation as u32,
-                id,
-                kind,
-            },
-            head: Head::Pending,
-        }
-    }
-
-    /// Whether this call is a half-open probe.
-    pub fn is_probe(&self) -> bool {
-        self.ticket.kind == Kind::Probe
-    }
-
-    /// Marks the arrival of the response head: the slow-call rule measures
-    /// time to head (time to first token for a streamed answer), not time to
-    /// the end of the body, so a long stream with a quick first token is not
-    /// slow.
-    #[inline]
-    pub fn head_received(&mut self) {
-        if let Some(shared) = &self.shared {
-            if self.head == Head::Pending && shared.slow_ns.is_some() {
-                self.head = shared.judge_head(self.ticket);
-            }
-        }
-    }
-
-    /// Records the call's outcome.
-    #[inline]
-    pub fn record(mut self, outcome: Outcome) {
-        self.finish(outcome);
-    }
-
-    /// Records the outcome in place, leaving a permit that holds nothing
-    /// (see [`is_finished`](Self::is_finished)).
-    #[inline]
-    pub(crate) fn finish(&mut self, outcome: Outcome) {
-        self.settle(Counter::from(outcome), outcome);
-    }
-
-    /// Whether [`finish`](Self::finish) or [`take`](Self::take) emptied it.
-    #[inline]
-    pub(crate) fn is_finished(&self) -> bool {
-        self.shared.is_none()
-    }
-
-    /// Moves the permit out, leaving an empty one in its place.
-    #[inline]
-    pub(crate) fn take(&mut self) -> Permit {
-        std::mem::replace(
-            self,
-            Permit {
-                shared: None,
-                ticket: self.ticket,
-                head: self.head,
-            },
-        )
-    }
-
-    /// Counts the call as `counter`, records `outcome` and gives the
-    /// reference back to this thread; nothing if already done.
-    #[inline(always)]
-    fn settle(&mut self, counter: Counter, outcome: Outcome) {
-        let Some(shared) = self.shared.take() else {
-            return;
         };
-        shared.counters.incr(counter);
-        // The healthy steady state: a success in a full, clean window with no
-        // streak to break changes nothing, so it writes nothing.
-        let unchanged = outcome == Outcome::Success
-            && self.ticket.kind == Kind::Closed
-            && shared.hot.consecutive.load(Ordering::Relaxed) == 0
-            && shared.rates.is_clean();
-        if !unchanged {
-            shared.record(self.ticket, &mut self.head, outcome);
-        }
-        spare::give_back(shared);
-    }
-}
-
-/// What the state machine needs to know of a permit to record it.
-#[derive(Debug, Clone, Copy)]
-struct Ticket {
-    /// The low bits of the generation that admitted the call.
-    generation: u32,
-    /// The probe's id, or the tracked call's id in flight.
-    id: u32,
-    kind: Kind,
-}
-
-impl Drop for Permit {
-    #[inline]
-    fn drop(&mut self) {
-        // Most permits were recorded already; the rest are cancelled calls.
-        if !self.is_finished() {
-            self.abandon();
-        }
-    }
-}
-
-impl Permit {
-    #[cold]
-    fn abandon(&mut self) {
-        self.settle(Counter::Dropped, Outcome::Ignored);
-    }
-}
-
-impl From<Outcome> for Counter {
-    fn from(o: Outcome) -> Self {
-        match o {
-            Outcome::Success => Counter::Successes,
-            Outcome::Failure => Counter::Failures,
-            Outcome::Ignored => Counter::Ignored,
-            Outcome::RateLimited { .. } => Counter::RateLimited,
-            Outcome::QuotaExhausted => Counter::QuotaExhausted,
-        }
+        drop(ctl);
+        self.emit(events);
+        snapshot
     }
 }
 
 // === helpers ===
 
-thread_local! {
-    static TIMED_REJECTIONS: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether this thread's timed rejection should consult the clock anyway:
-/// one in [`CLOCK_EVERY`], so that a timer on a runtime nobody drives any
-/// more (a breaker opened on one runtime and used from another) cannot
-/// keep a circuit open past its deadline for more than that many calls.
-#[inline]
-fn clock_turn() -> bool {
-    TIMED_REJECTIONS.with(|n| {
-        let v = n.get().wrapping_add(1);
-        n.set(v);
-        v % CLOCK_EVERY == 0
-    })
-}
-
-const CLOCK_EVERY: u32 = 64;
-
-/// How long before an open deadline its timer is set: the driver fires at
-/// whole milliseconds, rounding up, and must not fire after the deadline.
-const TIMER_LEAD: u64 = 1_000_000;
-
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64
 }

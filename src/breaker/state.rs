@@ -69,8 +69,6 @@ impl fmt::Display for State {
 
 const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
-/// The tag of an open state whose deadline a timer will mark.
-const TIMED: u64 = 5;
 /// The tag of a half-open state with every probe slot taken.
 const PROBES_OUT: u64 = 6;
 
@@ -84,22 +82,15 @@ impl Packed {
         Packed((generation << TAG_BITS) | state.tag())
     }
 
-    /// Open, with a timer armed to mark the deadline (see
-    /// [`Alarm`](super::Alarm)): a rejection need not read the clock.
-    pub(crate) const fn timed(generation: u64) -> Self {
-        Packed((generation << TAG_BITS) | TIMED)
-    }
-
-    /// Half-open with every probe slot taken, and nothing but a lease
-    /// running out (marked by a timer, or never) to free one before the
-    /// control lock's holders say otherwise.
+    /// Half-open with every probe slot taken, and nothing but a probe
+    /// deadline coming (see [`Hot::open_until`](super::Hot)) to free one
+    /// before the control lock's holders say otherwise.
     pub(crate) const fn probes_out(generation: u64) -> Self {
         Packed((generation << TAG_BITS) | PROBES_OUT)
     }
 
     pub(crate) const fn state(self) -> State {
         match self.0 & TAG_MASK {
-            TIMED => State::Open,
             PROBES_OUT => State::HalfOpen,
             tag => State::from_tag(tag),
         }
@@ -111,11 +102,10 @@ impl Packed {
         self.0 & TAG_MASK == 0
     }
 
-    /// Whether this is [`timed`](Self::timed) or
-    /// [`probes_out`](Self::probes_out): rejecting until a deadline.
-    pub(crate) const fn has_deadline(self) -> bool {
-        let tag = self.0 & TAG_MASK;
-        tag == TIMED || tag == PROBES_OUT
+    /// Whether this is [`probes_out`](Self::probes_out).
+    #[inline]
+    pub(crate) const fn is_probes_out(self) -> bool {
+        self.0 & TAG_MASK == PROBES_OUT
     }
 
     pub(crate) const fn generation(self) -> u64 {
@@ -147,6 +137,8 @@ pub enum Reason {
     Reset,
     /// A shared-state backend applied the cluster's decision.
     Remote,
+    /// A health probe found the upstream answering again.
+    HealthProbe,
 }
 
 impl Reason {
@@ -163,6 +155,7 @@ impl Reason {
             Reason::Disabled => "disabled",
             Reason::Reset => "reset",
             Reason::Remote => "shared state",
+            Reason::HealthProbe => "health probe succeeded",
         }
     }
 }
@@ -265,9 +258,18 @@ pub struct Counters {
     pub volume_limited: u64,
     /// Half-open probes that succeeded (also counted in `successes`).
     pub probe_successes: u64,
-    /// Half-open probes that failed or were slow (also counted in
-    /// `successes` or `failures`).
+    /// Half-open probes that failed, were slow, or had no response head by
+    /// their deadline (also counted in `successes` or `failures` once they
+    /// finish).
     pub probe_failures: u64,
+    /// Health probes that found the upstream answering (not counted
+    /// anywhere else).
+    pub health_probe_successes: u64,
+    /// Health probes that failed, timed out or could not be made.
+    pub health_probe_failures: u64,
+    /// Transition listeners that panicked (each panic was logged and the
+    /// breaker carried on).
+    pub listener_panics: u64,
 }
 
 /// A point-in-time view of a breaker.
@@ -309,15 +311,11 @@ mod tests {
             let p = Packed::new(state, 12_345);
             assert_eq!(p.state(), state);
             assert_eq!(p.generation(), 12_345);
-            assert!(!p.has_deadline());
+            assert!(!p.is_probes_out());
         }
-        let p = Packed::timed(12_345);
-        assert_eq!(p.state(), State::Open);
-        assert_eq!(p.generation(), 12_345);
-        assert!(p.has_deadline());
         let p = Packed::probes_out(12_345);
         assert_eq!(p.state(), State::HalfOpen);
         assert_eq!(p.generation(), 12_345);
-        assert!(p.has_deadline());
+        assert!(p.is_probes_out());
     }
 }

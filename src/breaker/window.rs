@@ -13,6 +13,16 @@ use super::state::WindowStats;
 pub(crate) const FAILED: u8 = 0b01;
 pub(crate) const SLOW: u8 = 0b10;
 
+/// Where in a window one call was recorded: the count window's write index,
+/// or the time window's bucket period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot(u64);
+
+impl Slot {
+    /// Recorded nowhere (yet).
+    pub(crate) const NONE: Slot = Slot(u64::MAX);
+}
+
 /// The rate rules' window, whichever kind is configured.
 #[derive(Debug)]
 pub(crate) enum Rates {
@@ -33,12 +43,22 @@ impl Rates {
         }
     }
 
-    /// Adds one call; returns the window after it.
-    pub(crate) fn record(&self, entry: u8, now: u64) -> WindowStats {
+    /// Adds one call; returns the window after it, and where the call went.
+    pub(crate) fn record(&self, entry: u8, now: u64) -> (WindowStats, Slot) {
         match self {
-            Rates::None => WindowStats::default(),
+            Rates::None => (WindowStats::default(), Slot::NONE),
             Rates::Count(w) => w.record(entry),
             Rates::Time(w) => lock(w).record(entry, now),
+        }
+    }
+
+    /// Marks the call recorded at `slot` failed too, unless the window has
+    /// moved past it; returns the window after it.
+    pub(crate) fn mark_failed(&self, slot: Slot, now: u64) -> WindowStats {
+        match self {
+            Rates::None => WindowStats::default(),
+            Rates::Count(w) => w.mark_failed(slot),
+            Rates::Time(w) => lock(w).mark_failed(slot, now),
         }
     }
 
@@ -101,13 +121,14 @@ impl CountWindow {
         self.slots.len() as u64
     }
 
-    fn record(&self, entry: u8) -> WindowStats {
+    fn record(&self, entry: u8) -> (WindowStats, Slot) {
         if entry == 0 && self.is_full_and_clean() {
-            return WindowStats {
+            let stats = WindowStats {
                 calls: self.len(),
                 failures: 0,
                 slow: 0,
             };
+            return (stats, Slot::NONE);
         }
         let at = self.head.fetch_add(1, Ordering::AcqRel);
         let old = self.slots[(at % self.len()) as usize].swap(entry, Ordering::AcqRel);
@@ -115,6 +136,18 @@ impl CountWindow {
         // counter ends equal to the number of slots with its bit set.
         adjust(&self.failures, old & FAILED != 0, entry & FAILED != 0);
         adjust(&self.slow, old & SLOW != 0, entry & SLOW != 0);
+        (self.stats(), Slot(at))
+    }
+
+    /// Sets the failed bit of the call written at `slot`, if no later call
+    /// has taken its place. (A writer racing past it in that instant may get
+    /// the bit instead: the counters stay equal to the bits either way.)
+    fn mark_failed(&self, slot: Slot) -> WindowStats {
+        let head = self.head.load(Ordering::Acquire);
+        if slot != Slot::NONE && slot.0 < head && head - slot.0 <= self.len() {
+            let old = self.slots[(slot.0 % self.len()) as usize].fetch_or(FAILED, Ordering::AcqRel);
+            adjust(&self.failures, old & FAILED != 0, true);
+        }
         self.stats()
     }
 
@@ -195,7 +228,7 @@ impl TimeWindow {
         }
     }
 
-    fn record(&mut self, entry: u8, now: u64) -> WindowStats {
+    fn record(&mut self, entry: u8, now: u64) -> (WindowStats, Slot) {
         let period = now / self.width;
         let n = self.buckets.len() as u64;
         let bucket = &mut self.buckets[(period % n) as usize];
@@ -208,6 +241,17 @@ impl TimeWindow {
         bucket.calls += 1;
         bucket.failures += u64::from(entry & FAILED != 0);
         bucket.slow += u64::from(entry & SLOW != 0);
+        (self.stats(now), Slot(period))
+    }
+
+    fn mark_failed(&mut self, slot: Slot, now: u64) -> WindowStats {
+        let n = self.buckets.len() as u64;
+        if slot != Slot::NONE {
+            let bucket = &mut self.buckets[(slot.0 % n) as usize];
+            if bucket.period == slot.0 && bucket.calls > bucket.failures {
+                bucket.failures += 1;
+            }
+        }
         self.stats(now)
     }
 
@@ -241,6 +285,20 @@ pub(crate) struct InFlight {
     base: u64,
     /// Start time of each call, or `None` once it finished.
     calls: VecDeque<Option<u64>>,
+    /// Calls counted as slow while in flight, with their place in the
+    /// window, until they finish.
+    crossed: Vec<(u32, Slot)>,
+}
+
+/// What [`InFlight::finish`] knew of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// Still running; it started then.
+    Running(u64),
+    /// Counted as slow while in flight, here in the window.
+    Crossed(Slot),
+    /// Not tracked: its period ended.
+    Gone,
 }
 
 impl InFlight {
@@ -251,24 +309,29 @@ impl InFlight {
         id as u32
     }
 
-    /// Stops tracking call `id` and returns when it started, or `None` if it
-    /// is no longer tracked: it was counted as slow while in flight, or its
-    /// period ended. Ids are compared modulo 2^32, which holds while fewer
-    /// than 2^32 calls are tracked at once.
-    pub(crate) fn finish(&mut self, id: u32) -> Option<u64> {
+    /// Stops tracking call `id`. Ids are compared modulo 2^32, which holds
+    /// while fewer than 2^32 calls are tracked at once.
+    pub(crate) fn finish(&mut self, id: u32) -> Finished {
+        if let Some(i) = self.crossed.iter().position(|&(c, _)| c == id) {
+            return Finished::Crossed(self.crossed.swap_remove(i).1);
+        }
         let offset = id.wrapping_sub(self.base as u32) as usize;
-        let start = self.calls.get_mut(offset)?.take();
+        let start = self.calls.get_mut(offset).and_then(Option::take);
         self.trim();
-        start
+        start.map_or(Finished::Gone, Finished::Running)
     }
 
-    /// Removes the calls that have been in flight for longer than
-    /// `threshold` and returns how many there were.
-    pub(crate) fn sweep(&mut self, now: u64, threshold: u64) -> u64 {
-        let mut crossed = 0;
+    /// Takes out the calls that have been in flight for longer than
+    /// `threshold` and returns their ids; they stay known as crossed (see
+    /// [`crossed_at`](Self::crossed_at)) until they finish.
+    pub(crate) fn sweep(&mut self, now: u64, threshold: u64) -> Vec<u32> {
+        let mut crossed = Vec::new();
         while let Some(front) = self.calls.front() {
             match front {
-                Some(start) if now.saturating_sub(*start) > threshold => crossed += 1,
+                Some(start) if now.saturating_sub(*start) > threshold => {
+                    crossed.push(self.base as u32);
+                    self.crossed.push((self.base as u32, Slot::NONE));
+                }
                 Some(_) => break,
                 None => {}
             }
@@ -276,6 +339,13 @@ impl InFlight {
             self.base += 1;
         }
         crossed
+    }
+
+    /// Notes where in the window crossed call `id` was counted.
+    pub(crate) fn crossed_at(&mut self, id: u32, slot: Slot) {
+        if let Some(entry) = self.crossed.iter_mut().find(|(c, _)| *c == id) {
+            entry.1 = slot;
+        }
     }
 
     fn trim(&mut self) {
@@ -290,6 +360,7 @@ impl InFlight {
     pub(crate) fn clear(&mut self) {
         self.base += self.calls.len() as u64;
         self.calls.clear();
+        self.crossed.clear();
     }
 }
 
@@ -324,8 +395,32 @@ mod tests {
         assert_eq!(w.stats(10_000).calls, 1);
         assert_eq!(w.stats(15_000).calls, 0);
         // A bucket reused after a full turn starts empty.
-        let s = w.record(0, 20_000);
+        let (s, _) = w.record(0, 20_000);
         assert_eq!((s.calls, s.failures), (1, 0));
+    }
+
+    #[test]
+    fn a_crossed_call_that_fails_marks_its_own_entry() {
+        let w = CountWindow::new(4);
+        let (_, slot) = w.record(SLOW);
+        w.record(0);
+        let s = w.mark_failed(slot);
+        assert_eq!((s.calls, s.failures, s.slow), (2, 1, 1));
+        for _ in 0..4 {
+            w.record(0);
+        }
+        let s = w.mark_failed(slot);
+        assert_eq!(
+            s.failures, 0,
+            "an entry the window moved past is left alone"
+        );
+
+        let mut t = TimeWindow::new(10_000, 10);
+        let (_, slot) = t.record(SLOW, 100);
+        let s = t.mark_failed(slot, 2_000);
+        assert_eq!((s.calls, s.failures, s.slow), (1, 1, 1));
+        let s = t.mark_failed(slot, 2_000);
+        assert_eq!(s.failures, 1, "never more failures than calls in a bucket");
     }
 
     #[test]
@@ -333,10 +428,19 @@ mod tests {
         let mut f = InFlight::default();
         let a = f.start(0);
         let b = f.start(10);
-        assert_eq!(f.finish(b), Some(10));
-        assert_eq!(f.sweep(100, 100), 0, "exactly at the threshold is not slow");
-        assert_eq!(f.sweep(101, 100), 1);
-        assert_eq!(f.sweep(500, 100), 0);
-        assert_eq!(f.finish(a), None, "a swept call knows it was counted");
+        assert_eq!(f.finish(b), Finished::Running(10));
+        assert!(
+            f.sweep(100, 100).is_empty(),
+            "exactly at the threshold is not slow"
+        );
+        assert_eq!(f.sweep(101, 100), vec![a]);
+        assert!(f.sweep(500, 100).is_empty());
+        f.crossed_at(a, Slot(7));
+        assert_eq!(
+            f.finish(a),
+            Finished::Crossed(Slot(7)),
+            "a swept call knows it was counted"
+        );
+        assert_eq!(f.finish(a), Finished::Gone);
     }
 }

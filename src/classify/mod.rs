@@ -35,35 +35,11 @@ pub use self::http::{parse_retry_after, HttpClassifier};
 pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
 pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};
 
+pub use crate::breaker::Outcome;
+
 use std::error::Error as StdError;
-use std::time::Duration;
 
 use ::http::{HeaderMap, StatusCode};
-
-/// What one call says about the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The upstream did its job.
-    Success,
-    /// The upstream failed (5xx, connection error, attempt timeout, an error
-    /// inside a stream).
-    Failure,
-    /// Says nothing about the upstream (a bad request, a content filter, a
-    /// cancelled call). Counts nowhere and gives back a half-open slot.
-    Ignored,
-    /// The upstream asked to slow down. Passed through to the caller, neutral
-    /// for every rule.
-    RateLimited {
-        /// How long the upstream asked to wait, if it said.
-        retry_after: Option<Duration>,
-    },
-    /// The account's quota or credit ran out (OpenAI's `insufficient_quota`,
-    /// HTTP 402): the upstream is healthy but will refuse this caller until
-    /// someone pays, so retrying soon is pointless. Neutral for every rule,
-    /// like [`RateLimited`](Self::RateLimited).
-    QuotaExhausted,
-}
 
 /// The error type classifiers see: the inner service's error, boxed.
 pub type ErrorRef<'a> = &'a (dyn StdError + Send + Sync + 'static);
@@ -94,6 +70,8 @@ pub enum Verdict<S> {
 /// Turns a response head or an inner error into an [`Outcome`].
 ///
 /// Implemented for closures over [`Attempt`]; see the [module docs](self).
+/// A closure that panics records [`Outcome::Ignored`] and is logged, never
+/// failing the call (except under `panic = "abort"`).
 /// For body-aware classification, return [`Verdict::Defer`] with a
 /// [`ClassifyStream`].
 ///
@@ -190,6 +168,10 @@ impl ClassifyStream for NeverDefer {
     }
 }
 
+/// A closure classifier is user code: a panic in it records
+/// [`Outcome::Ignored`] (the call said nothing the breaker can trust) and is
+/// logged, and the response or error reaches the caller as it came. Not under
+/// `panic = "abort"`, where the first panic ends the process.
 impl<F> Classify for F
 where
     F: for<'a> Fn(Attempt<'a>) -> Outcome,
@@ -197,10 +179,39 @@ where
     type Stream = NeverDefer;
 
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<NeverDefer> {
-        Verdict::Done(self(Attempt::Response { status, headers }))
+        Verdict::Done(isolated(|| self(Attempt::Response { status, headers })))
     }
 
     fn classify_error(&self, error: ErrorRef<'_>) -> Outcome {
-        self(Attempt::Error(error))
+        isolated(|| self(Attempt::Error(error)))
     }
+}
+
+/// Runs a user classifier; its panic is an `Ignored` outcome.
+#[inline]
+fn isolated(classify: impl FnOnce() -> Outcome) -> Outcome {
+    // Only the closure is inside the catch; it gets shared references and
+    // leaves no state of ours half-changed.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(classify))
+        .unwrap_or_else(|_| classifier_panicked())
+}
+
+#[cold]
+#[inline(never)]
+fn classifier_panicked() -> Outcome {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Process-wide, only to keep a classifier that panics on every call from
+    // flooding the log: once, then at every power of two. The panic hook has
+    // shown the message already; it is not repeated, as it could carry
+    // response data.
+    static PANICS: AtomicU64 = AtomicU64::new(0);
+    let panics = PANICS.fetch_add(1, Ordering::Relaxed) + 1;
+    if panics.is_power_of_two() {
+        tracing::error!(
+            target: "tower_circuit_breaker",
+            panics,
+            "classifier closure panicked; the call is recorded as ignored"
+        );
+    }
+    Outcome::Ignored
 }

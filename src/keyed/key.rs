@@ -5,6 +5,14 @@ use std::marker::PhantomData;
 
 use http::header::HeaderName;
 use http::Request;
+// SipHash-2-4 rather than HMAC-SHA-256: a key is a short string hashed on the
+// request path, SipHash is a PRF made for short inputs (tens of nanoseconds
+// against a microsecond-scale HMAC), and `siphasher` is one small crate with
+// no dependencies where HMAC would bring `hmac`, `sha2`, `digest` and theirs.
+// A 64-bit tag is enough here: it must not be forged or reversed without the
+// secret, and 10,000 keys collide by chance with odds near 3e-12.
+use siphasher::sip::SipHasher24;
+use siphasher::sip128::SipHasher24 as SipHasher128;
 
 /// A breaker key taken from a request, borrowed from it where possible so
 /// that a lookup does not allocate.
@@ -31,25 +39,29 @@ impl<'a> Key<'a> {
         }
     }
 
-    /// A key that stands for a secret (an API key, to gate one account's
-    /// quota) without revealing it: `#` and 16 hex digits of a 64-bit FNV-1a
-    /// hash, the same on every replica. Events, errors and snapshots only
-    /// ever show this form.
+    /// A key that stands for a credential (an API key, to gate one
+    /// account's quota) without revealing it: `#` and 16 hex digits of the
+    /// credential's SipHash-2-4 under `secret`. Every replica configured with
+    /// the same secret computes the same key; without the secret, a key seen
+    /// in a log line or a Redis key name cannot be checked against guesses,
+    /// nor can keys be made to collide on purpose. Events, errors and
+    /// snapshots only ever show this form.
     ///
     /// ```
-    /// use tower_circuit_breaker::keyed::Key;
+    /// use tower_circuit_breaker::keyed::{Key, KeySecret};
     ///
-    /// let k = Key::hashed(b"sk-live-0123456789");
+    /// let secret = KeySecret::new("read-me-from-your-secret-store")?;
+    /// let k = Key::hashed(&secret, b"sk-live-0123456789");
     /// assert_eq!(k.as_str().len(), 17);
     /// assert!(!k.as_str().contains("sk-live"));
-    /// assert_eq!(k.as_str(), Key::hashed(b"sk-live-0123456789").as_str());
+    /// assert_eq!(k.as_str(), Key::hashed(&secret, b"sk-live-0123456789").as_str());
+    ///
+    /// let other = KeySecret::new("another-deployment's-secret")?;
+    /// assert_ne!(k.as_str(), Key::hashed(&other, b"sk-live-0123456789").as_str());
+    /// # Ok::<_, tower_circuit_breaker::keyed::KeySecretError>(())
     /// ```
-    pub fn hashed(secret: &[u8]) -> Key<'static> {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in secret {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+    pub fn hashed(secret: &KeySecret, credential: &[u8]) -> Key<'static> {
+        let h = secret.hash(credential);
         let mut buf = [0u8; 23];
         buf[0] = b'#';
         for i in 0..16 {
@@ -59,6 +71,94 @@ impl<'a> Key<'a> {
         Key(Repr::Inline { buf, len: 17 })
     }
 }
+
+// === impl KeySecret ===
+
+/// The secret that keys the hash of credential keys ([`Key::hashed`],
+/// [`header_hashed`]).
+///
+/// Configure it like any other secret (from a secret store or the
+/// environment, never from source code), and give every replica the same one:
+/// with the [Redis backend](crate::redis) the replicas find one account's
+/// breaker by its hashed key, so replicas with different secrets would each
+/// keep their own breaker for it.
+///
+/// Its `Debug` output never shows the secret.
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{KeySecret, KeySecretError};
+///
+/// let secret = KeySecret::new("0123456789abcdef0123456789abcdef")?;
+/// assert_eq!(format!("{secret:?}"), "KeySecret(..)");
+/// assert_eq!(KeySecret::new("short").unwrap_err(), KeySecretError::TooShort { len: 5 });
+/// # Ok::<_, KeySecretError>(())
+/// ```
+#[derive(Clone)]
+pub struct KeySecret {
+    k0: u64,
+    k1: u64,
+}
+
+impl KeySecret {
+    /// The fewest bytes a secret may have: 16, the size of a SipHash key.
+    pub const MIN_LEN: usize = 16;
+
+    /// A secret from at least [`MIN_LEN`](Self::MIN_LEN) bytes, which
+    /// should be random (say 32 random bytes, or their hex or base64 text).
+    /// Any length above the minimum is accepted: the bytes are compressed to
+    /// a 128-bit key.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<KeySecret, KeySecretError> {
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_LEN {
+            return Err(KeySecretError::TooShort { len: secret.len() });
+        }
+        // Compress whatever the user holds to SipHash's 128-bit key. The
+        // derivation key is public: it only separates this use from others,
+        // the secrecy comes from the input.
+        let key =
+            SipHasher128::new_with_keys(0x7463_622d_6b65_7973, 0x6b65_7965_642d_6b64).hash(secret);
+        Ok(KeySecret {
+            k0: key.h1,
+            k1: key.h2,
+        })
+    }
+
+    #[inline]
+    fn hash(&self, credential: &[u8]) -> u64 {
+        SipHasher24::new_with_keys(self.k0, self.k1).hash(credential)
+    }
+}
+
+impl fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySecret(..)")
+    }
+}
+
+/// A [`KeySecret`] that could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySecretError {
+    /// Fewer than [`KeySecret::MIN_LEN`] bytes.
+    TooShort {
+        /// How many bytes it had.
+        len: usize,
+    },
+}
+
+impl fmt::Display for KeySecretError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySecretError::TooShort { len } => write!(
+                f,
+                "key secret has {len} bytes, needs at least {}",
+                KeySecret::MIN_LEN
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeySecretError {}
 
 impl<'a> From<&'a str> for Key<'a> {
     fn from(s: &'a str) -> Self {
@@ -95,6 +195,19 @@ pub struct Header(HeaderName);
 /// Keys by the value of a header, e.g. `x-model`. Values that are not
 /// visible ASCII count as no key.
 ///
+/// The value itself is the key, so it appears in every event, error,
+/// snapshot and Redis key name. Use this for names (a model, a region, a
+/// tenant id); for a credential (`authorization`, `x-api-key`,
+/// `x-goog-api-key`), use [`header_hashed`], which keys by a keyed hash of
+/// the value instead.
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{header, KeyFn};
+///
+/// let req = http::Request::get("/").header("x-model", "gpt-4o").body(()).unwrap();
+/// assert_eq!(header("x-model").key(&req).unwrap().as_str(), "gpt-4o");
+/// ```
+///
 /// # Panics
 ///
 /// If `name` is not a valid header name; this happens when the layer is
@@ -110,20 +223,47 @@ impl<B> KeyFn<Request<B>> for Header {
     }
 }
 
-/// Keys by a hash of a header's value, for credentials. See
+/// Keys by a keyed hash of a header's value, for credentials. See
 /// [`header_hashed`].
-#[derive(Debug, Clone)]
-pub struct HashedHeader(HeaderName);
+#[derive(Clone)]
+pub struct HashedHeader {
+    name: HeaderName,
+    secret: KeySecret,
+}
 
-/// Keys by a hash of a header's value (`authorization`, `x-api-key`), so that
-/// one account's breaker is separate from another's while the secret never
-/// appears in a key, an event, an error or a snapshot (see [`Key::hashed`]).
+impl fmt::Debug for HashedHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HashedHeader")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keys by a keyed hash of a header's value (`authorization`, `x-api-key`),
+/// so that one account's breaker is separate from another's while the
+/// credential never appears in a key, an event, an error, a snapshot or a
+/// Redis key (see [`Key::hashed`]). Every replica sharing state through
+/// Redis must be given the same `secret`.
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{header_hashed, KeyFn, KeySecret};
+///
+/// let secret = KeySecret::new("read-me-from-your-secret-store")?;
+/// let key = header_hashed("x-api-key", &secret);
+/// let req = http::Request::get("/").header("x-api-key", "sk-live-0123").body(()).unwrap();
+/// let k = key.key(&req).unwrap();
+/// assert!(k.as_str().starts_with('#') && !k.as_str().contains("sk-live"));
+/// # Ok::<_, tower_circuit_breaker::keyed::KeySecretError>(())
+/// ```
 ///
 /// # Panics
 ///
 /// If `name` is not a valid header name.
-pub fn header_hashed(name: &'static str) -> HashedHeader {
-    HashedHeader(HeaderName::from_static(name))
+pub fn header_hashed(name: &'static str, secret: &KeySecret) -> HashedHeader {
+    HashedHeader {
+        name: HeaderName::from_static(name),
+        secret: secret.clone(),
+    }
 }
 
 impl<B> KeyFn<Request<B>> for HashedHeader {
@@ -131,16 +271,32 @@ impl<B> KeyFn<Request<B>> for HashedHeader {
     fn key<'a>(&self, request: &'a Request<B>) -> Option<Key<'a>> {
         request
             .headers()
-            .get(&self.0)
-            .map(|v| Key::hashed(v.as_bytes()))
+            .get(&self.name)
+            .map(|v| Key::hashed(&self.secret, v.as_bytes()))
     }
 }
 
-/// Keys by the URI authority (`host:port`). See [`authority`].
+/// Keys by the URI's host and port. See [`authority`].
 #[derive(Debug, Clone, Copy)]
 pub struct Authority;
 
-/// Keys by the request URI's authority: one breaker per upstream host.
+/// Keys by the request URI's host and port (`api.example.com`,
+/// `api.example.com:8443`, as written in the URI): one breaker per upstream
+/// host. Requests with a relative URI have no key.
+///
+/// Credentials in the URL (`https://user:secret@host/`) never enter the key,
+/// so they appear in no event, error, snapshot or Redis key, and one host is
+/// one breaker whichever credential a request carries. Neither does the path
+/// or the query string (where Gemini takes `?key=`).
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{authority, KeyFn};
+///
+/// let req = http::Request::get("https://user:secret@api.example.com:8443/v1?key=AIza")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(authority().key(&req).unwrap().as_str(), "api.example.com:8443");
+/// ```
 pub fn authority() -> Authority {
     Authority
 }
@@ -148,7 +304,13 @@ pub fn authority() -> Authority {
 impl<B> KeyFn<Request<B>> for Authority {
     #[inline]
     fn key<'a>(&self, request: &'a Request<B>) -> Option<Key<'a>> {
-        request.uri().authority().map(|a| Key::from(a.as_str()))
+        let authority = request.uri().authority()?.as_str();
+        // Userinfo ends at the last `@`, which cannot occur in a host or port.
+        let host_port = match authority.rfind('@') {
+            Some(at) => &authority[at + 1..],
+            None => authority,
+        };
+        Some(Key::from(host_port))
     }
 }
 

@@ -18,6 +18,15 @@
 //! evict, new keys share one overflow breaker (named `(overflow)`) until room
 //! frees up, and a warning is traced.
 //!
+//! # When the key function panics
+//!
+//! A [`KeyFn`] is user code, and a bug in it must not fail the request: a
+//! call whose key function panics is admitted by the same `(overflow)`
+//! breaker, an error is traced (the first time, then at every power of two),
+//! and it is counted in [`KeyedBreakers::key_fn_panics`]. The panic hook
+//! still runs as for any panic. None of this holds in a build with
+//! `panic = "abort"`, where the first panic ends the process.
+//!
 //! # Example
 //!
 //! ```
@@ -47,10 +56,11 @@ mod last;
 
 pub use self::key::{
     authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
-    HashedHeader, Header, Key, KeyFn,
+    HashedHeader, Header, Key, KeyFn, KeySecret, KeySecretError,
 };
 
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -91,6 +101,8 @@ struct Inner {
     unkeyed: Breaker,
     /// When the last sweep ran; the lock also serializes sweeps.
     last_sweep: Mutex<Option<Instant>>,
+    /// Calls whose key function panicked.
+    key_fn_panics: AtomicU64,
 }
 
 struct Entry {
@@ -152,6 +164,7 @@ impl Build for KeyedBreakers {
                 overrides,
                 len: AtomicUsize::new(0),
                 last_sweep: Mutex::new(None),
+                key_fn_panics: AtomicU64::new(0),
             }),
         })
     }
@@ -216,6 +229,13 @@ impl KeyedBreakers {
         self.len() == 0
     }
 
+    /// How many calls of a keyed layer over this set found its key function
+    /// panicking (each was admitted by the `(overflow)` breaker instead; see
+    /// the [module docs](self#when-the-key-function-panics)).
+    pub fn key_fn_panics(&self) -> u64 {
+        self.inner.key_fn_panics.load(Ordering::Relaxed)
+    }
+
     /// A snapshot of every key's breaker, plus the `(overflow)` and
     /// `(unkeyed)` breakers once they have seen a call.
     pub fn snapshots(&self) -> Vec<Snapshot> {
@@ -243,6 +263,27 @@ impl KeyedBreakers {
 }
 
 impl Inner {
+    /// A call whose key function panicked: it has no key, and sending it to
+    /// the `(unkeyed)` breaker would mix it with calls that truly carry none,
+    /// so it shares the overflow breaker, as keys do that find no room.
+    #[cold]
+    #[inline(never)]
+    fn key_fn_panicked(&self) -> Result<Permit, CircuitOpen> {
+        let panics = self.key_fn_panics.fetch_add(1, Ordering::Relaxed) + 1;
+        // Once, then at every power of two: a key function that panics on
+        // every call must not flood the log. The panic's message is left to
+        // the panic hook, which has already shown it; repeating it here could
+        // carry request data into the log.
+        if panics.is_power_of_two() {
+            tracing::error!(
+                target: "tower_circuit_breaker",
+                panics,
+                "keyed breakers: the key function panicked; the call goes to the overflow breaker"
+            );
+        }
+        self.overflow.admit()
+    }
+
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Entry>>> {
         // Top bits pick the shard; the table uses the low ones.
@@ -401,9 +442,13 @@ where
 {
     #[inline]
     fn admit(&self, request: &Req) -> Result<Permit, CircuitOpen> {
-        match self.key.key(request) {
-            Some(key) => self.breakers.admit(key.as_str()),
-            None => self.breakers.admit_unkeyed(),
+        // The key function is user code: a bug in it must not fail the call.
+        // Only the callback is inside the catch; it sees the request through
+        // a shared reference and leaves no state of ours half-changed.
+        match panic::catch_unwind(AssertUnwindSafe(|| self.key.key(request))) {
+            Ok(Some(key)) => self.breakers.admit(key.as_str()),
+            Ok(None) => self.breakers.admit_unkeyed(),
+            Err(_) => self.breakers.inner.key_fn_panicked(),
         }
     }
 }

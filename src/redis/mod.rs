@@ -68,14 +68,24 @@
 //! states, absurd deadlines) are treated as absent, and overwritten by the
 //! next transition.
 //!
+//! The background task runs user code too (the breakers' transition
+//! listeners fire on the transitions it applies). If it ever dies early, a
+//! panic included, its breakers fall back to local state at once, an error
+//! is logged, and a fresh task starts after the reconnect backoff, resyncs
+//! and returns to shared mode. None of this holds in a build with
+//! `panic = "abort"`, where the first panic ends the process.
+//!
 //! # Keys
 //!
 //! A breaker named `name` under prefix `p` uses `{p:name}:state`,
 //! `{p:name}:win` and `{p:name}:probes` (the hash tag keeps them in one Redis
 //! Cluster slot), and transitions are published on `p:events` as
 //! `<state> <epoch> <name>`. Nothing else goes to Redis: no request data but
-//! the breaker key itself, which for a credential is already a hash
-//! ([`Key::hashed`](crate::keyed::Key::hashed)).
+//! the breaker key itself, which for a credential is already a keyed hash
+//! ([`Key::hashed`](crate::keyed::Key::hashed)). Replicas find one account's
+//! breaker by that hash, so every replica must hash with the same
+//! [`KeySecret`](crate::keyed::KeySecret); one with another secret keeps
+//! breakers of its own for the same accounts.
 //!
 //! # Example
 //!
@@ -106,6 +116,7 @@
 //! ```
 
 mod script;
+mod supervise;
 mod worker;
 
 use std::fmt;
@@ -202,8 +213,12 @@ impl Backend {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| SetupError::NoRuntime)?;
         let (stop, stopped) = watch::channel(());
         let shared = Arc::new(AtomicBool::new(false));
-        let worker = Worker::new(self.settings.clone(), target, shared.clone(), stopped);
-        let task = runtime.spawn(worker.run());
+        let (settings, flag, rx) = (self.settings.clone(), shared.clone(), stopped.clone());
+        // A fresh worker per run: one that died may have left its state
+        // half-changed, and a new one resyncs everything from Redis.
+        let start =
+            move || Worker::new(settings.clone(), target.clone(), flag.clone(), rx.clone()).run();
+        let task = runtime.spawn(supervise::supervise(start, stopped, self.settings.backoff));
         Ok(Attachment { stop, task, shared })
     }
 }
@@ -342,8 +357,8 @@ impl Attachment {
     pub async fn detach(self) {
         let Attachment { stop, task, .. } = self;
         drop(stop);
-        // The task only ends by returning; a panic is not expected, and a
-        // cancelled runtime has nothing left to wait for.
+        // The supervisor ends by returning (its runs' panics end at their own
+        // handles), and a cancelled runtime has nothing left to wait for.
         let _ = task.await;
     }
 }

@@ -50,12 +50,14 @@ impl Rule {
                 .filter(|_| windowed)
                 .map_or(0.0, |(_, r)| r),
             open_ms: ms(config.open).max(1),
-            open_max_ms: ms(config.open_max).max(1),
+            open_max_ms: ms(config.open_max()).max(1),
             multiplier: config.backoff_multiplier,
             jitter: config.jitter,
             probes: config.probes,
             close_after: config.close_after,
-            lease: config.lease(),
+            // What the cluster will hold a slot for, so the replica stops
+            // using it no later.
+            lease: config.lease().min(Duration::from_millis(MAX_MS)),
         }
     }
 
@@ -138,7 +140,7 @@ pub(super) fn push(
         .arg(rule.jitter * jitter_unit)
         .arg(rule.probes)
         .arg(rule.close_after)
-        .arg(ms(rule.lease).max(1))
+        .arg(lease_ms(rule))
         .arg(req.claim.as_deref().unwrap_or(""));
     for (id, code) in &req.reports {
         inv.arg(id.as_str()).arg(*code);
@@ -194,13 +196,46 @@ impl Reply {
     }
 }
 
+/// The longest span, open duration or lease the script takes, in ms (about
+/// 115 days); it reads anything longer as absent.
+pub(super) const MAX_MS: u64 = 10_000_000_000;
+
+fn lease_ms(rule: &Rule) -> u64 {
+    ms(rule.lease).max(1)
+}
+
+/// Whole milliseconds, saturating at [`MAX_MS`]: a longer setting ("never
+/// expire") means the longest the script keeps, never its fallback.
 fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(u64::MAX)) as u64
+    d.as_millis().min(u128::from(MAX_MS)) as u64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_that_never_expires_saturates_at_the_scripts_longest() {
+        let config = Config {
+            probe_lease: Some(Duration::MAX),
+            open: Duration::MAX,
+            open_max: Duration::MAX,
+            ..Config::default()
+        };
+        let rule = Rule::new(&config, Some((Duration::MAX, 10)));
+        let longest = Duration::from_millis(MAX_MS);
+        // What the replica holds a granted slot for is what the cluster
+        // grants it for: not `Duration::MAX` here and the script's fallback
+        // (the open duration) there.
+        assert_eq!(rule.lease, longest);
+        assert_eq!(lease_ms(&rule), MAX_MS);
+        assert_eq!(
+            (rule.span_ms, rule.open_ms, rule.open_max_ms),
+            (MAX_MS, MAX_MS, MAX_MS)
+        );
+        // Well inside what a Lua number holds exactly, with a clock added.
+        const { assert!(MAX_MS * 4 < 1 << 53) };
+    }
 
     #[test]
     fn keys_of_one_breaker_share_a_hash_tag() {

@@ -39,6 +39,7 @@ const CHUNK: usize = 256;
 const MAX_KEY_LEN: usize = 1024;
 
 /// What an attachment keeps in step.
+#[derive(Clone)]
 pub(super) enum Target {
     One(Breaker),
     Keyed(KeyedBreakers),
@@ -246,12 +247,12 @@ impl Worker {
         *backoff = self.settings.backoff.0;
 
         let start = Instant::now();
-        let mut flush = interval_at(start + self.settings.flush, self.settings.flush);
+        let mut flush = interval_at(later(start, self.settings.flush), self.settings.flush);
         flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut resync = interval_at(start + self.settings.resync, self.settings.resync);
+        let mut resync = interval_at(later(start, self.settings.resync), self.settings.resync);
         resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut changed = self.changed();
-        let mut scan = interval_at(start + TRIP_SCAN, TRIP_SCAN);
+        let mut scan = interval_at(later(start, TRIP_SCAN), TRIP_SCAN);
         scan.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let keyed = matches!(self.target, Target::Keyed(_));
         loop {
@@ -641,9 +642,11 @@ impl Tracked {
             // open breaker here trips the cluster again rather than close.
             (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
             (Cluster::Open(left), State::Closed | State::HalfOpen) => {
-                remote.open_for(left + MARGIN)
+                remote.open_for(left.saturating_add(MARGIN))
             }
-            (Cluster::Open(left), State::Open) if changed => remote.open_for(left + MARGIN),
+            (Cluster::Open(left), State::Open) if changed => {
+                remote.open_for(left.saturating_add(MARGIN))
+            }
             (Cluster::HalfOpen, State::Closed) => remote.open_for(Duration::ZERO),
             (Cluster::HalfOpen, State::Open | State::HalfOpen) if changed => {
                 remote.open_for(Duration::ZERO)
@@ -657,7 +660,7 @@ impl Tracked {
         if let Some(id) = pending.request.claim.filter(|_| reply.granted) {
             if self.breaker.state() == State::HalfOpen && remote.is_shared() {
                 remote.grant_probes(1);
-                let until = sent + self.rule.lease.saturating_sub(flush * 2);
+                let until = lease_end(sent, self.rule.lease, flush);
                 self.leases.push_back((id, until));
             } else {
                 self.releases.push(id);
@@ -668,6 +671,20 @@ impl Tracked {
 
 // === helpers ===
 
+/// The instant a slot granted at `sent` must stop being used: a little before
+/// the cluster takes it back, so an outcome is never reported on a slot the
+/// cluster already counts as free.
+fn lease_end(sent: Instant, lease: Duration, flush: Duration) -> Instant {
+    later(sent, lease.saturating_sub(flush.saturating_mul(2)))
+}
+
+/// `at + d`, saturating at about thirty years from `at` (as tokio's own far
+/// future), where `at + d` would overflow.
+fn later(at: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    at.checked_add(d).unwrap_or_else(|| at + FAR)
+}
+
 async fn next(stream: &mut Pin<Box<PubSubStream>>) -> Option<Msg> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
 }
@@ -676,5 +693,32 @@ async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
     match changed {
         Some(c) => c.as_mut().await,
         None => std::future::poll_fn(|_| Poll::<()>::Pending).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn lease_ends_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        let year = Duration::from_secs(365 * 24 * 3600);
+        for (lease, flush) in [
+            (Duration::MAX, Duration::from_millis(50)),
+            (Duration::MAX, Duration::MAX),
+            (Duration::from_millis(50), Duration::MAX),
+            (Duration::MAX - Duration::from_secs(1), Duration::ZERO),
+        ] {
+            let end = lease_end(now, lease, flush);
+            assert!(end >= now, "{lease:?} {flush:?}");
+            if lease > flush.saturating_mul(2) {
+                assert!(end > now + year, "{lease:?} {flush:?}: still far away");
+            }
+        }
+        assert_eq!(
+            lease_end(now, Duration::from_secs(1), Duration::from_millis(50)),
+            now + Duration::from_millis(900)
+        );
     }
 }

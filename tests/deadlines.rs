@@ -1,15 +1,19 @@
-//! The open circuit's timer: rejections read no clock while it is pending,
-//! and the deadline is still kept to the nanosecond, on a runtime nobody
-//! drives any more and on one without timers.
+//! Deadlines without timers: the end of the open period and each probe's
+//! deadline are kept to the nanosecond whenever the breaker is next touched,
+//! on a runtime nobody drives, on one built without timers, and on none; and
+//! the crate never provokes a panic to find out which it is on.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::advance;
+use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::{Breaker, Builder, Outcome, State};
 
 /// Opens on one failure, for `open`, with `probes` probes that all must
-/// succeed and hold their slot for `lease`.
-fn builder(open: Duration, probes: u32, lease: Duration) -> Builder {
+/// succeed, each failed if it has no head within `deadline`.
+fn builder(open: Duration, probes: u32, deadline: Duration) -> Builder {
     Breaker::builder()
         .no_window()
         .consecutive_failures(1)
@@ -17,7 +21,7 @@ fn builder(open: Duration, probes: u32, lease: Duration) -> Builder {
         .max_open_duration(open.max(Duration::from_secs(300)))
         .probes(probes)
         .close_after(probes)
-        .probe_lease(lease)
+        .probe_timeout(deadline)
         .jitter(0.0)
 }
 
@@ -27,7 +31,7 @@ fn breaker(open: Duration) -> Breaker {
 
 fn trip(b: &Breaker) {
     b.admit().unwrap().record(Outcome::Failure);
-    assert_eq!(b.state(), State::Open);
+    assert_ne!(b.state(), State::Closed);
 }
 
 #[tokio::test(start_paused = true)]
@@ -68,9 +72,9 @@ async fn a_held_rejection_says_how_long_is_left_when_asked() {
 }
 
 #[test]
-fn a_timer_on_a_runtime_nobody_drives_cannot_hold_the_circuit_open() {
-    // The circuit opens inside a runtime that is entered but never driven,
-    // so its timer never fires.
+fn a_runtime_nobody_drives_cannot_hold_the_circuit_open() {
+    // The circuit opens inside a runtime that is entered but never driven:
+    // no timer of any kind fires there.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -84,44 +88,80 @@ fn a_timer_on_a_runtime_nobody_drives_cannot_hold_the_circuit_open() {
     }
     // Moves the paused clock past the deadline without running the driver.
     futures::executor::block_on(advance(Duration::from_secs(31)));
-    let rejected_before_the_probe = (0..1_000)
-        .position(|_| b.admit().is_ok())
-        .expect("a probe within a bounded number of calls");
-    assert!(
-        rejected_before_the_probe < 64,
-        "{rejected_before_the_probe} calls rejected after the deadline"
-    );
-    assert_eq!(b.state(), State::HalfOpen);
+    assert_eq!(b.state(), State::HalfOpen, "no call needed to tell");
+    assert!(b
+        .admit()
+        .expect("the first call after the deadline")
+        .is_probe());
+}
+
+/// Counts panics on every thread of this test binary (no other test here
+/// panics).
+fn count_panics() -> Arc<AtomicUsize> {
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        previous(info);
+    }));
+    count
 }
 
 #[test]
-fn a_runtime_without_timers_falls_back_to_the_clock() {
+fn breakers_cycle_on_a_runtime_without_timers_without_a_single_panic() {
+    let panics = count_panics();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     rt.block_on(async {
-        // Due as soon as it opened: only the clock can tell.
-        let b = builder(Duration::from_nanos(1), 1, Duration::from_secs(3600))
+        // Due as soon as it opened: only the clock can tell, and no timer
+        // may be armed for it.
+        let plain = builder(Duration::from_nanos(1), 1, Duration::from_secs(3600))
             .max_open_duration(Duration::from_nanos(1))
             .build()
             .unwrap();
-        for _ in 0..3 {
-            trip(&b);
-            let probe = b.admit().expect("the clock admits the probe");
+        let keyed: KeyedBreakers = builder(Duration::from_nanos(1), 1, Duration::from_secs(3600))
+            .max_open_duration(Duration::from_nanos(1))
+            .into_builder()
+            .build()
+            .unwrap();
+        for round in 0..100 {
+            trip(&plain);
+            let probe = plain.admit().expect("the clock admits the probe");
             assert!(probe.is_probe());
-            probe.record(Outcome::Failure);
-            assert_eq!(b.state(), State::Open);
-            b.reset();
+            probe.record(Outcome::Success);
+            assert_eq!(plain.state(), State::Closed);
+
+            let key = format!("model-{}", round % 10);
+            keyed.admit(&key).unwrap().record(Outcome::Failure);
+            let probe = keyed.admit(&key).expect("half-open");
+            assert!(probe.is_probe());
+            probe.record(Outcome::Success);
+            assert_eq!(keyed.get(&key).unwrap().state(), State::Closed);
         }
         let b = breaker(Duration::from_secs(30));
         trip(&b);
         let err = b.admit().unwrap_err();
         assert!(err.retry_after().unwrap() <= Duration::from_secs(30));
     });
+    assert_eq!(panics.load(Ordering::SeqCst), 0, "the panic hook ran");
 }
 
-fn half_open(probes: u32, lease: Duration) -> Breaker {
-    let b = builder(Duration::from_secs(10), probes, lease)
+#[test]
+fn breakers_work_outside_any_runtime() {
+    let b = builder(Duration::from_nanos(1), 1, Duration::from_secs(1))
+        .max_open_duration(Duration::from_nanos(1))
+        .build()
+        .unwrap();
+    trip(&b);
+    assert_eq!(b.state(), State::HalfOpen);
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(b.state(), State::Closed);
+}
+
+fn half_open(probes: u32, deadline: Duration) -> Breaker {
+    let b = builder(Duration::from_secs(10), probes, deadline)
         .build()
         .unwrap();
     trip(&b);
@@ -129,7 +169,7 @@ fn half_open(probes: u32, lease: Duration) -> Breaker {
 }
 
 #[tokio::test(start_paused = true)]
-async fn with_every_probe_out_calls_wait_for_a_slot_to_the_nanosecond() {
+async fn with_every_probe_out_calls_wait_for_the_probe_deadline_to_the_nanosecond() {
     let b = half_open(2, Duration::from_secs(20));
     advance(Duration::from_secs(10)).await;
     let first = b.admit().expect("probe");
@@ -144,11 +184,18 @@ async fn with_every_probe_out_calls_wait_for_a_slot_to_the_nanosecond() {
     let third = b.admit().expect("the slot given back");
     assert!(b.admit().is_err());
 
-    // Leases run out at their deadline, not a moment later or earlier.
+    // The second probe has no head by its deadline: a failed probe at that
+    // nanosecond, and with two probes that must both succeed, a reopen.
     advance(Duration::from_secs(20) - Duration::from_nanos(1)).await;
     assert!(b.admit().is_err());
+    assert_eq!(b.state(), State::HalfOpen);
     advance(Duration::from_nanos(1)).await;
-    assert!(b.admit().expect("the first lease ran out").is_probe());
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(
+        b.admit().unwrap_err().retry_after(),
+        Some(Duration::from_secs(20)),
+        "reopened at the deadline, for twice the open duration"
+    );
     drop(third);
 }
 

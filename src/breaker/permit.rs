@@ -1,0 +1,219 @@
+//! The right to make one call, and the duty to report how it went.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::counters::Counter;
+use super::outcome::Outcome;
+use super::{spare, Shared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Admitted while closed.
+    Closed,
+    /// Admitted while closed, and tracked in flight by the slow-call rule.
+    Tracked,
+    /// A half-open probe.
+    Probe,
+    /// Admitted but never recorded: disabled, or a shadow-mode call that
+    /// would have been rejected.
+    Passive,
+}
+
+/// What the slow-call rule (or a probe's deadline) made of the call's time
+/// to head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Head {
+    /// Not judged yet.
+    Pending,
+    Fast,
+    Slow,
+    /// Counted as slow while still in flight, at this place in the window;
+    /// not counted again.
+    Crossed(super::window::Slot),
+}
+
+/// What the state machine needs to know of a permit to record it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ticket {
+    /// The low bits of the generation that admitted the call.
+    pub(super) generation: u32,
+    /// The probe's id, or the tracked call's id in flight.
+    pub(super) id: u32,
+    pub(super) kind: Kind,
+}
+
+/// The right to make one call, and the duty to report how it went.
+///
+/// Dropping a permit without [`record`](Self::record) counts as
+/// [`Outcome::Ignored`]: a half-open probe gives its slot back at once.
+///
+/// # Example
+///
+/// ```
+/// use tower_circuit_breaker::{Breaker, Outcome};
+///
+/// let breaker = Breaker::builder().build().unwrap();
+/// let mut permit = breaker.admit().unwrap();
+/// permit.head_received(); // the response head came
+/// permit.record(Outcome::Success);
+/// assert_eq!(breaker.snapshot().counters.successes, 1);
+///
+/// // A call the caller gave up on says nothing about the upstream.
+/// drop(breaker.admit().unwrap());
+/// assert_eq!(breaker.snapshot().counters.dropped, 1);
+/// ```
+#[must_use = "a permit records nothing until `record` is called or it is dropped"]
+pub struct Permit {
+    /// `None` once the outcome is recorded (or the permit moved out).
+    shared: Option<Arc<Shared>>,
+    ticket: Ticket,
+    head: Head,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("generation", &self.ticket.generation)
+            .field("kind", &self.ticket.kind)
+            .finish()
+    }
+}
+
+impl Permit {
+    #[inline]
+    pub(super) fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
+        shared.counters.incr(Counter::Admitted);
+        Permit {
+            shared: Some(spare::take(shared)),
+            ticket: Ticket {
+                generation: generation as u32,
+                id,
+                kind,
+            },
+            head: Head::Pending,
+        }
+    }
+
+    /// Whether this call is a half-open probe.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// assert!(!breaker.admit().unwrap().is_probe());
+    /// ```
+    pub fn is_probe(&self) -> bool {
+        self.ticket.kind == Kind::Probe
+    }
+
+    /// Marks the arrival of the response head: the slow-call rule measures
+    /// time to head (time to first token for a streamed answer), not time to
+    /// the end of the body, so a long stream with a quick first token is not
+    /// slow; and a half-open probe whose head came in time is no longer held
+    /// to its probe deadline.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.head_received();
+    /// permit.record(Outcome::Success);
+    /// ```
+    #[inline]
+    pub fn head_received(&mut self) {
+        if let Some(shared) = &self.shared {
+            if self.head == Head::Pending
+                && (self.ticket.kind == Kind::Probe || shared.slow_ns.is_some())
+            {
+                self.head = shared.judge_head(self.ticket);
+            }
+        }
+    }
+
+    /// Records the call's outcome.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().consecutive_failures(1).build().unwrap();
+    /// breaker.admit().unwrap().record(Outcome::Failure);
+    /// assert!(breaker.admit().is_err());
+    /// ```
+    #[inline]
+    pub fn record(mut self, outcome: Outcome) {
+        self.finish(outcome);
+    }
+
+    /// Records the outcome in place, leaving a permit that holds nothing
+    /// (see [`is_finished`](Self::is_finished)).
+    #[inline]
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
+        self.settle(Counter::from(outcome), outcome);
+    }
+
+    /// Whether [`finish`](Self::finish) or [`take`](Self::take) emptied it.
+    #[inline]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.shared.is_none()
+    }
+
+    /// Moves the permit out, leaving an empty one in its place.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Permit {
+        std::mem::replace(
+            self,
+            Permit {
+                shared: None,
+                ticket: self.ticket,
+                head: self.head,
+            },
+        )
+    }
+
+    /// Counts the call as `counter`, records `outcome` and gives the
+    /// reference back to this thread; nothing if already done.
+    #[inline(always)]
+    fn settle(&mut self, counter: Counter, outcome: Outcome) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        shared.counters.incr(counter);
+        // The healthy steady state: a success in a full, clean window with no
+        // streak to break changes nothing, so it writes nothing.
+        let unchanged = outcome == Outcome::Success
+            && self.ticket.kind == Kind::Closed
+            && shared.hot.consecutive.load(Ordering::Relaxed) == 0
+            && shared.rates.is_clean();
+        if !unchanged {
+            shared.record(self.ticket, &mut self.head, outcome);
+        }
+        spare::give_back(shared);
+    }
+
+    #[cold]
+    fn abandon(&mut self) {
+        self.settle(Counter::Dropped, Outcome::Ignored);
+    }
+}
+
+impl Drop for Permit {
+    #[inline]
+    fn drop(&mut self) {
+        // Most permits were recorded already; the rest are cancelled calls.
+        if !self.is_finished() {
+            self.abandon();
+        }
+    }
+}
+
+impl From<Outcome> for Counter {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Success => Counter::Successes,
+            Outcome::Failure => Counter::Failures,
+            Outcome::Ignored => Counter::Ignored,
+            Outcome::RateLimited { .. } => Counter::RateLimited,
+            Outcome::QuotaExhausted => Counter::QuotaExhausted,
+        }
+    }
+}

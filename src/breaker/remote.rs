@@ -1,0 +1,110 @@
+//! The controls a shared-state backend uses to keep a breaker in step with
+//! its replicas.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{nanos, Events, Reason, Shared, State};
+use crate::sync::lock;
+
+/// The controls a shared-state backend uses to keep a breaker in step with
+/// its replicas; see [`Breaker::remote`](crate::Breaker::remote).
+///
+/// In shared mode the breaker still evaluates its own rules (a trip is
+/// local first, then shared), but a half-open cycle admits only the probes
+/// the backend granted from the cluster-wide budget, and the cluster decides
+/// when the cycle closes or reopens. Leaving shared mode (when the store is
+/// unreachable) restores local half-open decisions at once.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::{Breaker, State};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().build().unwrap();
+/// let remote = breaker.remote();
+/// remote.set_shared(true);
+/// remote.open_for(Duration::from_secs(10)); // another replica tripped
+/// assert_eq!(breaker.state(), State::Open);
+/// remote.close();
+/// assert_eq!(breaker.state(), State::Closed);
+/// # }
+/// ```
+pub struct Remote<'a> {
+    pub(super) shared: &'a Shared,
+}
+
+impl fmt::Debug for Remote<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Remote")
+            .field("name", &self.shared.name)
+            .finish()
+    }
+}
+
+impl Remote<'_> {
+    /// Enters or leaves shared mode.
+    pub fn set_shared(&self, on: bool) {
+        let mut ctl = lock(&self.shared.control);
+        ctl.remote = on;
+        self.shared.remark(&mut ctl);
+    }
+
+    /// Whether the breaker is in shared mode.
+    pub fn is_shared(&self) -> bool {
+        lock(&self.shared.control).remote
+    }
+
+    /// Lets the current half-open cycle admit `n` more probes. Ignored unless
+    /// the circuit is half-open in shared mode.
+    pub fn grant_probes(&self, n: u32) {
+        let mut ctl = lock(&self.shared.control);
+        if ctl.remote && self.shared.load().state() == State::HalfOpen {
+            ctl.allowance = ctl.allowance.saturating_add(n);
+            self.shared.remark(&mut ctl);
+        }
+    }
+
+    /// Opens the circuit for `remaining`, as the cluster decided (the reopen
+    /// backoff is the cluster's too). Already open: only the deadline moves.
+    /// Forced-open and disabled circuits are left alone.
+    pub fn open_for(&self, remaining: Duration) {
+        let s = self.shared;
+        let mut ctl = lock(&s.control);
+        let now = s.now();
+        let until = now.saturating_add(nanos(remaining).max(1));
+        let mut events = Events::default();
+        match s.load().state() {
+            State::ForcedOpen | State::Disabled => {}
+            State::Open => s.set_open_until(until),
+            State::Closed | State::HalfOpen => {
+                if s.load().state() == State::Closed {
+                    ctl.tripped = s.rates.stats(now);
+                }
+                events.push(s.transition_for(
+                    &mut ctl,
+                    State::Open,
+                    Reason::Remote,
+                    now,
+                    Some(until - now),
+                ));
+            }
+        }
+        drop(ctl);
+        s.emit(events);
+    }
+
+    /// Closes an open or half-open circuit, as the cluster decided.
+    pub fn close(&self) {
+        let s = self.shared;
+        let mut ctl = lock(&s.control);
+        let mut events = Events::default();
+        if matches!(s.load().state(), State::Open | State::HalfOpen) {
+            events.push(s.transition(&mut ctl, State::Closed, Reason::Remote, s.now()));
+        }
+        drop(ctl);
+        s.emit(events);
+    }
+}

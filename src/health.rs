@@ -1,0 +1,587 @@
+//! Health probes: recovery found by the breaker's own cheap requests instead
+//! of by users' calls.
+//!
+//! Without health probes, an open circuit learns that its upstream healed
+//! only from the half-open probes it lets through after each open period:
+//! real users' requests, which wait out the upstream's hang while it is
+//! still broken, and which come only as often as the reopen backoff allows.
+//! A [`HealthProbe`] sends its own request instead (a one-token completion,
+//! `GET /v1/models`, `grpc.health.v1.Health/Check`) through the inner
+//! service, every `interval` (with jitter) while the circuit is not closed,
+//! with its own timeout, at most one in flight per breaker, classified by
+//! the same [`Classify`] as real calls. A healthy answer ends the open period
+//! at once: the circuit goes half-open, and real traffic confirms the heal
+//! (see [`Breaker::record_health_probe`]). A 429, a quota answer or anything
+//! else is not a heal. Health probes never enter the window, never advance
+//! the reopen backoff, and are counted apart
+//! ([`Counters::health_probe_successes`](crate::Counters::health_probe_successes)).
+//!
+//! The prober is a future that the caller spawns: the crate starts no task
+//! of its own, and the prober's sleeps are the caller's (so it needs a
+//! runtime with timers). Its requests carry credentials; the crate never
+//! logs them. A request factory that panics, or a probe that errors or
+//! times out, is a counted failed health probe.
+//!
+//! Which request to send: `GET /v1/models` is free and quick, but an
+//! OpenAI-compatible provider can keep answering it with 200 while its
+//! completions fail, so it can end the open period too early (real traffic
+//! then reopens the circuit). A one-token completion
+//! ([`openai_completion_request`]) is the faithful probe and costs one
+//! output token. A gRPC service answers `grpc.health.v1.Health/Check`
+//! ([`grpc_health_request`], classified by [`GrpcHealthClassifier`], which
+//! reads the body: `NOT_SERVING` comes with status 0).
+//!
+//! None of the panic containment holds in a build with `panic = "abort"`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_circuit_breaker::classify::HttpClassifier;
+//! use tower_circuit_breaker::health::HealthProbe;
+//! use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! let breaker = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+//! // The upstream, as the prober sees it: healthy again.
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, BoxError>(http::Response::new(String::new()))
+//! });
+//! let prober = HealthProbe::builder(Duration::from_secs(2))
+//!     .jitter(0.0)
+//!     .build(upstream, HttpClassifier, |_breaker: &Breaker| {
+//!         http::Request::get("http://upstream/v1/models").body(String::new()).unwrap()
+//!     })
+//!     .unwrap();
+//! tokio::spawn(prober.run(breaker.clone()));
+//!
+//! breaker.admit().unwrap().record(Outcome::Failure);
+//! assert_eq!(breaker.state(), State::Open);
+//! tokio::time::sleep(Duration::from_secs(3)).await;
+//! assert_eq!(breaker.state(), State::HalfOpen, "healed 27 s before the open period's end");
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::breaker::{Breaker, ConfigError, Outcome, State};
+use crate::classify::{Classify, ClassifyStream, ErrorRef, Verdict};
+use crate::keyed::KeyedBreakers;
+use crate::rng::Rng;
+use crate::BoxError;
+
+/// Sends health probes while circuits are not closed; built by
+/// [`HealthProbeBuilder`]. See the [module docs](self).
+pub struct HealthProbe<S, C, F> {
+    service: S,
+    classifier: C,
+    make_request: F,
+    interval: Duration,
+    timeout: Duration,
+    jitter: f64,
+    max_in_flight: usize,
+    rng: Rng,
+}
+
+impl<S, C, F> fmt::Debug for HealthProbe<S, C, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthProbe")
+            .field("interval", &self.interval)
+            .field("timeout", &self.timeout)
+            .field("jitter", &self.jitter)
+            .field("max_in_flight", &self.max_in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings of a [`HealthProbe`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::health::HealthProbe;
+/// use tower_circuit_breaker::ConfigError;
+///
+/// let bad = HealthProbe::builder(Duration::ZERO)
+///     .build((), (), ())
+///     .unwrap_err();
+/// assert!(matches!(bad, ConfigError::HealthProbe(_)));
+/// ```
+#[derive(Debug, Clone)]
+pub struct HealthProbeBuilder {
+    interval: Duration,
+    timeout: Option<Duration>,
+    jitter: f64,
+    max_in_flight: usize,
+    seed: Option<u64>,
+}
+
+impl HealthProbe<(), (), ()> {
+    /// Probes every `interval` while a circuit is not closed.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_circuit_breaker::health::HealthProbe;
+    /// let builder = HealthProbe::builder(Duration::from_secs(5)).timeout(Duration::from_secs(2));
+    /// # let _ = builder;
+    /// ```
+    pub fn builder(interval: Duration) -> HealthProbeBuilder {
+        HealthProbeBuilder {
+            interval,
+            timeout: None,
+            jitter: 0.1,
+            max_in_flight: 4,
+            seed: None,
+        }
+    }
+}
+
+impl HealthProbeBuilder {
+    /// How long one probe may take, to the end of its classification.
+    /// Default: the interval.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Each wait is shortened by a random fraction of up to `jitter` of the
+    /// interval, so replicas don't probe in lockstep. Default 0.1.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// With [`HealthProbe::run_keyed`]: how many keys are probed at once.
+    /// Default 4.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Seeds the jitter, for runs that must repeat exactly.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// A prober sending `make_request(breaker)` through `service`, judged by
+    /// `classifier`.
+    pub fn build<S, C, F>(
+        self,
+        service: S,
+        classifier: C,
+        make_request: F,
+    ) -> Result<HealthProbe<S, C, F>, ConfigError> {
+        let timeout = self.timeout.unwrap_or(self.interval);
+        if self.interval.is_zero() {
+            return Err(ConfigError::HealthProbe("the interval is zero"));
+        }
+        if timeout.is_zero() {
+            return Err(ConfigError::HealthProbe("the probe timeout is zero"));
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return Err(ConfigError::HealthProbe("jitter is outside [0, 1)"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::HealthProbe("max_in_flight is zero"));
+        }
+        Ok(HealthProbe {
+            service,
+            classifier,
+            make_request,
+            interval: self.interval,
+            timeout,
+            jitter: self.jitter,
+            max_in_flight: self.max_in_flight,
+            rng: self.seed.map_or_else(Rng::random, Rng::new),
+        })
+    }
+}
+
+/// Whether health probes have anything to find out.
+fn wants_probe(state: State) -> bool {
+    matches!(state, State::Open | State::HalfOpen)
+}
+
+impl<S, C, F, B, RB> HealthProbe<S, C, F>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Body,
+    C: Classify,
+    F: Fn(&Breaker) -> Request<B>,
+{
+    fn next_wait(&self) -> Duration {
+        self.interval
+            .mul_f64(1.0 - self.jitter * self.rng.unit())
+            .max(Duration::from_nanos(1))
+    }
+
+    /// Probes `breaker` for as long as the returned future runs: while the
+    /// circuit is open or half-open, one probe every interval (start to
+    /// start, so a heal is found within one interval when the timeout is no
+    /// longer than the interval); while it is closed, forced open or
+    /// disabled, nothing (it waits for the next state change).
+    pub async fn run(mut self, breaker: Breaker) {
+        loop {
+            if !wants_probe(breaker.state()) {
+                breaker.changed().await;
+                continue;
+            }
+            let mut next = Instant::now() + self.next_wait();
+            while wants_probe(breaker.state()) {
+                tokio::time::sleep_until(next).await;
+                next = Instant::now() + self.next_wait();
+                if wants_probe(breaker.state()) {
+                    let outcome = self.probe(&breaker).await;
+                    breaker.record_health_probe(outcome);
+                }
+            }
+        }
+    }
+
+    /// Sends one health probe to `breaker`'s upstream now, whatever its
+    /// state, and returns what it found (without recording it).
+    pub async fn probe(&mut self, breaker: &Breaker) -> Outcome {
+        let make = &self.make_request;
+        probe_with(
+            &mut self.service,
+            &self.classifier,
+            || make(breaker),
+            self.timeout,
+            breaker,
+        )
+        .await
+    }
+}
+
+/// One probe: makes the request (a panicking factory is a failed probe),
+/// sends it and classifies the answer, all within `timeout`.
+async fn probe_with<S, C, B, RB>(
+    service: &mut S,
+    classifier: &C,
+    make_request: impl FnOnce() -> Request<B>,
+    timeout: Duration,
+    breaker: &Breaker,
+) -> Outcome
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Body,
+    C: Classify,
+{
+    let Ok(request) = catch_unwind(AssertUnwindSafe(make_request)) else {
+        tracing::error!(
+            target: "tower_circuit_breaker",
+            key = breaker.name().unwrap_or(""),
+            "the health probe's request factory panicked"
+        );
+        return Outcome::Failure;
+    };
+    let attempt = async {
+        let ready = poll_fn(|cx| service.poll_ready(cx)).await;
+        match ready.map_err(Into::into) {
+            Ok(()) => classify(classifier, service.call(request).await.map_err(Into::into)).await,
+            Err(e) => classifier.classify_error(&*e),
+        }
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .unwrap_or(Outcome::Failure)
+}
+
+impl<S, C, F, B, RB> HealthProbe<S, C, F>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    RB: Body,
+    C: Classify,
+    F: Fn(&Breaker) -> Request<B>,
+{
+    /// Probes every key of `set` whose circuit is open or half-open, every
+    /// interval, at most [`max_in_flight`](HealthProbeBuilder::max_in_flight)
+    /// at once, for as long as the returned future runs. The factory gets
+    /// each key's breaker (its [`name`](Breaker::name) is the key).
+    pub async fn run_keyed(self, set: KeyedBreakers) {
+        let mut next = Instant::now() + self.next_wait();
+        loop {
+            tokio::time::sleep_until(next).await;
+            next = Instant::now() + self.next_wait();
+            let open: Vec<Breaker> = set
+                .breakers()
+                .into_iter()
+                .filter(|b| wants_probe(b.state()))
+                .collect();
+            for chunk in open.chunks(self.max_in_flight) {
+                let (classifier, make) = (&self.classifier, &self.make_request);
+                let probes = chunk.iter().map(|breaker| {
+                    let mut service = self.service.clone();
+                    async move {
+                        let outcome = probe_with(
+                            &mut service,
+                            classifier,
+                            || make(breaker),
+                            self.timeout,
+                            breaker,
+                        )
+                        .await;
+                        breaker.record_health_probe(outcome);
+                    }
+                });
+                join_all(probes.collect()).await;
+            }
+        }
+    }
+}
+
+/// Polls every future to completion, concurrently, in the caller's task.
+async fn join_all<T: Future<Output = ()>>(futures: Vec<T>) {
+    let mut futures: Vec<Option<Pin<Box<T>>>> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for slot in &mut futures {
+            if let Some(f) = slot {
+                if f.as_mut().poll(cx).is_ready() {
+                    *slot = None;
+                } else {
+                    pending = true;
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+}
+
+/// Classifies a probe's answer, reading its body to the end when the
+/// classifier defers.
+async fn classify<C: Classify, RB: Body>(
+    classifier: &C,
+    answer: Result<Response<RB>, BoxError>,
+) -> Outcome {
+    let response = match answer {
+        Ok(response) => response,
+        Err(e) => return classifier.classify_error(&*e),
+    };
+    let (head, body) = response.into_parts();
+    let mut stream = match classifier.classify_response(head.status, &head.headers) {
+        Verdict::Done(outcome) => return outcome,
+        Verdict::Defer(stream) => stream,
+    };
+    let mut body = std::pin::pin!(body);
+    loop {
+        match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            Some(Ok(frame)) => {
+                let decided = if let Some(data) = frame.data_ref() {
+                    stream.on_data(bytes::Buf::chunk(data))
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    stream.on_trailers(trailers)
+                } else {
+                    None
+                };
+                if let Some(outcome) = decided {
+                    return outcome;
+                }
+            }
+            Some(Err(_)) => return stream.on_error(),
+            None => return stream.on_end(),
+        }
+    }
+}
+
+// === ready-made probe requests ===
+
+/// A one-token chat completion for an OpenAI-compatible API at `base` (for
+/// example `https://api.openai.com/v1`): the faithful probe, at the price of
+/// one output token. The key goes into the `Authorization` header only.
+///
+/// ```
+/// use tower_circuit_breaker::health::openai_completion_request;
+///
+/// let req: http::Request<bytes::Bytes> =
+///     openai_completion_request("http://127.0.0.1:8080/v1", "sk-test", "gpt-4o-mini").unwrap();
+/// assert_eq!(req.uri().path(), "/v1/chat/completions");
+/// assert!(std::str::from_utf8(req.body()).unwrap().contains("\"max_tokens\":1"));
+/// ```
+pub fn openai_completion_request<B: From<Bytes>>(
+    base: &str,
+    api_key: &str,
+    model: &str,
+) -> Result<Request<B>, http::Error> {
+    let mut body = String::from("{\"model\":\"");
+    for c in model.chars() {
+        match c {
+            '"' => body.push_str("\\\""),
+            '\\' => body.push_str("\\\\"),
+            c if c.is_control() => {}
+            c => body.push(c),
+        }
+    }
+    body.push_str("\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"ping\"}]}");
+    Request::post(format!("{}/chat/completions", base.trim_end_matches('/')))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::AUTHORIZATION, bearer(api_key)?)
+        .body(B::from(Bytes::from(body)))
+}
+
+/// `GET {base}/models` for an OpenAI-compatible API: free, but it can stay
+/// 200 while completions fail (see the [module docs](self)).
+///
+/// ```
+/// use tower_circuit_breaker::health::openai_models_request;
+///
+/// let req: http::Request<bytes::Bytes> = openai_models_request("http://127.0.0.1:8080/v1/", "sk-test").unwrap();
+/// assert_eq!(req.uri().path(), "/v1/models");
+/// ```
+pub fn openai_models_request<B: From<Bytes>>(
+    base: &str,
+    api_key: &str,
+) -> Result<Request<B>, http::Error> {
+    Request::get(format!("{}/models", base.trim_end_matches('/')))
+        .header(http::header::AUTHORIZATION, bearer(api_key)?)
+        .body(B::from(Bytes::new()))
+}
+
+fn bearer(api_key: &str) -> Result<HeaderValue, http::Error> {
+    let mut value = HeaderValue::try_from(format!("Bearer {api_key}"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// `grpc.health.v1.Health/Check` for `service` (empty: the whole server) at
+/// `base` (for example `http://127.0.0.1:50051`), to be classified by
+/// [`GrpcHealthClassifier`].
+///
+/// ```
+/// use tower_circuit_breaker::health::grpc_health_request;
+///
+/// let req: http::Request<bytes::Bytes> = grpc_health_request("http://127.0.0.1:50051", "").unwrap();
+/// assert_eq!(req.uri().path(), "/grpc.health.v1.Health/Check");
+/// assert_eq!(&req.body()[..], &[0, 0, 0, 0, 0]);
+/// ```
+pub fn grpc_health_request<B: From<Bytes>>(
+    base: &str,
+    service: &str,
+) -> Result<Request<B>, http::Error> {
+    // HealthCheckRequest { string service = 1; } in one uncompressed frame.
+    let mut message = BytesMut::new();
+    if !service.is_empty() {
+        message.put_u8(0x0a);
+        let mut n = service.len();
+        while n >= 0x80 {
+            message.put_u8((n as u8) | 0x80);
+            n >>= 7;
+        }
+        message.put_u8(n as u8);
+        message.put_slice(service.as_bytes());
+    }
+    let mut frame = BytesMut::with_capacity(5 + message.len());
+    frame.put_u8(0);
+    frame.put_u32(message.len() as u32);
+    frame.put_slice(&message);
+    Request::post(format!(
+        "{}/grpc.health.v1.Health/Check",
+        base.trim_end_matches('/')
+    ))
+    .header(http::header::CONTENT_TYPE, "application/grpc")
+    .header(http::header::TE, "trailers")
+    .body(B::from(frame.freeze()))
+}
+
+/// Judges a `grpc.health.v1.Health/Check` answer: a success only when the
+/// call ended with `grpc-status: 0` *and* its message says `SERVING`
+/// (`NOT_SERVING` and `UNKNOWN` come with status 0 too).
+///
+/// ```
+/// use http::{HeaderMap, StatusCode};
+/// use tower_circuit_breaker::classify::{Classify, ClassifyStream, Verdict};
+/// use tower_circuit_breaker::health::GrpcHealthClassifier;
+/// use tower_circuit_breaker::Outcome;
+///
+/// let Verdict::Defer(mut stream) = GrpcHealthClassifier.classify_response(StatusCode::OK, &HeaderMap::new()) else {
+///     unreachable!()
+/// };
+/// stream.on_data(&[0, 0, 0, 0, 2, 0x08, 0x02]); // NOT_SERVING
+/// let mut trailers = HeaderMap::new();
+/// trailers.insert("grpc-status", "0".parse().unwrap());
+/// assert_eq!(stream.on_trailers(&trailers), Some(Outcome::Failure));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcHealthClassifier;
+
+/// The end-of-stream half of [`GrpcHealthClassifier`].
+#[derive(Debug, Default)]
+pub struct GrpcHealthStream {
+    /// The first bytes of the body: the frame header and the status field.
+    head: [u8; 7],
+    len: usize,
+}
+
+impl GrpcHealthStream {
+    fn serving(&self) -> bool {
+        // Uncompressed, field 1 (varint) = 1 (SERVING).
+        self.len == self.head.len()
+            && self.head[0] == 0
+            && self.head[5] == 0x08
+            && self.head[6] == 1
+    }
+}
+
+impl Classify for GrpcHealthClassifier {
+    type Stream = GrpcHealthStream;
+
+    fn classify_response(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Verdict<GrpcHealthStream> {
+        if status != StatusCode::OK || headers.contains_key("grpc-status") {
+            // An HTTP error, or a trailers-only answer: no message, so no
+            // SERVING whatever its status.
+            return Verdict::Done(Outcome::Failure);
+        }
+        Verdict::Defer(GrpcHealthStream::default())
+    }
+
+    fn classify_error(&self, _: ErrorRef<'_>) -> Outcome {
+        Outcome::Failure
+    }
+}
+
+impl ClassifyStream for GrpcHealthStream {
+    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
+        let take = (self.head.len() - self.len).min(chunk.len());
+        self.head[self.len..self.len + take].copy_from_slice(&chunk[..take]);
+        self.len += take;
+        None
+    }
+
+    fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<Outcome> {
+        let ok = trailers.get("grpc-status").is_some_and(|s| s == "0");
+        Some(if ok && self.serving() {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        })
+    }
+
+    fn on_end(self) -> Outcome {
+        // A gRPC answer without trailers is broken.
+        Outcome::Failure
+    }
+}
