@@ -89,7 +89,8 @@ fn assert_consistent(replay: &Replay) {
 /// The night of the writing assistant, during the outage: the breaker lets
 /// at most 51 % of no-breaker's attempts through to the primary and wastes
 /// at most 46 % of its spend (the write-up: 2,140 of 4,200 and ~96 of ~210
-/// yuan); failover to the light model answers at least 99 % of the users.
+/// yuan); failover to the light model answers at least 99 % of the users
+/// with a mean wait of at most 1.6 s.
 fn check_night(replay: &Replay) {
     assert_consistent(replay);
     let without = outage(replay, "no-breaker");
@@ -116,20 +117,12 @@ fn check_night(replay: &Replay) {
 fn night_scenario_meets_its_bounds() {
     let replay = replayed("seed-000-night.toml");
     check_night(replay);
-    // Hung calls in flight when the window trips and hung half-open probes
-    // hold their users for the 60 s attempt timeout: the answered mean
-    // misses 1.6 s here (scenarios/README.md), though it beats naive
-    // failover by far.
     let failover = outage(replay, "failover").answered_wait.unwrap();
-    let naive = outage(replay, "naive-failover").answered_wait.unwrap();
-    assert!(
-        failover.mean_s * 10.0 < naive.mean_s,
-        "{failover:?} {naive:?}"
-    );
+    assert!(failover.mean_s <= 1.6, "{failover:?}");
 }
 
 #[test]
-fn night_scenario_with_the_slow_call_rule_answers_within_1_6_s() {
+fn night_scenario_meets_its_bounds_with_the_slow_call_rule() {
     let replay = replayed("seed-000-night-slow.toml");
     check_night(replay);
     let failover = outage(replay, "failover").answered_wait.unwrap();
@@ -362,13 +355,28 @@ fn recovery_is_measured_from_the_heal() {
 
 #[test]
 fn probe_timeout_s_reaches_the_breaker() {
+    // A probe that hangs is failed at its deadline, not at the 60 s attempt
+    // timeout: half-open periods end sooner.
     let mut scenario = load("seed-000-night.toml");
-    let lease = |s: &scenario::Scenario| {
-        format!("{:?}", engine::breaker_builder(s, 0, &Default::default()))
+    let kinds = [StackKind::Breaker];
+    let half_open = |replay: &Replay| {
+        let t = &stack(replay, "breaker").transitions;
+        let spans: Vec<f64> = t
+            .windows(2)
+            .filter(|w| w[0].to == "half-open")
+            .map(|w| w[1].t_s - w[0].t_s)
+            .collect();
+        spans.into_iter().fold(0.0, f64::max)
     };
-    assert!(lease(&scenario).contains("probe_lease: Some(61s)"));
-    scenario.breaker.probe_timeout = Some(Duration::from_secs(100));
-    assert!(lease(&scenario).contains("probe_lease: Some(100s)"));
+    let before = half_open(&engine::replay_stacks(&scenario, &kinds).unwrap());
+    scenario.breaker.probe_timeout = Some(Duration::from_secs(5));
+    let after = half_open(&engine::replay_stacks(&scenario, &kinds).unwrap());
+    // Deadlines are applied when the breaker is next touched: by the next
+    // arrival, a fraction of a second later.
+    assert!(
+        after <= 6.0 && after < before,
+        "{after} s, before {before} s"
+    );
 }
 
 #[test]
@@ -483,7 +491,7 @@ fn the_text_table_prints_every_figure() {
         "wasted $",
         "healed  780.0",
         "trip ",
-        "lag  never",
+        "lag ",
     ] {
         assert!(table.contains(needle), "{needle}:\n{table}");
     }
@@ -829,8 +837,8 @@ fn cost_billing_and_probe_keys_are_checked_where_they_are() {
     let billing = "\n[billing]\nhang = 0.25\n";
     let s = parse(&format!("{GOOD}{billing}")).unwrap();
     assert_eq!(s.billing.hang, 0.25);
-    let s = parse(&GOOD.replace(probes, &format!("{probes}probe_timeout_s = 6\n"))).unwrap();
-    assert_eq!(s.breaker.probe_timeout, Some(Duration::from_secs(6)));
+    let s = parse(&GOOD.replace(probes, &format!("{probes}probe_timeout_s = 4\n"))).unwrap();
+    assert_eq!(s.breaker.probe_timeout, Some(Duration::from_secs(4)));
     let off = GOOD.replace(
         probes,
         &format!("{probes}probe_timeout_s = 0\nhealth_probe_interval_s = 0\n"),
@@ -854,7 +862,7 @@ fn cost_billing_and_probe_keys_are_checked_where_they_are() {
             "probe_timeout_s",
         ),
         (
-            GOOD.replace(probes, &format!("{probes}probe_timeout_s = 5\n")),
+            GOOD.replace(probes, &format!("{probes}probe_timeout_s = 6\n")),
             "probe_timeout_s",
         ),
         (

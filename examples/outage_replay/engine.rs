@@ -259,14 +259,10 @@ pub fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Bu
         .max_open_duration(b.open_max)
         .probes(b.probes)
         .close_after(b.close_after)
-        // TODO(probe_timeout): `probe_timeout_s` is the probe's deadline;
-        // until the core has one, it is the lease that frees a hung probe's
-        // slot. Without it, a hanging probe is judged by its attempt timeout.
-        .probe_lease(b.probe_timeout.unwrap_or_else(|| {
-            b.open
-                .max(scenario.client.attempt_timeout + Duration::from_secs(1))
-        }))
         .seed(mix(scenario.seed ^ (i as u64 + 1)));
+    if let Some(timeout) = b.probe_timeout {
+        builder = builder.probe_timeout(timeout);
+    }
     builder = match b.window {
         WindowConfig::Off => builder.no_window(),
         WindowConfig::Count(n) => builder

@@ -40,9 +40,9 @@
 //!
 //! Choices the file does not make: a `Retry-After` is waited out up to 20 s
 //! (and at most half the total timeout); a time window (`window_s`) has 20
-//! buckets; without `probe_timeout_s`, a breaker's probe lease is the longer
-//! of `open_s` and the attempt timeout plus one second, so a hanging probe is
-//! judged by its timeout.
+//! buckets; without `probe_timeout_s`, a half-open probe's deadline is the
+//! core's default (the open duration, or the slow threshold when shorter; the
+//! `breaker` stack caps it at the attempt timeout).
 
 mod engine;
 mod figures;

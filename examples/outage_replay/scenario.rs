@@ -252,7 +252,7 @@ pub struct BreakerConfig {
     pub open_max: Duration,
     pub probes: u32,
     pub close_after: u32,
-    /// A half-open probe's deadline; `None`: the replay's default.
+    /// A half-open probe's deadline; `None`: the core's default.
     pub probe_timeout: Option<Duration>,
 }
 
@@ -761,14 +761,11 @@ fn breaker(
     let probe_timeout = match &raw.probe_timeout_s {
         Some(v) => match seconds(src, v, "probe_timeout_s")? {
             d if d.is_zero() => None,
-            // TODO(probe_timeout): the key sets the probe lease until the
-            // core has a probe deadline, and a lease must outlast the
-            // attempt it frees.
-            d if d <= client.attempt_timeout => {
+            d if d > client.attempt_timeout => {
                 return Err(src.at(
                     v,
-                    "`probe_timeout_s` must be longer than `attempt_timeout_s` in this build \
-                     (it sets the probe lease); 0 turns it off",
+                    "`probe_timeout_s` is longer than `attempt_timeout_s`: the attempt would \
+                     time out first (0 turns it off)",
                 ))
             }
             d => Some(d),
