@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Instructions per call under callgrind: the bare service (answering, and
-# failing), the closed, open (rejecting) and keyed paths of
-# tower-circuit-breaker, and recloser's closed and open paths, each in its
-# own binary (src/callgrind.rs says why) and polled directly with no
-# executor. Each runs at two call counts; the difference divided by the
-# difference in calls is the per-call figure, free of start-up costs.
+# Instructions per call under callgrind, one path per binary (src/callgrind.rs
+# says why), each polled directly with no executor: the bare floors, the paths
+# of tower-circuit-breaker users run, and the peers' paths where they have
+# them. Each runs at two call counts; the difference divided by the
+# difference in calls is the per-call figure, free of start-up costs. Every
+# binary checks that each call ended as its path says (admitted, failed one
+# call in 50, or rejected) and the script stops if one did not.
 #
-#   bench/callgrind.sh            # N1=100000 N2=200000
+#   bench/callgrind.sh                         # every mode, N1=100000 N2=200000
+#   MODES="closed open" bench/callgrind.sh     # a subset (their floors come along)
 #   N1=50000 N2=100000 bench/callgrind.sh
+#
+# Prints the table and writes it to target/callgrind/summary.txt, and the
+# figures one mode a line (mode, Ir per call, floor, added) to
+# target/callgrind/summary.tsv, which bench/compare.sh reads.
 #
 # Needs valgrind (`apt-get install valgrind`). Callgrind counts instructions,
 # not time: a clock read goes through the vDSO, which it does not follow, and
@@ -22,38 +28,134 @@ target=${CARGO_TARGET_DIR:-target}
 out="$target/callgrind"
 mkdir -p "$out"
 
-modes="bare failing closed open keyed recloser-closed recloser-open"
+# mode | floor it is measured over ("-": a floor) | label
+table='
+bare                         -               bare service_fn, answering at once
+failing                      -               bare service_fn, failing at once
+bare-5xx                     -               bare service_fn, every 50th a 503
+bare-json                    -               bare service_fn, a JSON 200
+closed                       bare            closed
+closed-5xx                   bare-5xx        closed, 2 % failing
+http-json                    bare-json       closed, HttpClassifier, JSON 200
+llm-json                     http-json       closed, LlmClassifier, JSON 200
+slow                         closed          closed, slow-call rule on
+window                       bare            closed, time window 30 s / 20 buckets
+keyed-hot                    closed          closed, keyed, one hot key of 10,000
+keyed-rotating               closed          closed, keyed, rotating over 10,000 keys
+open                         failing         open, rejecting
+open-named                   failing         open, named breaker
+stack-open                   failing         open, through stack::Stack
+keyed-open                   failing         open, keyed, one open key of 10,000
+recloser-closed              bare            recloser 1.4, closed
+recloser-5xx                 bare-5xx        recloser 1.4, closed, 2 % failing
+recloser-open                failing         recloser 1.4, open
+failsafe-closed              bare            failsafe 1.3, closed (a time window)
+failsafe-5xx                 bare-5xx        failsafe 1.3, closed, 2 % failing
+failsafe-open                failing         failsafe 1.3, open
+tower-resilience-closed      bare            tower-resilience 0.14, closed
+tower-resilience-5xx         bare-5xx        tower-resilience 0.14, closed, 2 % failing
+tower-resilience-slow        tower-resilience-closed tower-resilience 0.14, slow-call rule on
+tower-resilience-open        failing         tower-resilience 0.14, open
+tower-resilience-open-named  failing         tower-resilience 0.14, open, named
+seatbelt-closed              bare            seatbelt 0.11, closed (a time window)
+seatbelt-5xx                 bare-5xx        seatbelt 0.11, closed, 2 % failing
+seatbelt-open                failing         seatbelt 0.11, open (named, as every seatbelt breaker)
+'
+# tower-resilience's time window has no line: it keeps every call of the
+# last 30 s and scans them on every call, so its cost per call grows with
+# the calls made (bench-report has its row, at the calls of one run).
+# A second figure for some of ours: what the path adds over another of ours.
+also='
+closed-5xx closed
+window closed
+open-named open
+keyed-open open
+stack-open open
+'
+# DESIGN.md's instruction budgets: mode, over, at most this many Ir added.
+targets='
+closed          bare        150
+closed-5xx      bare-5xx    150
+open            failing     100
+keyed-rotating  closed      200
+slow            closed      150
+llm-json        http-json   100
+'
+
+floor_of() { awk -v m="$1" 'NF && $1 == m { print $2 }' <<<"$table"; }
+label_of() { awk -v m="$1" 'NF && $1 == m { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' <<<"$table"; }
+known=$(awk 'NF { print $1 }' <<<"$table")
+
+# The modes asked for, then their floors (and their floors' floors), in
+# table order.
+want=" $(echo ${MODES:-$known}) "
+for m in $want; do
+  grep -qx -- "$m" <<<"$known" || { echo "unknown mode: $m (known: $(echo $known))" >&2; exit 2; }
+done
+for _ in 1 2 3; do
+  for m in $want; do
+    f=$(floor_of "$m")
+    if [[ $f != - && $want != *" $f "* ]]; then want="$want$f "; fi
+  done
+done
+modes=$(for m in $known; do if [[ $want == *" $m "* ]]; then echo "$m"; fi; done)
+
 cargo build --quiet --release -p tower-circuit-breaker-bench $(printf -- '--bin cg-%s ' $modes)
 
 ir() { # mode calls -> total Ir
-  valgrind --tool=callgrind --callgrind-out-file="$out/$1.$2.out" \
-    "$target/release/cg-$1" "$2" >/dev/null 2>&1
+  if ! valgrind --tool=callgrind --callgrind-out-file="$out/$1.$2.out" \
+    "$target/release/cg-$1" "$2" >"$out/$1.$2.log" 2>&1; then
+    echo "cg-$1 $2 failed:" >&2
+    grep -v '^==' "$out/$1.$2.log" >&2 || true
+    exit 1
+  fi
   awk '/^(summary|totals):/ { print $2; exit }' "$out/$1.$2.out"
 }
 
-per_call() { # mode -> Ir per call
-  local a b
-  a=$(ir "$1" "$n1")
-  b=$(ir "$1" "$n2")
-  awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }'
-}
-
+declare -A irs
 for m in $modes; do
-  declare "ir_${m//-/_}=$(per_call "$m")"
+  a=$(ir "$m" "$n1")
+  b=$(ir "$m" "$n2")
+  irs[$m]=$(awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
 done
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
-echo "instructions per call (Ir), $n1 vs $n2 calls:"
-echo "  bare service_fn, ready at once    $ir_bare"
-echo "  bare service_fn, failing at once  $ir_failing"
-echo "  closed                            $ir_closed  (added over bare: $(minus "$ir_closed" "$ir_bare"))"
-echo "  open, rejecting                   $ir_open  (added over failing: $(minus "$ir_open" "$ir_failing"))"
-echo "  closed, keyed (10,000 keys)       $ir_keyed  (added over closed: $(minus "$ir_keyed" "$ir_closed"))"
-echo "  recloser 1.4, closed              $ir_recloser_closed  (added over bare: $(minus "$ir_recloser_closed" "$ir_bare"))"
-echo "  recloser 1.4, open, rejecting     $ir_recloser_open  (added over failing: $(minus "$ir_recloser_open" "$ir_failing"))"
-echo
-echo "closed path, Ir per call by function ($n2 calls; $out/closed.$n2.out):"
-callgrind_annotate --show-percs=no "$out/closed.$n2.out" 2>/dev/null |
-  awk -v n="$n2" '/file:function/ { on = 1; next }
-    on && NF == 0 && shown { exit }
-    on && $1 ~ /^[0-9][0-9,]*$/ { v = $1; gsub(",", "", v); $1 = ""; sub(/^ +/, "");
-      sub(/ \[.*\]$/, ""); printf "  %7.1f  %s\n", v / n, $0; shown = 1 }' | head -25
+
+{
+  echo "instructions per call (Ir), $n1 vs $n2 calls; added = over the floor named"
+  printf '  %-58s %8s  %s\n' "path" "Ir/call" "added"
+  : >"$out/summary.tsv.new"
+  for m in $modes; do
+    f=$(floor_of "$m")
+    if [[ $f == - ]]; then
+      printf '  %-58s %8s  %s\n' "$(label_of "$m")" "${irs[$m]}" "(floor)"
+      printf '%s\t%s\t-\t-\n' "$m" "${irs[$m]}" >>"$out/summary.tsv.new"
+    else
+      d=$(minus "${irs[$m]}" "${irs[$f]}")
+      extra=""
+      o=$(awk -v m="$m" 'NF && $1 == m { print $2 }' <<<"$also")
+      if [[ -n $o && -n ${irs[$o]:-} ]]; then
+        extra="; over $o: $(minus "${irs[$m]}" "${irs[$o]}")"
+      fi
+      printf '  %-58s %8s  %s\n' "$(label_of "$m")" "${irs[$m]}" "$d over $f$extra"
+      printf '%s\t%s\t%s\t%s\n' "$m" "${irs[$m]}" "$f" "$d" >>"$out/summary.tsv.new"
+    fi
+  done
+  shown=
+  while read -r m over limit; do
+    [[ -n $m && -n ${irs[$m]:-} && -n ${irs[$over]:-} ]] || continue
+    if [[ -z $shown ]]; then echo; echo "budgets (DESIGN.md), Ir added:"; shown=1; fi
+    d=$(minus "${irs[$m]}" "${irs[$over]}")
+    v=$(awk -v d="$d" -v l="$limit" 'BEGIN { print (d <= l ? "met" : "MISSED") }')
+    printf '  %-40s %8s over %-10s (at most %s: %s)\n' "$(label_of "$m")" "$d" "$over" "$limit" "$v"
+  done <<<"$targets"
+  if [[ -n ${irs[closed]:-} ]]; then
+    echo
+    echo "closed path, Ir per call by function ($n2 calls; $out/closed.$n2.out):"
+    callgrind_annotate --show-percs=no "$out/closed.$n2.out" 2>/dev/null |
+      awk -v n="$n2" '/file:function/ { on = 1; next }
+        on && NF == 0 && shown { exit }
+        on && $1 ~ /^[0-9][0-9,]*$/ { v = $1; gsub(",", "", v); $1 = ""; sub(/^ +/, "");
+          sub(/ \[.*\]$/, ""); printf "  %7.1f  %s\n", v / n, $0; shown = 1 }' | head -25
+  fi
+} | tee "$out/summary.txt"
+mv "$out/summary.tsv.new" "$out/summary.tsv"

@@ -8,28 +8,25 @@
 //!
 //! Every loop polls each call's future directly, with no executor, inside a
 //! current-thread runtime's context (as a service's calls would be), after
-//! the breaker has seen enough calls to fill its window.
+//! the breaker has seen enough calls to fill its window. The services are
+//! the report's own (`src/rows.rs`), and every call is checked as the
+//! report checks it: the binary fails if a call did not end as its path
+//! says.
 
 use std::convert::Infallible;
-use std::future::{ready, Future};
-use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
-use http::{Response, StatusCode};
-use tower::{Layer, Service};
+use http::StatusCode;
+use tower::Service;
 
-use crate::adapters;
-use crate::measure::Request;
-use crate::rows::{
-    keyed_service, keyed_set, ours_layer, recloser_breaker, trip, upstream, Rejected, OPEN, WINDOW,
-};
+use crate::measure::{poll_calls, Judge, Request, Tally};
+use crate::rows::{self, Tr, NAME, WINDOW};
 
 /// `main` of a callgrind binary: `$name <calls>` runs `$run` that many
-/// times and prints how many calls succeeded.
+/// times, checks every call against `$path`'s expectation and prints how
+/// they ended.
 #[macro_export]
 macro_rules! callgrind_main {
-    ($run:path) => {
+    ($run:path, $path:expr) => {
         fn main() {
             let n: u64 = std::env::args()
                 .nth(1)
@@ -38,8 +35,22 @@ macro_rules! callgrind_main {
                     eprintln!("usage: {} <calls>", env!("CARGO_BIN_NAME"));
                     std::process::exit(2)
                 });
-            let ok = $crate::callgrind::in_runtime(|| $run(n));
-            println!("{}: {ok} of {n} calls succeeded", env!("CARGO_BIN_NAME"));
+            let path: $crate::rows::Path = $path;
+            let checked = $crate::callgrind::in_runtime(|| $run(n))
+                .and_then(|tally| tally.check(path.expect()).map(|()| tally));
+            match checked {
+                Ok(t) => println!(
+                    "{}: {} calls, {} admitted, {} failed",
+                    env!("CARGO_BIN_NAME"),
+                    t.calls,
+                    t.admitted,
+                    t.failed
+                ),
+                Err(e) => {
+                    eprintln!("{}: {e}", env!("CARGO_BIN_NAME"));
+                    std::process::exit(1)
+                }
+            }
         }
     };
 }
@@ -55,101 +66,91 @@ pub fn in_runtime<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Polls a future that must be ready at once.
-#[inline(always)]
-fn now_or_never<F: Future>(f: F) -> F::Output {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the benchmark futures are ready at once"),
-    }
-}
-
-/// The measured loop, kept out of line so callgrind shows it by name.
-#[inline(never)]
-pub fn calls<S: Service<Request>>(svc: &mut S, n: u64) -> u64 {
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut ok = 0;
-    for _ in 0..n {
-        let Poll::Ready(ready) = svc.poll_ready(&mut cx) else {
-            panic!("the benchmark services are ready at once")
-        };
-        let result = match ready {
-            Ok(()) => now_or_never(svc.call(())),
-            Err(e) => Err(e),
-        };
-        ok += u64::from(result.is_ok());
-        drop(black_box(result));
-    }
-    ok
-}
-
-/// Warms `svc` up with a window's worth of calls, then makes `n`.
+/// Warms `svc` up with a window's worth of calls, then makes `n` and
+/// returns how they ended.
 #[inline]
-fn warm_then<S: Service<Request>>(mut svc: S, n: u64) -> u64 {
-    calls(&mut svc, u64::from(WINDOW));
-    calls(&mut svc, n)
+fn warm_then<S>(svc: Result<S, String>, n: u64) -> Result<Tally, String>
+where
+    S: Service<Request>,
+    Result<S::Response, S::Error>: Judge,
+{
+    let mut svc = svc?;
+    poll_calls(&mut svc, u64::from(WINDOW));
+    Ok(poll_calls(&mut svc, n))
 }
 
-/// The inner service alone, answering at once.
-#[inline]
-pub fn bare(n: u64) -> u64 {
-    warm_then(upstream::<Infallible>(StatusCode::OK), n)
+/// Defines one loop per line: `name => the service`.
+macro_rules! loops {
+    ($($(#[$doc:meta])* $name:ident => $svc:expr;)*) => {
+        $(
+            $(#[$doc])*
+            #[inline]
+            pub fn $name(n: u64) -> Result<Tally, String> {
+                warm_then($svc, n)
+            }
+        )*
+    };
 }
 
-/// A service failing at once with a zero-sized error.
-#[inline]
-pub fn failing(n: u64) -> u64 {
-    warm_then(
-        tower::service_fn(|()| ready(Err::<Response<String>, Rejected>(Rejected))),
-        n,
-    )
-}
-
-/// This crate, closed.
-#[inline]
-pub fn closed(n: u64) -> u64 {
-    warm_then(
-        ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK)),
-        n,
-    )
-}
-
-/// This crate, open: every call rejected.
-#[inline]
-pub fn open(n: u64) -> u64 {
-    let layer = ours_layer(OPEN);
-    trip(layer.breaker()).unwrap_or_else(|e| panic!("{e}"));
-    warm_then(layer.layer(upstream::<Infallible>(StatusCode::OK)), n)
-}
-
-/// This crate, closed, one key of 10,000.
-#[inline]
-pub fn keyed(n: u64) -> u64 {
-    warm_then(
-        keyed_service(keyed_set().unwrap_or_else(|e| panic!("{e}"))),
-        n,
-    )
-}
-
-/// recloser, closed.
-#[inline]
-pub fn recloser_closed(n: u64) -> u64 {
-    warm_then(
-        adapters::Recloser::new(upstream::<Infallible>(StatusCode::OK), recloser_breaker()),
-        n,
-    )
-}
-
-/// recloser, open: every call rejected.
-#[inline]
-pub fn recloser_open(n: u64) -> u64 {
-    let breaker = recloser_breaker();
-    for _ in 0..WINDOW * 2 {
-        let _ = now_or_never(breaker.call(ready(Err::<(), ()>(()))));
-    }
-    warm_then(
-        adapters::Recloser::new(upstream::<Infallible>(StatusCode::OK), breaker),
-        n,
-    )
+loops! {
+    /// The inner service alone, answering at once.
+    bare => Ok(rows::upstream::<Infallible>(StatusCode::OK));
+    /// A service failing at once with a zero-sized error.
+    failing => Ok(rows::failing());
+    /// The inner service alone, every 50th answer a 503.
+    bare_5xx => Ok(rows::failing_every::<Infallible>());
+    /// The inner service alone, answering a JSON 200.
+    bare_json => Ok(rows::json_upstream());
+    /// This crate, closed.
+    closed => rows::ours_closed();
+    /// This crate, closed, every 50th call a 503.
+    closed_5xx => rows::ours_closed_failing();
+    /// This crate, closed, `HttpClassifier` on a JSON 200.
+    http_json => rows::ours_http_json();
+    /// This crate, closed, `LlmClassifier` on a JSON 200.
+    llm_json => rows::ours_llm_json();
+    /// This crate, closed, the slow-call rule on.
+    slow => rows::ours_slow();
+    /// This crate, closed, a time window.
+    window => rows::ours_time_window();
+    /// This crate, open: every call rejected.
+    open => rows::ours_open(None);
+    /// This crate, open, the breaker named.
+    open_named => rows::ours_open(Some(NAME));
+    /// `stack::Stack` over an open circuit.
+    stack_open => rows::stack_open();
+    /// This crate, closed, one hot key of 10,000.
+    keyed_hot => rows::keyed_set().map(rows::keyed_service);
+    /// This crate, closed, rotating over 10,000 keys.
+    keyed_rotating => rows::keyed_set().map(rows::keyed_rotating);
+    /// This crate, keyed, the one key called open.
+    keyed_open => rows::keyed_open();
+    /// recloser, closed.
+    recloser_closed => Ok(rows::recloser_closed(rows::upstream::<Infallible>(StatusCode::OK)));
+    /// recloser, closed, every 50th call a 503 (seen as an `Err`).
+    recloser_5xx => Ok(rows::recloser_closed(rows::fails_on_5xx(rows::failing_every())));
+    /// recloser, open: every call rejected.
+    recloser_open => rows::recloser_open();
+    /// failsafe, closed (its window is a time window).
+    failsafe_closed => Ok(rows::failsafe_closed(rows::upstream::<Infallible>(StatusCode::OK)));
+    /// failsafe, closed, every 50th call a 503 (seen as an `Err`).
+    failsafe_5xx => Ok(rows::failsafe_closed(rows::fails_on_5xx(rows::failing_every())));
+    /// failsafe, open.
+    failsafe_open => rows::failsafe_open();
+    /// tower-resilience, closed.
+    tower_resilience_closed => Ok(rows::tower_resilience(Tr::default(), rows::upstream(StatusCode::OK)));
+    /// tower-resilience, closed, every 50th call a 503.
+    tower_resilience_5xx => Ok(rows::tower_resilience(Tr::default(), rows::failing_every()));
+    /// tower-resilience, closed, the slow-call rule on.
+    tower_resilience_slow => Ok(rows::tower_resilience(Tr::SLOW, rows::upstream(StatusCode::OK)));
+    /// tower-resilience, open.
+    tower_resilience_open => rows::tower_resilience_open(Tr::default());
+    /// tower-resilience, open, the breaker named.
+    tower_resilience_open_named => rows::tower_resilience_open(Tr::NAMED);
+    /// seatbelt, closed (its window is a time window).
+    seatbelt_closed => Ok(rows::seatbelt("bench", rows::upstream(StatusCode::OK)));
+    /// seatbelt, closed, every 50th call a 503.
+    seatbelt_5xx => Ok(rows::seatbelt("bench", rows::failing_every()));
+    /// seatbelt, open (seatbelt names every breaker).
+    seatbelt_open => rows::seatbelt_open(NAME);
 }

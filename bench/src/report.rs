@@ -87,15 +87,22 @@ fn one(row: &Row, shape: Shape, mode: Mode) -> f64 {
 /// the rows (run 1 of every row, then run 2...), so a slow patch of the
 /// machine spreads over all rows instead of landing on one.
 pub fn run(rows: &[Row], settings: &Settings, mut progress: impl FnMut(&str)) -> Vec<Measured> {
+    let picked = |r: &Row| {
+        let name = r.name();
+        settings
+            .filter
+            .as_ref()
+            .is_none_or(|f| f.split('|').any(|part| name.contains(part)))
+    };
+    // The floors of the picked rows come along, so "added" is always shown.
+    let floors: Vec<Path> = rows
+        .iter()
+        .filter(|r| picked(r))
+        .filter_map(|r| r.path.floor())
+        .collect();
     let rows: Vec<Row> = rows
         .iter()
-        .filter(|r| {
-            let name = r.name();
-            settings
-                .filter
-                .as_ref()
-                .is_none_or(|f| f.split('|').any(|part| name.contains(part)))
-        })
+        .filter(|r| picked(r) || (r.breaker == Breaker::Bare && floors.contains(&r.path)))
         .copied()
         .collect();
     let mut out = Vec::new();
@@ -149,7 +156,7 @@ pub fn table(all: &[Measured], settings: &Settings) -> String {
     );
     let _ = writeln!(
         s,
-        "added = ns over the bare service (rejecting rows: over the service failing at once);"
+        "added = ns over the row's floor: the bare service on the same upstream (rejecting rows: the service failing at once);"
     );
     let _ = writeln!(
         s,
@@ -197,18 +204,34 @@ pub fn table(all: &[Measured], settings: &Settings) -> String {
     s
 }
 
+/// The row of the same shape this row's "added" figures are measured over
+/// (its path's floor), if measured.
+fn floor_of<'a>(all: &'a [Measured], m: &Measured) -> Option<&'a Measured> {
+    match m.row.breaker {
+        Breaker::Bare => None,
+        _ => find(all, m.shape, Breaker::Bare, m.row.path.floor()?),
+    }
+}
+
+/// Allocations per call the breaker adds over its floor's.
+fn allocs_added(all: &[Measured], m: &Measured) -> f64 {
+    m.allocs - floor_of(all, m).map_or(0.0, |f| f.allocs)
+}
+
+/// Our ns / the peer's ns, run by run (the runs go round the rows, so run
+/// `i` of both was taken in the same round).
+pub fn per_run_ratios(ours: &Measured, peer: &Measured) -> Vec<f64> {
+    ours.runs
+        .iter()
+        .zip(&peer.runs)
+        .map(|(o, p)| o / p)
+        .collect()
+}
+
 /// ns, spread, added, allocations and our ratio for one row in one shape.
 fn cells(all: &[Measured], m: &Measured) -> String {
     let ns = m.ns();
-    // Rejections are measured against a service that fails at once.
-    let base = match m.row.path {
-        Path::Open | Path::HalfOpenFull => Path::BareErr,
-        _ => Path::Bare,
-    };
-    let added = match (m.row.breaker, find(all, m.shape, Breaker::Bare, base)) {
-        (Breaker::Bare, _) | (_, None) => "-".to_string(),
-        (_, Some(b)) => format!("{:.1}", ns - b.ns()),
-    };
+    let added = floor_of(all, m).map_or("-".to_string(), |b| format!("{:.1}", ns - b.ns()));
     let ratio = match m.row.breaker {
         Breaker::Bare | Breaker::Ours => "-".to_string(),
         _ => find(all, m.shape, Breaker::Ours, m.row.path)
@@ -227,60 +250,78 @@ fn cells(all: &[Measured], m: &Measured) -> String {
 /// How this crate's rows fare against the performance budget and the peers.
 pub fn budget(all: &[Measured]) -> String {
     let mut s = String::new();
-    let added = |shape, path, base| {
-        let b = find(all, shape, Breaker::Bare, base)?.ns();
-        Some(find(all, shape, Breaker::Ours, path)?.ns() - b)
-    };
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-    let mut line = |what: &str, got: Option<f64>, limit: f64| {
-        if let Some(got) = got {
+    use Path::Closed;
+    let (one, many) = (Shape::OneTask, Shape::ManyTasks);
+    // DESIGN.md states the instruction budgets (bench/callgrind.sh checks
+    // them); wall time gives what each path adds over its floor.
+    for m in all.iter().filter(|m| m.row.breaker == Breaker::Ours) {
+        if let Some(floor) = floor_of(all, m) {
             let _ = writeln!(
                 s,
-                "  {what:<46} {got:>7.1} ns  (budget < {limit} ns: {})",
-                verdict(got < limit)
+                "  {:<8} {:<40} {:>7.1} ns over {}",
+                m.shape.label(),
+                m.row.path.label(),
+                m.ns() - floor.ns(),
+                floor.row.name()
             );
         }
-    };
-    use Path::{Bare, BareErr, Closed, KeyedClosed, Open};
-    let (one, many) = (Shape::OneTask, Shape::ManyTasks);
-    line(
-        "closed, 1 task, added over bare",
-        added(one, Closed, Bare),
-        15.0,
-    );
-    if let (Some(k), Some(c)) = (
-        find(all, one, Breaker::Ours, KeyedClosed),
-        find(all, one, Breaker::Ours, Closed),
-    ) {
-        line(
-            "keyed lookup at 10,000 keys, 1 task, added over closed",
-            Some(k.ns() - c.ns()),
-            40.0,
-        );
     }
-    line(
-        "closed, 16 tasks, added over bare",
-        added(many, Closed, Bare),
-        60.0,
-    );
-    line(
-        "open, 1 task, added over failing at once",
-        added(one, Open, BareErr),
-        10.0,
-    );
-    line(
-        "open, 16 tasks, added over failing at once",
-        added(many, Open, BareErr),
-        10.0,
-    );
+    // What a feature costs over the plain path, both of this crate.
+    for m in all.iter().filter(|m| m.row.breaker == Breaker::Ours) {
+        if let Some(plain) = m
+            .row
+            .path
+            .over()
+            .and_then(|p| find(all, m.shape, Breaker::Ours, p))
+        {
+            let _ = writeln!(
+                s,
+                "  {:<8} {:<40} {:>7.1} ns over {}",
+                m.shape.label(),
+                m.row.path.label(),
+                m.ns() - plain.ns(),
+                plain.row.path.label()
+            );
+        }
+    }
+    // Wall time against recloser, as the budget states it: the median of
+    // the per-run ratios.
+    for path in [Closed, Path::ClosedFailing] {
+        for shape in [one, many] {
+            if let (Some(o), Some(r)) = (
+                find(all, shape, Breaker::Ours, path),
+                find(all, shape, Breaker::Recloser, path),
+            ) {
+                let ratios = per_run_ratios(o, r);
+                let (lo, hi) = min_max(&ratios);
+                let med = median(&ratios);
+                let _ = writeln!(
+                    s,
+                    "  {:<8} {:<40} ours/recloser {med:.2} ({lo:.2}-{hi:.2} over {} runs; budget <= 1.00: {})",
+                    shape.label(),
+                    path.label(),
+                    ratios.len(),
+                    verdict(med <= 1.0)
+                );
+            }
+        }
+    }
     let allocating: Vec<String> = all
         .iter()
-        .filter(|m| m.row.breaker == Breaker::Ours && m.allocs > 0.0)
-        .map(|m| format!("{} ({}) {:.3}", m.row.name(), m.shape.label(), m.allocs))
+        .filter(|m| m.row.breaker == Breaker::Ours && allocs_added(all, m) > 0.0)
+        .map(|m| {
+            format!(
+                "{} ({}) {:.3}",
+                m.row.name(),
+                m.shape.label(),
+                allocs_added(all, m)
+            )
+        })
         .collect();
     let _ = writeln!(
         s,
-        "  zero allocations on every path of ours: {}",
+        "  zero allocations added on every path of ours: {}",
         if allocating.is_empty() {
             "met".to_string()
         } else {
@@ -308,22 +349,67 @@ pub fn budget(all: &[Measured]) -> String {
     s
 }
 
-/// The report as JSON: `{"rows":[{"name", "shape", "ns_per_call",
-/// "allocs_per_call"}]}`.
+fn min_max(xs: &[f64]) -> (f64, f64) {
+    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+fn list(xs: &[f64]) -> String {
+    let xs: Vec<String> = xs.iter().map(|x| format!("{x:.3}")).collect();
+    format!("[{}]", xs.join(","))
+}
+
+/// The report as JSON, one row or ratio a line (`bench/compare.sh` reads
+/// it): `{"rows":[{"name", "shape", "ns_per_call" (median), "spread",
+/// "runs" (ns per call of each run), "allocs_per_call", "added_ns" (over
+/// the floor, or null)}], "ratios":[{"path", "shape", "peer", "ratio" (our
+/// median / the peer's), "per_run" (run by run), "per_run_median",
+/// "per_run_min", "per_run_max"}]}`.
 pub fn json(all: &[Measured]) -> String {
     let rows: Vec<String> = all
         .iter()
         .map(|m| {
+            let added =
+                floor_of(all, m).map_or("null".to_string(), |f| format!("{:.3}", m.ns() - f.ns()));
             format!(
-                "{{\"name\":{},\"shape\":{},\"ns_per_call\":{:.3},\"allocs_per_call\":{:.4}}}",
+                "{{\"name\":{},\"shape\":{},\"ns_per_call\":{:.3},\"spread\":{:.4},\"runs\":{},\"allocs_per_call\":{:.4},\"added_ns\":{}}}",
                 quote(&m.row.name()),
                 quote(m.shape.label()),
                 m.ns(),
-                m.allocs
+                m.spread(),
+                list(&m.runs),
+                m.allocs,
+                added
             )
         })
         .collect();
-    format!("{{\"rows\":[\n  {}\n]}}\n", rows.join(",\n  "))
+    let mut ratios = Vec::new();
+    for ours in all.iter().filter(|m| m.row.breaker == Breaker::Ours) {
+        for &peer in &Breaker::PEERS {
+            let Some(p) = find(all, ours.shape, peer, ours.row.path) else {
+                continue;
+            };
+            let per_run = per_run_ratios(ours, p);
+            let (lo, hi) = min_max(&per_run);
+            ratios.push(format!(
+                "{{\"path\":{},\"shape\":{},\"peer\":{},\"ratio\":{:.4},\"per_run\":{},\"per_run_median\":{:.4},\"per_run_min\":{:.4},\"per_run_max\":{:.4}}}",
+                quote(ours.row.path.label()),
+                quote(ours.shape.label()),
+                quote(peer.label()),
+                ours.ns() / p.ns(),
+                list(&per_run),
+                median(&per_run),
+                lo,
+                hi
+            ));
+        }
+    }
+    format!(
+        "{{\"rows\":[\n  {}\n],\n\"ratios\":[\n  {}\n]}}\n",
+        rows.join(",\n  "),
+        ratios.join(",\n  ")
+    )
 }
 
 fn quote(s: &str) -> String {

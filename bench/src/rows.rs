@@ -7,28 +7,63 @@
 //! [`OPEN`] with a minimum of [`WINDOW`] calls (said on its builder below).
 //! Breakers are built and, for the open rows, tripped before anything is
 //! timed; the timed loop only calls.
+//!
+//! The services are built by the `pub fn`s below, which the callgrind loops
+//! (`src/callgrind.rs`) share; call them inside a Tokio runtime's context.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Response, StatusCode};
-use tower::util::ServiceFn;
-use tower::{service_fn, Layer, Service};
+use http::{HeaderValue, Response, StatusCode};
+use tower::util::{MapResult, ServiceFn};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
-use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, ResponseBody, State};
+use tower_circuit_breaker::stack::Stack;
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, Outcome, State};
 
 use crate::adapters;
-use crate::measure::{call_loop, Expect, Plan, Request};
+use crate::measure::{now_or_never, poll_calls, Expect, Plan, Request};
 
 /// Calls in the window.
 pub const WINDOW: u32 = 20;
 /// Failure rate that opens the circuit.
 pub const FAILURE_RATE: f64 = 0.5;
-/// How long the circuit stays open (long enough to outlast any run).
+/// How long the circuit stays open (long enough to outlast any run); also
+/// the span of the time windows.
 pub const OPEN: Duration = Duration::from_secs(30);
 /// Half-open probes.
 pub const PROBES: u32 = 3;
+/// Buckets of this crate's time window.
+pub const BUCKETS: u32 = 20;
+/// The slow-call threshold: far above the calls' time, so no call is slow.
+pub const SLOW: Duration = Duration::from_secs(60);
+/// One call in this many fails on the failing rows (2 %).
+pub const FAIL_EVERY: u64 = 50;
+/// The name of the named breakers.
+pub const NAME: &str = "gpt-4o";
+/// Keys live in the set while the timed calls run.
+pub const KEYS: usize = 10_000;
+/// The key of the hot-key rows.
+pub const HOT_KEY: &str = "model-4242";
+
+/// The service type every builder below returns: called with `()`,
+/// answering an `http::Response`, erring with `$err`.
+macro_rules! bench_service {
+    ($err:ty) => {
+        impl Service<
+                Request,
+                Response = Response<impl Send + 'static>,
+                Error = $err,
+                Future = impl Send + 'static,
+            > + Clone
+            + Send
+            + 'static
+    };
+}
 
 /// Which breaker a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,19 +112,48 @@ pub enum Path {
     /// A service failing at once with a zero-sized error: the floor under
     /// every rejecting row (the loop, the ready future, the `Err`).
     BareErr,
+    /// The inner service alone, answering 503 on every 50th call: the floor
+    /// under the 2 % rows.
+    BareFailing,
+    /// The inner service alone, answering a 200 with
+    /// `content-type: application/json`: the floor under the classifier
+    /// rows (the header map allocates).
+    BareJson,
     /// Closed circuit, healthy upstream: admit, call, record a success.
     Closed,
+    /// Closed circuit, every 50th call answered with a 503 (recorded as a
+    /// failure; the circuit stays closed).
+    ClosedFailing,
+    /// Closed, `HttpClassifier` on a JSON 200.
+    HttpJson,
+    /// Closed, `LlmClassifier` on a JSON 200.
+    LlmJson,
+    /// Closed, with the slow-call rule on at [`SLOW`]: no call is slow.
+    SlowRule,
+    /// Closed, with a time window of [`OPEN`] in [`BUCKETS`] buckets.
+    TimeWindow,
     /// Open circuit: reject without calling the inner service.
     Open,
+    /// Open circuit of a breaker named [`NAME`].
+    OpenNamed,
+    /// The recommended `stack::Stack` (retry → breaker → attempt timeout)
+    /// over an open circuit: rejected, the retry stops, the error boxed.
+    StackOpen,
     /// Half-open with every probe slot taken: reject.
     HalfOpenFull,
     /// Half-open with a free slot: admit a probe, call, record. The upstream
     /// answers 400 (ignored), so each probe gives its slot back and the
     /// circuit stays half-open.
     HalfOpenProbe,
-    /// Closed circuit, keyed breakers holding 10,000 keys: take the key,
-    /// look its breaker up, admit, call, record.
-    KeyedClosed,
+    /// Closed circuit, keyed breakers holding 10,000 keys, every call on
+    /// the same key: take the key, look its breaker up, admit, call, record.
+    KeyedHot,
+    /// Closed, keyed breakers holding 10,000 keys, calls rotating over all
+    /// of them.
+    KeyedRotating,
+    /// Keyed breakers holding 10,000 keys, every call on the one key that
+    /// is open: rejected.
+    KeyedOpen,
 }
 
 impl Path {
@@ -98,11 +162,68 @@ impl Path {
         match self {
             Path::Bare => "answering at once",
             Path::BareErr => "failing at once",
+            Path::BareFailing => "answering, every 50th a 503",
+            Path::BareJson => "answering a JSON 200",
             Path::Closed => "closed",
+            Path::ClosedFailing => "closed, 2 % failing (every 50th a 503)",
+            Path::HttpJson => "closed, HttpClassifier, JSON 200",
+            Path::LlmJson => "closed, LlmClassifier, JSON 200",
+            Path::SlowRule => "closed, slow-call rule on (60 s)",
+            Path::TimeWindow => "closed, time window (30 s)",
             Path::Open => "open",
+            Path::OpenNamed => "open, named breaker",
+            Path::StackOpen => "open, through stack::Stack",
             Path::HalfOpenFull => "half-open, all probes out",
             Path::HalfOpenProbe => "half-open, probe admitted",
-            Path::KeyedClosed => "closed, keyed (10,000 keys)",
+            Path::KeyedHot => "closed, keyed, one hot key of 10,000",
+            Path::KeyedRotating => "closed, keyed, rotating over 10,000 keys",
+            Path::KeyedOpen => "open, keyed, one open key of 10,000",
+        }
+    }
+
+    /// What every call on this path must end in.
+    pub const fn expect(self) -> Expect {
+        match self {
+            Path::BareErr
+            | Path::Open
+            | Path::OpenNamed
+            | Path::StackOpen
+            | Path::HalfOpenFull
+            | Path::KeyedOpen => Expect::Rejected,
+            Path::BareFailing | Path::ClosedFailing => {
+                Expect::AdmittedFailing { every: FAIL_EVERY }
+            }
+            _ => Expect::Admitted,
+        }
+    }
+
+    /// The bare service this path's "added" figures are measured over:
+    /// what the breaker adds to the same inner service (for the rejecting
+    /// paths, to a service failing at once). `None` for the floors.
+    pub const fn floor(self) -> Option<Path> {
+        match self {
+            Path::Bare | Path::BareErr | Path::BareFailing | Path::BareJson => None,
+            Path::ClosedFailing => Some(Path::BareFailing),
+            Path::HttpJson | Path::LlmJson => Some(Path::BareJson),
+            Path::Open
+            | Path::OpenNamed
+            | Path::StackOpen
+            | Path::HalfOpenFull
+            | Path::KeyedOpen => Some(Path::BareErr),
+            _ => Some(Path::Bare),
+        }
+    }
+
+    /// Another path of this crate the budget compares this one with (what
+    /// the feature costs over the plain path), if any.
+    pub const fn over(self) -> Option<Path> {
+        match self {
+            Path::LlmJson => Some(Path::HttpJson),
+            Path::SlowRule | Path::TimeWindow | Path::KeyedHot | Path::KeyedRotating => {
+                Some(Path::Closed)
+            }
+            Path::OpenNamed | Path::KeyedOpen => Some(Path::Open),
+            _ => None,
         }
     }
 }
@@ -133,32 +254,126 @@ impl Row {
     }
 }
 
+/// Builds a service with `build` inside the plan's runtime context (outside
+/// any timed section), then measures it on `path`.
+fn built<S>(
+    plan: &Plan<'_>,
+    path: Path,
+    build: impl FnOnce() -> Result<S, String>,
+) -> Result<f64, String>
+where
+    S: Service<Request> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+    Result<S::Response, S::Error>: crate::measure::Judge,
+{
+    let svc = {
+        let _runtime = plan.rt.enter();
+        build()?
+    };
+    plan.drive(svc, path.expect())
+}
+
+/// A row function measuring `$build()` on `$path`.
+macro_rules! row {
+    ($breaker:ident, $path:ident, $build:expr) => {
+        Row::new(Breaker::$breaker, Path::$path, |plan| {
+            built(plan, Path::$path, $build)
+        })
+    };
+}
+
 /// Every row, in report order.
 pub fn all() -> Vec<Row> {
-    use Breaker::*;
     vec![
-        Row::new(Bare, Path::Bare, bare),
-        Row::new(Bare, Path::BareErr, bare_err),
+        row!(Bare, Bare, || Ok(upstream::<Infallible>(StatusCode::OK))),
+        row!(Bare, BareErr, || Ok(failing())),
+        row!(Bare, BareFailing, || Ok(failing_every::<Infallible>())),
+        row!(Bare, BareJson, || Ok(json_upstream())),
         // === this crate ===
-        Row::new(Ours, Path::Closed, ours_closed),
-        Row::new(Ours, Path::Open, ours_open),
-        Row::new(Ours, Path::HalfOpenFull, ours_half_open_full),
-        Row::new(Ours, Path::HalfOpenProbe, ours_half_open_probe),
+        row!(Ours, Closed, ours_closed),
+        row!(Ours, ClosedFailing, ours_closed_failing),
+        row!(Ours, HttpJson, ours_http_json),
+        row!(Ours, LlmJson, ours_llm_json),
+        row!(Ours, SlowRule, ours_slow),
+        row!(Ours, TimeWindow, ours_time_window),
+        row!(Ours, Open, || ours_open(None)),
+        row!(Ours, OpenNamed, || ours_open(Some(NAME))),
+        row!(Ours, StackOpen, stack_open),
+        Row::new(Breaker::Ours, Path::HalfOpenFull, ours_half_open_full),
+        Row::new(Breaker::Ours, Path::HalfOpenProbe, ours_half_open_probe),
         // === keyed breakers ===
-        Row::new(Ours, Path::KeyedClosed, ours_keyed_closed),
+        row!(Ours, KeyedHot, || Ok(keyed_service(keyed_set()?))),
+        row!(Ours, KeyedRotating, || Ok(keyed_rotating(keyed_set()?))),
+        row!(Ours, KeyedOpen, keyed_open),
         // === peers ===
-        Row::new(Failsafe, Path::Closed, failsafe_closed),
-        Row::new(Failsafe, Path::Open, failsafe_open),
-        Row::new(Recloser, Path::Closed, recloser_closed),
-        Row::new(Recloser, Path::Open, recloser_open),
-        Row::new(TowerResilience, Path::Closed, tower_resilience_closed),
-        Row::new(TowerResilience, Path::Open, tower_resilience_open),
-        Row::new(Seatbelt, Path::Closed, seatbelt_closed),
-        Row::new(Seatbelt, Path::Open, seatbelt_open),
+        row!(Failsafe, Closed, || Ok(failsafe_closed(upstream::<
+            Infallible,
+        >(
+            StatusCode::OK
+        )))),
+        row!(Failsafe, ClosedFailing, || Ok(failsafe_closed(
+            fails_on_5xx(failing_every())
+        ))),
+        // failsafe has only time windows: its closed row already is one.
+        row!(Failsafe, TimeWindow, || Ok(failsafe_closed(upstream::<
+            Infallible,
+        >(
+            StatusCode::OK
+        )))),
+        row!(Failsafe, Open, failsafe_open),
+        row!(Recloser, Closed, || Ok(recloser_closed(upstream::<
+            Infallible,
+        >(
+            StatusCode::OK
+        )))),
+        row!(Recloser, ClosedFailing, || Ok(recloser_closed(
+            fails_on_5xx(failing_every())
+        ))),
+        row!(Recloser, Open, recloser_open),
+        row!(TowerResilience, Closed, || Ok(tower_resilience(
+            Tr::default(),
+            upstream(StatusCode::OK)
+        ))),
+        row!(TowerResilience, ClosedFailing, || Ok(tower_resilience(
+            Tr::default(),
+            failing_every()
+        ))),
+        row!(TowerResilience, SlowRule, || Ok(tower_resilience(
+            Tr::SLOW,
+            upstream(StatusCode::OK)
+        ))),
+        row!(TowerResilience, TimeWindow, || Ok(tower_resilience(
+            Tr::TIME_WINDOW,
+            upstream(StatusCode::OK)
+        ))),
+        row!(TowerResilience, Open, || tower_resilience_open(
+            Tr::default()
+        )),
+        row!(TowerResilience, OpenNamed, || tower_resilience_open(
+            Tr::NAMED
+        )),
+        row!(Seatbelt, Closed, || Ok(seatbelt(
+            "bench",
+            upstream(StatusCode::OK)
+        ))),
+        row!(Seatbelt, ClosedFailing, || Ok(seatbelt(
+            "bench",
+            failing_every()
+        ))),
+        // seatbelt has only time windows: its closed row already is one.
+        row!(Seatbelt, TimeWindow, || Ok(seatbelt(
+            "bench",
+            upstream(StatusCode::OK)
+        ))),
+        row!(Seatbelt, Open, || seatbelt_open("bench")),
+        // seatbelt names every breaker; the same path under our name.
+        row!(Seatbelt, OpenNamed, || seatbelt_open(NAME)),
     ]
 }
 
-// === the inner service ===
+// === the inner services ===
 
 /// The trivial upstream every row wraps: a `service_fn` answering `status`
 /// at once, with an empty body (an empty `String` does not allocate).
@@ -166,26 +381,95 @@ pub fn upstream<E>(
     status: StatusCode,
 ) -> ServiceFn<impl Fn(Request) -> Ready<Result<Response<String>, E>> + Clone + Send + Sync + 'static>
 {
-    service_fn(move |_req: Request| {
+    upstream_for::<Request, E>(status)
+}
+
+/// [`upstream`] for requests of type `R`.
+pub fn upstream_for<R, E>(
+    status: StatusCode,
+) -> ServiceFn<impl Fn(R) -> Ready<Result<Response<String>, E>> + Clone + Send + Sync + 'static> {
+    service_fn(move |_req: R| {
         let mut res = Response::new(String::new());
         *res.status_mut() = status;
         ready(Ok(res))
     })
 }
 
-fn bare(plan: &Plan<'_>) -> Result<f64, String> {
-    plan.drive(upstream::<Infallible>(StatusCode::OK), Expect::Admitted)
+/// A service failing at once with a zero-sized error.
+pub fn failing() -> bench_service!(Rejected) {
+    service_fn(|_req: Request| ready(Err::<Response<String>, Rejected>(Rejected)))
 }
 
-fn bare_err(plan: &Plan<'_>) -> Result<f64, String> {
-    let svc = service_fn(|_req: Request| ready(Err::<Response<String>, Rejected>(Rejected)));
-    plan.drive(svc, Expect::Rejected)
+/// [`upstream`] answering 503 on every [`FAIL_EVERY`]th call made on its
+/// thread, 200 otherwise. The count is per thread, not per service:
+/// tower-resilience clones the inner service for every call, and a shared
+/// counter would be one more contended cache line in the 16-task shape.
+pub fn failing_every<E>(
+) -> ServiceFn<impl Fn(Request) -> Ready<Result<Response<String>, E>> + Clone + Send + Sync + 'static>
+{
+    thread_local! {
+        static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    service_fn(|_req: Request| {
+        let calls = CALLS.with(|c| {
+            let n = c.get() + 1;
+            c.set(n);
+            n
+        });
+        let mut res = Response::new(String::new());
+        if calls.is_multiple_of(FAIL_EVERY) {
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        ready(Ok(res))
+    })
+}
+
+/// [`upstream`] answering a 200 with `content-type: application/json`, as
+/// a chat completion that is not streamed. The body is not read by anyone
+/// here; both classifiers judge such an answer on its head.
+pub fn json_upstream() -> ServiceFn<
+    impl Fn(Request) -> Ready<Result<Response<String>, Infallible>> + Clone + Send + Sync + 'static,
+> {
+    service_fn(|_req: Request| {
+        let mut res = Response::new(String::new());
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        ready(Ok::<_, Infallible>(res))
+    })
+}
+
+/// A 5xx answer turned into an `Err`, for the peers that see only
+/// `Ok`/`Err` (recloser and failsafe): how their users make them count one.
+/// It keeps the status only; the answer is dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerError(pub StatusCode);
+
+impl From<Infallible> for ServerError {
+    fn from(e: Infallible) -> Self {
+        match e {}
+    }
+}
+
+type Fails5xx = fn(Result<Response<String>, Infallible>) -> Result<Response<String>, ServerError>;
+
+/// `svc` with its 5xx answers turned into [`ServerError`]s.
+pub fn fails_on_5xx<S>(svc: S) -> MapResult<S, Fails5xx>
+where
+    S: Service<Request, Response = Response<String>, Error = Infallible>,
+{
+    svc.map_result(|result| match result {
+        Ok(res) if res.status().is_server_error() => Err(ServerError(res.status())),
+        Ok(res) => Ok(res),
+        Err(e) => match e {},
+    })
 }
 
 // === this crate ===
 
-/// This crate with the common configuration, open for `open`.
-pub fn ours_layer(open: Duration) -> CircuitBreakerLayer {
+/// This crate's builder with the common configuration, open for `open`.
+pub fn ours_builder(open: Duration) -> tower_circuit_breaker::Builder<CircuitBreakerLayer> {
     CircuitBreakerLayer::builder()
         .count_window(WINDOW)
         .min_calls(WINDOW)
@@ -195,15 +479,11 @@ pub fn ours_layer(open: Duration) -> CircuitBreakerLayer {
         .close_after(2)
         // Held probes must not run out of lease in the middle of a run.
         .probe_lease(Duration::from_secs(3600))
-        .build()
-        .expect("a valid configuration")
 }
 
-/// Trips the breaker with real failures through its own state machine,
-/// inside the plan's runtime as a call's future would.
-fn trip_ours(plan: &Plan<'_>, breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
-    let _runtime = plan.rt.enter();
-    trip(breaker)
+/// This crate with the common configuration, open for `open`.
+pub fn ours_layer(open: Duration) -> CircuitBreakerLayer {
+    ours_builder(open).build().expect("a valid configuration")
 }
 
 /// Trips the breaker with a window of real failures.
@@ -220,67 +500,83 @@ pub fn trip(breaker: &tower_circuit_breaker::Breaker) -> Result<(), String> {
     }
 }
 
-fn ours_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    let svc = ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK));
-    plan.drive(svc, Expect::Admitted)
+/// Closed, healthy upstream.
+pub fn ours_closed() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    Ok(ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
-/// Keys live in the set while the timed calls run.
-pub const KEYS: usize = 10_000;
+/// Closed, every 50th call a 503.
+pub fn ours_closed_failing() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    Ok(ours_layer(OPEN).layer(failing_every::<Infallible>()))
+}
 
-/// A keyed set holding [`KEYS`] keys, each of which has seen one success.
-pub fn keyed_set() -> Result<KeyedBreakers, String> {
-    let set = KeyedBreakers::builder()
-        .count_window(WINDOW)
-        .min_calls(WINDOW)
-        .failure_rate(FAILURE_RATE)
-        .open_duration(OPEN)
-        .probes(PROBES)
-        .close_after(2)
-        .max_keys(KEYS)
+/// Closed, `HttpClassifier` (the default) on a JSON 200.
+pub fn ours_http_json() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    Ok(ours_layer(OPEN).layer(json_upstream()))
+}
+
+/// Closed, `LlmClassifier` on a JSON 200.
+pub fn ours_llm_json() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    Ok(ours_layer(OPEN)
+        .with_classifier(LlmClassifier::new())
+        .layer(json_upstream()))
+}
+
+/// Closed, slow-call rule on at [`SLOW`] (50 % of the window): no call is
+/// slow.
+pub fn ours_slow() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let layer = ours_builder(OPEN)
+        .slow_call(SLOW, FAILURE_RATE)
         .build()
         .map_err(|e| e.to_string())?;
-    for i in 0..KEYS {
-        let permit = set
-            .admit(&format!("model-{i}"))
-            .map_err(|e| format!("a fresh key was rejected: {e}"))?;
-        permit.record(Outcome::Success);
-    }
-    if set.len() != KEYS {
-        return Err(format!("the set holds {} keys, not {KEYS}", set.len()));
-    }
-    Ok(set)
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
-/// The upstream behind `set`, every call looking up one of its keys (the
-/// request carries none, so the key function names it).
-pub fn keyed_service(
-    set: KeyedBreakers,
-) -> impl Service<
-    Request,
-    Response = Response<ResponseBody<String>>,
-    Error = tower_circuit_breaker::Error,
-    Future = impl Send,
-> + Clone
-       + Send
-       + 'static {
-    let key = keyed::from_fn(|_: &Request| Some(Key::from("model-4242")));
-    CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK))
+/// Closed, a time window of [`OPEN`] in [`BUCKETS`] buckets (instead of
+/// the count window), at least [`WINDOW`] calls.
+pub fn ours_time_window() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let layer = ours_builder(OPEN)
+        .time_window(OPEN, BUCKETS)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
-fn ours_keyed_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    let set = {
-        let _runtime = plan.rt.enter();
-        keyed_set()?
+/// Open, tripped with real failures; named `name` if given.
+pub fn ours_open(
+    name: Option<&str>,
+) -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let builder = ours_builder(OPEN);
+    let builder = match name {
+        Some(name) => builder.name(name),
+        None => builder,
     };
-    plan.drive(keyed_service(set), Expect::Admitted)
+    let layer = builder.build().map_err(|e| e.to_string())?;
+    trip(layer.breaker())?;
+    if layer.breaker().name() != name {
+        return Err(format!("the breaker is named {:?}", layer.breaker().name()));
+    }
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
-fn ours_open(plan: &Plan<'_>) -> Result<f64, String> {
-    let layer = ours_layer(OPEN);
-    trip_ours(plan, layer.breaker())?;
-    let svc = layer.layer(upstream::<Infallible>(StatusCode::OK));
-    plan.drive(svc, Expect::Rejected)
+/// The recommended stack (retry → breaker → attempt timeout, defaults but
+/// for the common breaker configuration), its breaker tripped: every call
+/// rejected, the retry stopping at once, the error a `BoxError`.
+pub fn stack_open() -> Result<bench_service!(BoxError), String> {
+    let layer = Stack::builder()
+        .breaker(
+            tower_circuit_breaker::Breaker::builder()
+                .count_window(WINDOW)
+                .min_calls(WINDOW)
+                .failure_rate(FAILURE_RATE)
+                .open_duration(OPEN)
+                .probes(PROBES)
+                .close_after(2),
+        )
+        .build()
+        .map_err(|e| e.to_string())?;
+    trip(layer.breaker())?;
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
 /// A breaker of its own open duration, tripped and waited out on the plan's
@@ -289,7 +585,10 @@ fn ours_open(plan: &Plan<'_>) -> Result<f64, String> {
 fn ours_half_open(plan: &Plan<'_>) -> Result<CircuitBreakerLayer, String> {
     let open = Duration::from_millis(2);
     let layer = ours_layer(open);
-    trip_ours(plan, layer.breaker())?;
+    {
+        let _runtime = plan.rt.enter();
+        trip(layer.breaker())?;
+    }
     plan.block_on(async { tokio::time::sleep(open * 10).await });
     Ok(layer)
 }
@@ -304,7 +603,7 @@ fn ours_half_open_full(plan: &Plan<'_>) -> Result<f64, String> {
         return Err(format!("expected half-open, got {}", breaker.state()));
     }
     let svc = layer.layer(upstream::<Infallible>(StatusCode::OK));
-    let result = plan.drive(svc, Expect::Rejected);
+    let result = plan.drive(svc, Path::HalfOpenFull.expect());
     drop(probes);
     result
 }
@@ -313,10 +612,131 @@ fn ours_half_open_probe(plan: &Plan<'_>) -> Result<f64, String> {
     let layer = ours_half_open(plan)?;
     let breaker = layer.breaker().clone();
     let svc = layer.layer(upstream::<Infallible>(StatusCode::BAD_REQUEST));
-    let result = plan.drive(svc, Expect::Admitted)?;
+    let result = plan.drive(svc, Path::HalfOpenProbe.expect())?;
     match breaker.state() {
         State::HalfOpen => Ok(result),
         other => Err(format!("expected to stay half-open, got {other}")),
+    }
+}
+
+// === keyed breakers ===
+
+/// The [`KEYS`] key names, `model-0` to `model-9999`, made once.
+pub fn key_names() -> &'static [String] {
+    static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+    NAMES.get_or_init(|| (0..KEYS).map(|i| format!("model-{i}")).collect())
+}
+
+/// A keyed set holding [`KEYS`] keys, each of which has seen one success.
+pub fn keyed_set() -> Result<KeyedBreakers, String> {
+    let set = KeyedBreakers::builder()
+        .count_window(WINDOW)
+        .min_calls(WINDOW)
+        .failure_rate(FAILURE_RATE)
+        .open_duration(OPEN)
+        .probes(PROBES)
+        .close_after(2)
+        .max_keys(KEYS)
+        .build()
+        .map_err(|e| e.to_string())?;
+    for name in key_names() {
+        let permit = set
+            .admit(name)
+            .map_err(|e| format!("a fresh key was rejected: {e}"))?;
+        permit.record(Outcome::Success);
+    }
+    if set.len() != KEYS {
+        return Err(format!("the set holds {} keys, not {KEYS}", set.len()));
+    }
+    Ok(set)
+}
+
+/// The upstream behind `set`, every call looking up [`HOT_KEY`] (the
+/// request carries none, so the key function names it).
+pub fn keyed_service(set: KeyedBreakers) -> bench_service!(tower_circuit_breaker::Error) {
+    let key = keyed::from_fn(|_: &Request| Some(Key::from(HOT_KEY)));
+    CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK))
+}
+
+fn key_of<'a>(name: &'a &'static str) -> Option<Key<'a>> {
+    Some(Key::from(*name))
+}
+
+/// The upstream behind `set`, the calls rotating over all [`KEYS`] keys:
+/// [`Rotate`] hands each call the next key name, borrowed.
+pub fn keyed_rotating(set: KeyedBreakers) -> bench_service!(tower_circuit_breaker::Error) {
+    let layer = CircuitBreakerLayer::keyed(set, keyed::from_fn(key_of));
+    Rotate::new(layer.layer(upstream_for::<&'static str, Infallible>(StatusCode::OK)))
+}
+
+/// [`keyed_service`] with [`HOT_KEY`] tripped: every call rejected.
+pub fn keyed_open() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let set = keyed_set()?;
+    // The key has seen one success already: it opens within a window.
+    for _ in 0..WINDOW {
+        match set.admit(HOT_KEY) {
+            Ok(permit) => permit.record(Outcome::Failure),
+            Err(_) => break,
+        }
+    }
+    match set.get(HOT_KEY).map(|b| b.state()) {
+        Some(State::Open) => Ok(keyed_service(set)),
+        other => Err(format!("the tripped key is {other:?}, not open")),
+    }
+}
+
+/// Calls `inner` with the key names in turn, one per call. A clone starts
+/// [`Rotate::STRIDE`] names after the one it was cloned from, so clones on
+/// different tasks do not walk the keys in step.
+#[derive(Debug)]
+pub struct Rotate<S> {
+    inner: S,
+    names: &'static [String],
+    next: usize,
+}
+
+impl<S> Rotate<S> {
+    /// How far apart clones start.
+    pub const STRIDE: usize = 617;
+
+    /// Wraps `inner`, starting at the first key.
+    pub fn new(inner: S) -> Self {
+        Rotate {
+            inner,
+            names: key_names(),
+            next: 0,
+        }
+    }
+}
+
+impl<S: Clone> Clone for Rotate<S> {
+    fn clone(&self) -> Self {
+        Rotate {
+            inner: self.inner.clone(),
+            names: self.names,
+            next: (self.next + Self::STRIDE) % self.names.len(),
+        }
+    }
+}
+
+impl<S: Service<&'static str>> Service<Request> for Rotate<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, (): Request) -> S::Future {
+        let name = self.names[self.next].as_str();
+        self.next += 1;
+        if self.next == self.names.len() {
+            self.next = 0;
+        }
+        self.inner.call(name)
     }
 }
 
@@ -339,12 +759,18 @@ fn failsafe_breaker() -> failsafe::StateMachine<FailsafePolicy, ()> {
     failsafe::Config::new().failure_policy(policy).build()
 }
 
-fn failsafe_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    let svc = adapters::Failsafe::new(upstream::<Infallible>(StatusCode::OK), failsafe_breaker());
-    plan.drive(svc, Expect::Admitted)
+/// failsafe over `inner`, closed.
+pub fn failsafe_closed<S, E>(inner: S) -> bench_service!(failsafe::Error<E>)
+where
+    S: Service<Request, Response = Response<String>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Send + 'static,
+{
+    adapters::Failsafe::new(inner, failsafe_breaker())
 }
 
-fn failsafe_open(plan: &Plan<'_>) -> Result<f64, String> {
+/// failsafe, open.
+pub fn failsafe_open() -> Result<bench_service!(failsafe::Error<Infallible>), String> {
     // The policy refuses to trip before one whole window has passed since it
     // was made. Build and trip it under failsafe's own frozen clock moved
     // past the window; the open circuit then runs on the real clock (its
@@ -360,8 +786,10 @@ fn failsafe_open(plan: &Plan<'_>) -> Result<f64, String> {
     if breaker.is_call_permitted() {
         return Err("failsafe did not open".into());
     }
-    let svc = adapters::Failsafe::new(upstream::<Infallible>(StatusCode::OK), breaker);
-    plan.drive(svc, Expect::Rejected)
+    Ok(adapters::Failsafe::new(
+        upstream::<Infallible>(StatusCode::OK),
+        breaker,
+    ))
 }
 
 // === recloser 1.4 ===
@@ -377,51 +805,105 @@ pub fn recloser_breaker() -> recloser::AsyncRecloser {
         .into()
 }
 
-fn recloser_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    let svc = adapters::Recloser::new(upstream::<Infallible>(StatusCode::OK), recloser_breaker());
-    plan.drive(svc, Expect::Admitted)
+/// recloser over `inner`, closed.
+pub fn recloser_closed<S, E>(inner: S) -> bench_service!(recloser::Error<E>)
+where
+    S: Service<Request, Response = Response<String>, Error = E> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    E: Send + 'static,
+{
+    adapters::Recloser::new(inner, recloser_breaker())
 }
 
-fn recloser_open(plan: &Plan<'_>) -> Result<f64, String> {
+/// recloser, tripped with real failures.
+pub fn recloser_open() -> Result<bench_service!(recloser::Error<Infallible>), String> {
     let breaker = recloser_breaker();
-    plan.block_on(async {
-        for _ in 0..WINDOW * 2 {
-            let _ = breaker.call(ready(Err::<(), ()>(()))).await;
-        }
-    });
-    let svc = adapters::Recloser::new(upstream::<Infallible>(StatusCode::OK), breaker);
-    plan.drive(svc, Expect::Rejected)
+    for _ in 0..WINDOW * 2 {
+        let _ = now_or_never(breaker.call(ready(Err::<(), ()>(()))));
+    }
+    Ok(adapters::Recloser::new(
+        upstream::<Infallible>(StatusCode::OK),
+        breaker,
+    ))
 }
 
 // === tower-resilience-circuitbreaker 0.14 ===
 
-fn tower_resilience_service(
-    status: StatusCode,
-) -> impl tower::Service<Request, Response = Response<String>, Error = impl Send, Future = impl Send>
-       + Clone
-       + Send
-       + 'static {
-    tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
+/// What tower-resilience is configured with beyond the common settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tr {
+    /// A time window of [`OPEN`] instead of the count window.
+    pub time_window: bool,
+    /// The slow-call rule at [`SLOW`], 50 %.
+    pub slow: bool,
+    /// The breaker's name.
+    pub name: Option<&'static str>,
+}
+
+impl Tr {
+    /// A time window.
+    pub const TIME_WINDOW: Tr = Tr {
+        time_window: true,
+        slow: false,
+        name: None,
+    };
+    /// The slow-call rule on.
+    pub const SLOW: Tr = Tr {
+        time_window: false,
+        slow: true,
+        name: None,
+    };
+    /// Named [`NAME`].
+    pub const NAMED: Tr = Tr {
+        time_window: false,
+        slow: false,
+        name: Some(NAME),
+    };
+}
+
+/// tower-resilience over `inner`, classifying 5xx answers as failures.
+pub fn tower_resilience<S>(
+    tr: Tr,
+    inner: S,
+) -> bench_service!(tower_resilience_circuitbreaker::CircuitBreakerError<Infallible>)
+where
+    S: Service<Request, Response = Response<String>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
         .failure_rate_threshold(FAILURE_RATE)
         .sliding_window_size(WINDOW as usize)
         .minimum_number_of_calls(WINDOW as usize)
         .wait_duration_in_open(OPEN)
-        .permitted_calls_in_half_open(PROBES as usize)
+        .permitted_calls_in_half_open(PROBES as usize);
+    if tr.time_window {
+        builder = builder
+            .sliding_window_type(tower_resilience_circuitbreaker::SlidingWindowType::TimeBased)
+            .sliding_window_duration(OPEN);
+    }
+    if tr.slow {
+        builder = builder
+            .slow_call_duration_threshold(SLOW)
+            .slow_call_rate_threshold(FAILURE_RATE);
+    }
+    if let Some(name) = tr.name {
+        builder = builder.name(name);
+    }
+    builder
         .classify_response(|res: &Response<String>| res.status().is_server_error())
         .build()
         .expect("a valid configuration")
-        .layer(upstream::<Infallible>(status))
+        .layer(inner)
 }
 
-fn tower_resilience_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    plan.drive(tower_resilience_service(StatusCode::OK), Expect::Admitted)
-}
-
-fn tower_resilience_open(plan: &Plan<'_>) -> Result<f64, String> {
-    // Tripped with real failures: the upstream answers 503.
-    let mut svc = tower_resilience_service(StatusCode::SERVICE_UNAVAILABLE);
-    plan.block_on(call_loop(&mut svc, u64::from(WINDOW) * 2));
-    plan.drive(svc, Expect::Rejected)
+/// tower-resilience, tripped with real failures (the upstream answers 503).
+pub fn tower_resilience_open(
+    tr: Tr,
+) -> Result<bench_service!(tower_resilience_circuitbreaker::CircuitBreakerError<Infallible>), String>
+{
+    let mut svc = tower_resilience(tr, upstream(StatusCode::SERVICE_UNAVAILABLE));
+    poll_calls(&mut svc, u64::from(WINDOW) * 2);
+    Ok(svc)
 }
 
 // === seatbelt 0.11 ===
@@ -434,18 +916,20 @@ fn tower_resilience_open(plan: &Plan<'_>) -> Result<f64, String> {
 #[derive(Debug, Clone, Copy)]
 pub struct Rejected;
 
-fn seatbelt_service(
-    plan: &Plan<'_>,
-    status: StatusCode,
-) -> impl tower::Service<Request, Response = Response<String>, Error = Rejected, Future = impl Send>
-       + Clone
-       + Send
-       + 'static {
-    let _runtime = plan.rt.enter();
+/// seatbelt over `inner`, named `name`, classifying 5xx answers as failures.
+pub fn seatbelt<S>(name: &'static str, inner: S) -> bench_service!(Rejected)
+where
+    S: Service<Request, Response = Response<String>, Error = Rejected>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let clock = tick::Clock::new_tokio();
     let context =
         seatbelt::ResilienceContext::<Request, Result<Response<String>, Rejected>>::new(&clock);
-    seatbelt::breaker::Breaker::layer("bench", &context)
+    seatbelt::breaker::Breaker::layer(name, &context)
         .recovery_with(|res: &Result<Response<String>, Rejected>, _| match res {
             Ok(res) if !res.status().is_server_error() => seatbelt::RecoveryInfo::never(),
             _ => seatbelt::RecoveryInfo::retry(),
@@ -455,16 +939,12 @@ fn seatbelt_service(
         .min_throughput(WINDOW)
         .sampling_duration(OPEN)
         .break_duration(OPEN)
-        .layer(upstream::<Rejected>(status))
+        .layer(inner)
 }
 
-fn seatbelt_closed(plan: &Plan<'_>) -> Result<f64, String> {
-    plan.drive(seatbelt_service(plan, StatusCode::OK), Expect::Admitted)
-}
-
-fn seatbelt_open(plan: &Plan<'_>) -> Result<f64, String> {
-    // Tripped with real failures: the upstream answers 503.
-    let mut svc = seatbelt_service(plan, StatusCode::SERVICE_UNAVAILABLE);
-    plan.block_on(call_loop(&mut svc, u64::from(WINDOW) * 2));
-    plan.drive(svc, Expect::Rejected)
+/// seatbelt, tripped with real failures (the upstream answers 503).
+pub fn seatbelt_open(name: &'static str) -> Result<bench_service!(Rejected), String> {
+    let mut svc = seatbelt(name, upstream(StatusCode::SERVICE_UNAVAILABLE));
+    poll_calls(&mut svc, u64::from(WINDOW) * 2);
+    Ok(svc)
 }

@@ -219,7 +219,7 @@ mod tests {
         let config = Config {
             probe_lease: Some(Duration::MAX),
             open: Duration::MAX,
-            open_max: Duration::MAX,
+            open_max: Some(Duration::MAX),
             ..Config::default()
         };
         let rule = Rule::new(&config, Some((Duration::MAX, 10)));

@@ -2,5 +2,6 @@
 //! alone in its binary; see `bench/callgrind.sh`.
 
 tower_circuit_breaker_bench::callgrind_main!(
-    tower_circuit_breaker_bench::callgrind::recloser_closed
+    tower_circuit_breaker_bench::callgrind::recloser_closed,
+    tower_circuit_breaker_bench::rows::Path::Closed
 );

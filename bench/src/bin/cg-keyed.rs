@@ -1,4 +1,0 @@
-//! Instructions per call of `tower_circuit_breaker_bench::callgrind::keyed`,
-//! alone in its binary; see `bench/callgrind.sh`.
-
-tower_circuit_breaker_bench::callgrind_main!(tower_circuit_breaker_bench::callgrind::keyed);
