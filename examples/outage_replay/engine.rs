@@ -37,6 +37,8 @@ use tower_circuit_breaker::{
     BoxError, Breaker, Builder, CircuitBreaker, CircuitOpen, State, Transition,
 };
 
+use crate::figures::{Figures, Recovery};
+pub use crate::scenario::StackKind;
 use crate::scenario::{Kind, Scenario, WindowConfig};
 
 /// Buckets of a time window (`window_s`).
@@ -50,43 +52,6 @@ pub const FAILOVER_JITTER: (Duration, Duration) =
 
 // === results ===
 
-/// Which stack a run replays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StackKind {
-    /// total timeout -> retry -> attempt timeout -> primary.
-    NoBreaker,
-    /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary.
-    Breaker,
-    /// total timeout -> retry -> try each upstream in order (attempt timeout each).
-    NaiveFailover,
-    /// total timeout -> retry -> failover -> per upstream: breaker -> attempt timeout.
-    Failover,
-}
-
-impl StackKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            StackKind::NoBreaker => "no-breaker",
-            StackKind::Breaker => "breaker",
-            StackKind::NaiveFailover => "naive-failover",
-            StackKind::Failover => "failover",
-        }
-    }
-
-    /// The stacks replayed for a scenario.
-    pub fn for_scenario(scenario: &Scenario) -> Vec<StackKind> {
-        let mut kinds = vec![StackKind::NoBreaker, StackKind::Breaker];
-        if scenario.upstreams.len() > 1 {
-            kinds.extend([StackKind::NaiveFailover, StackKind::Failover]);
-        }
-        kinds
-    }
-
-    fn uses_fallbacks(self) -> bool {
-        matches!(self, StackKind::NaiveFailover | StackKind::Failover)
-    }
-}
-
 /// One replayed scenario.
 #[derive(Debug, Clone)]
 pub struct Replay {
@@ -96,6 +61,8 @@ pub struct Replay {
     pub upstreams: Vec<String>,
     /// Arrival times, the same for every stack.
     pub arrivals_s: Vec<f64>,
+    /// The scenario replayed.
+    pub setup: Arc<Scenario>,
     pub stacks: Vec<StackRun>,
 }
 
@@ -111,30 +78,15 @@ impl Replay {
 #[derive(Debug, Clone)]
 pub struct StackRun {
     pub name: &'static str,
-    pub requests: u64,
-    pub succeeded: u64,
-    pub failed: u64,
-    pub rejected: u64,
-    /// Attempts that reached each upstream the stack can call, in order.
-    pub attempts: Vec<(String, u64)>,
-    pub wait_mean_s: f64,
-    pub wait_p50_s: f64,
-    pub wait_p99_s: f64,
-    pub wait_max_s: f64,
+    /// Every request.
+    pub all: Figures,
+    /// The requests that arrived during the outage.
+    pub outage: Option<Figures>,
+    /// Per upstream the stack calls.
+    pub recovery: Vec<Recovery>,
     pub transitions: Vec<TransitionRecord>,
     /// Every upstream attempt, in the order they started.
     pub attempt_log: Vec<AttemptRecord>,
-}
-
-impl StackRun {
-    /// Attempts that reached upstream `upstream` starting in `[from_s, to_s)`.
-    #[allow(dead_code)]
-    pub fn attempts_between(&self, upstream: usize, from_s: f64, to_s: f64) -> u64 {
-        self.attempt_log
-            .iter()
-            .filter(|a| a.upstream == upstream && a.t_s >= from_s && a.t_s < to_s)
-            .count() as u64
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -148,13 +100,32 @@ pub struct TransitionRecord {
 pub struct AttemptRecord {
     pub t_s: f64,
     pub upstream: usize,
+    pub request: usize,
     /// Whether the upstream failed this attempt (5xx, hang, reset, stream error).
     pub failed: bool,
+    kind: Kind,
+    /// How long it ran: to its response head, or until it was given up.
+    ran: Duration,
+    /// What the upstream billed for it.
+    pub cost_usd: f64,
+    /// Whether its answer reached the user.
+    pub answered: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestRecord {
+    /// When it was sent.
+    pub arrival_s: f64,
+    /// To the end of the answer, or to the error.
+    pub wait_s: f64,
+    /// To the response head (a stream's first token), or to the error.
+    pub first_byte_s: f64,
+    pub fate: Fate,
 }
 
 /// How one request ended for its user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
+pub enum Fate {
     Succeeded,
     /// An error or an unsuccessful answer reached the user after upstream work.
     Failed,
@@ -167,7 +138,7 @@ enum Fate {
 /// Replays every stack of the scenario, in parallel threads (one paused
 /// runtime each).
 pub fn replay(scenario: &Scenario) -> Result<Replay, String> {
-    replay_stacks(scenario, &StackKind::for_scenario(scenario))
+    replay_stacks(scenario, StackKind::for_upstreams(scenario.upstreams.len()))
 }
 
 /// Replays the given stacks.
@@ -197,6 +168,7 @@ pub fn replay_stacks(scenario: &Scenario, kinds: &[StackKind]) -> Result<Replay,
         duration_s: scenario.duration.as_secs_f64(),
         upstreams: scenario.upstreams.iter().map(|u| u.name.clone()).collect(),
         arrivals_s: arrivals.iter().map(Duration::as_secs_f64).collect(),
+        setup: Arc::clone(&scenario),
         stacks: runs,
     })
 }
@@ -230,7 +202,7 @@ pub fn arrivals(scenario: &Scenario) -> Vec<Duration> {
     out
 }
 
-type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
+pub type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
 
 fn run_stack(
     scenario: Arc<Scenario>,
@@ -245,13 +217,13 @@ fn run_stack(
     runtime.block_on(async move {
         let sim = Arc::new(Sim::new(Arc::clone(&scenario), arrivals.len()));
         let log = TransitionLog::default();
-        let fates = match kind {
+        let requests = match kind {
             StackKind::NoBreaker => drive(no_breaker(&sim), &sim, &arrivals).await?,
             StackKind::Breaker => drive(breaker(&sim, &log)?, &sim, &arrivals).await?,
             StackKind::NaiveFailover => drive(naive_failover(&sim), &sim, &arrivals).await?,
             StackKind::Failover => drive(failover(&sim, &log)?, &sim, &arrivals).await?,
         };
-        Ok(summarize(kind, &sim, &fates, &log))
+        Ok(summarize(kind, &sim, requests, &log))
     })
 }
 
@@ -279,7 +251,7 @@ fn retry_after_cap(scenario: &Scenario) -> Duration {
 }
 
 /// The scenario's breaker configuration for upstream `i`.
-fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
+pub fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
     let b = &scenario.breaker;
     let mut builder = Breaker::builder()
         .name(scenario.upstreams[i].name.as_str())
@@ -287,12 +259,10 @@ fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builde
         .max_open_duration(b.open_max)
         .probes(b.probes)
         .close_after(b.close_after)
-        // A hanging probe is judged by its attempt timeout, not by its lease.
-        .probe_lease(
-            b.open
-                .max(scenario.client.attempt_timeout + Duration::from_secs(1)),
-        )
         .seed(mix(scenario.seed ^ (i as u64 + 1)));
+    if let Some(timeout) = b.probe_timeout {
+        builder = builder.probe_timeout(timeout);
+    }
     builder = match b.window {
         WindowConfig::Off => builder.no_window(),
         WindowConfig::Count(n) => builder
@@ -440,7 +410,7 @@ async fn drive<S, B>(
     svc: S,
     sim: &Arc<Sim>,
     arrivals: &[Duration],
-) -> Result<Vec<(Duration, Fate)>, String>
+) -> Result<Vec<RequestRecord>, String>
 where
     S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send,
@@ -460,25 +430,33 @@ where
         let sim = Arc::clone(sim);
         let request = chat_request(id as u64, &primary);
         tasks.push(tokio::spawn(async move {
-            let fate = match svc.oneshot(request).await {
+            let (fate, head) = match svc.oneshot(request).await {
                 Ok(response) => {
+                    let head = Instant::now();
                     let ok = response.status().is_success();
                     let body = response.into_body().collect().await.map(|b| b.to_bytes());
                     match body {
-                        Ok(body) if ok && !contains(&body, b"event: error") => Fate::Succeeded,
-                        _ => Fate::Failed,
+                        Ok(body) if ok && !contains(&body, b"event: error") => {
+                            (Fate::Succeeded, head)
+                        }
+                        _ => (Fate::Failed, head),
                     }
                 }
                 Err(error) => {
                     let error: BoxError = error.into();
                     if error.downcast_ref::<CircuitOpen>().is_some() && sim.tries_of(id) == 0 {
-                        Fate::Rejected
+                        (Fate::Rejected, Instant::now())
                     } else {
-                        Fate::Failed
+                        (Fate::Failed, Instant::now())
                     }
                 }
             };
-            (Instant::now() - arrived, fate)
+            RequestRecord {
+                arrival_s: (arrived - sim.start).as_secs_f64(),
+                wait_s: (Instant::now() - arrived).as_secs_f64(),
+                first_byte_s: (head - arrived).as_secs_f64(),
+                fate,
+            }
         }));
     }
     let mut fates = Vec::with_capacity(tasks.len());
@@ -494,60 +472,54 @@ where
 fn summarize(
     kind: StackKind,
     sim: &Sim,
-    fates: &[(Duration, Fate)],
+    requests: Vec<RequestRecord>,
     log: &TransitionLog,
 ) -> StackRun {
-    let count = |f: Fate| fates.iter().filter(|(_, x)| *x == f).count() as u64;
-    let mut waits: Vec<f64> = fates.iter().map(|(w, _)| w.as_secs_f64()).collect();
-    waits.sort_by(f64::total_cmp);
-    let rank = |p: f64| -> f64 {
-        if waits.is_empty() {
-            return 0.0;
-        }
-        let i = ((p * waits.len() as f64).ceil() as usize).clamp(1, waits.len()) - 1;
-        waits[i]
-    };
-    let mean = if waits.is_empty() {
-        0.0
-    } else {
-        waits.iter().sum::<f64>() / waits.len() as f64
-    };
-    let state = sim.state();
-    let names = &sim.scenario.upstreams;
+    let scenario = &sim.scenario;
+    let upstreams = &scenario.upstreams;
     let reachable = if kind.uses_fallbacks() {
-        names.len()
+        upstreams.len()
     } else {
         1
     };
-    let attempts = names[..reachable]
+    let names: Vec<String> = upstreams[..reachable]
         .iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let n = state.log.iter().filter(|a| a.upstream == i).count() as u64;
-            (u.name.clone(), n)
-        })
+        .map(|u| u.name.clone())
         .collect();
-    let transitions = lock(log)
+    let mut attempts = sim.state().log.clone();
+    // Attempts of one request run one after the other: the answer a user
+    // got came from the request's last attempt.
+    let mut last = vec![None; requests.len()];
+    for (i, a) in attempts.iter_mut().enumerate() {
+        let generated = scenario.billing.generated(a.kind, a.ran);
+        a.cost_usd = upstreams[a.upstream].cost.billed(generated);
+        last[a.request] = Some(i);
+    }
+    for (r, i) in requests.iter().zip(last) {
+        if let (Fate::Succeeded, Some(i)) = (r.fate, i) {
+            attempts[i].answered = true;
+        }
+    }
+    let transitions: Vec<TransitionRecord> = lock(log)
         .iter()
         .map(|&(at, i, to)| TransitionRecord {
             t_s: (at - sim.start).as_secs_f64(),
-            upstream: names[i].name.clone(),
+            upstream: upstreams[i].name.clone(),
             to: to.as_str(),
         })
         .collect();
+    let figures = |window| Figures::of(&names, &requests, &attempts, window);
     StackRun {
         name: kind.name(),
-        requests: fates.len() as u64,
-        succeeded: count(Fate::Succeeded),
-        failed: count(Fate::Failed),
-        rejected: count(Fate::Rejected),
-        attempts,
-        wait_mean_s: mean,
-        wait_p50_s: rank(0.50),
-        wait_p99_s: rank(0.99),
-        wait_max_s: waits.last().copied().unwrap_or(0.0),
+        all: figures((0.0, f64::INFINITY)),
+        outage: scenario
+            .outage()
+            .map(|(from, to)| figures((from.as_secs_f64(), to.as_secs_f64()))),
+        recovery: (0..reachable)
+            .map(|i| Recovery::of(scenario, i, &transitions))
+            .collect(),
         transitions,
-        attempt_log: state.log.clone(),
+        attempt_log: attempts,
     }
 }
 
@@ -585,7 +557,7 @@ impl Sim {
 
     /// Starts attempt n of `request` on `upstream`: decides what the upstream
     /// does with it and logs it.
-    fn begin(&self, upstream: usize, request: usize) -> Kind {
+    fn begin(&self, upstream: usize, request: usize) -> (Kind, usize) {
         let now = Instant::now() - self.start;
         let scenario = &self.scenario;
         let mut state = self.state();
@@ -597,9 +569,14 @@ impl Sim {
         state.log.push(AttemptRecord {
             t_s: now.as_secs_f64(),
             upstream,
+            request,
             failed: kind.is_failure(),
+            kind,
+            ran: Duration::ZERO,
+            cost_usd: 0.0,
+            answered: false,
         });
-        kind
+        (kind, state.log.len() - 1)
     }
 
     /// Attempts of `request` that reached any upstream.
@@ -643,14 +620,43 @@ impl Service<Request<String>> for SimClient {
                 Ok(json(StatusCode::NOT_FOUND, r#"{"error":"unknown model"}"#))
             });
         };
-        let kind = sim.begin(upstream, id);
-        Box::pin(answer(kind))
+        let (kind, attempt) = sim.begin(upstream, id);
+        let ran = Ran {
+            sim: Arc::clone(sim),
+            attempt,
+            since: Instant::now(),
+        };
+        Box::pin(async move {
+            let _ran = ran;
+            answer(kind).await
+        })
+    }
+}
+
+/// Notes how long an attempt ran when its future finishes or is dropped
+/// (a timeout gave up on it).
+struct Ran {
+    sim: Arc<Sim>,
+    attempt: usize,
+    since: Instant,
+}
+
+impl Drop for Ran {
+    fn drop(&mut self) {
+        self.sim.state().log[self.attempt].ran = self.since.elapsed();
     }
 }
 
 async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
     match kind {
-        Kind::Ok { latency } => {
+        Kind::Ok { latency, stream } if !stream.is_zero() => {
+            tokio::time::sleep(latency).await;
+            Ok(sse(
+                stream,
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n",
+            ))
+        }
+        Kind::Ok { latency, .. } => {
             tokio::time::sleep(latency).await;
             Ok(json(
                 StatusCode::OK,
@@ -681,17 +687,10 @@ async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
         }
         Kind::SseError { latency, stream } => {
             tokio::time::sleep(latency).await;
-            let body = SimBody::Sse {
-                delay: Box::pin(tokio::time::sleep(stream)),
-                event: Some(Bytes::from_static(
-                    b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
-                )),
-            };
-            let mut response = Response::new(body);
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            Ok(response)
+            Ok(sse(
+                stream,
+                b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+            ))
         }
         Kind::ContentFilter { latency } => {
             tokio::time::sleep(latency).await;
@@ -701,6 +700,19 @@ async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
             ))
         }
     }
+}
+
+/// A 200 event stream that sends `events` after `delay`.
+fn sse(delay: Duration, events: &'static [u8]) -> Response<SimBody> {
+    let body = SimBody::Sse {
+        delay: Box::pin(tokio::time::sleep(delay)),
+        event: Some(Bytes::from_static(events)),
+    };
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
 }
 
 fn set_retry_after(headers: &mut HeaderMap, wait: Duration) {

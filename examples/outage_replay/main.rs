@@ -20,12 +20,19 @@
 //!   breaker, tried in order, skipping open ones, with a 50–200 ms pause
 //!   before a fallback.
 //!
-//! A scenario file (see `scenarios/`) gives the seed, the arrival rate, the
-//! client's timeouts and retries, the breaker's configuration, and per
-//! upstream a list of phases, each a mix of responses (`ok`, `status`,
-//! `hang`, `reset`, `sse_error`, `content_filter`) whose probabilities add
-//! up to 1. Every key is required (`window` or `window_s`, one of them);
-//! unknown keys are errors that name the key and the line.
+//! A scenario file (see `scenarios/README.md`) gives the seed, the arrival
+//! rate, the client's timeouts and retries, the breaker's configuration, and
+//! per upstream its price and a list of phases, each a mix of responses
+//! (`ok`, `status`, `hang`, `reset`, `sse_error`, `content_filter`) whose
+//! probabilities add up to 1. Keys are required unless the format gives a
+//! default; unknown keys are errors that name the file, the key and the line.
+//!
+//! The report gives, per stack, for every request and for the requests that
+//! arrived while the primary was failing: errors (a rejection is one),
+//! answered and all waits, time to first byte, attempts per request, cost
+//! and wasted cost; per upstream, the heal, the time to trip and the
+//! recovery lag; and, when the scenario carries one, the write-up's own
+//! table beside the replay's figures.
 //!
 //! Every breaker, retry and failover classifies answers with the crate's
 //! `LlmClassifier`, so an `sse_error` stream is a failure once its error
@@ -33,10 +40,12 @@
 //!
 //! Choices the file does not make: a `Retry-After` is waited out up to 20 s
 //! (and at most half the total timeout); a time window (`window_s`) has 20
-//! buckets; a breaker's probe lease is the longer of `open_s` and the attempt
-//! timeout plus one second, so a hanging probe is judged by its timeout.
+//! buckets; without `probe_timeout_s`, a half-open probe's deadline is the
+//! core's default (the open duration, or the slow threshold when shorter; the
+//! `breaker` stack caps it at the attempt timeout).
 
 mod engine;
+mod figures;
 mod report;
 mod scenario;
 

@@ -6,9 +6,54 @@ use std::fmt::Write as _;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::engine::{Replay, StackRun};
+use crate::engine::Replay;
+use crate::figures::{Figures, Waits};
+use crate::scenario::{Figure, Writeup};
 
 // === table ===
+
+/// A number, or a dash for a figure there is nothing to measure for.
+fn or_dash(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "—".to_owned(), f)
+}
+
+fn secs(x: Option<f64>) -> String {
+    or_dash(x, |x| format!("{x:.2}s"))
+}
+
+fn figures_table(out: &mut String, stacks: &[(&str, &Figures)]) {
+    let _ = writeln!(
+        out,
+        "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9} {:>9}  attempts per upstream",
+        "stack", "requests", "errors", "answered: mean", "p50", "p99", "ttft p50", "all: mean", "p99",
+        "ampl.", "cost $", "wasted $"
+    );
+    for (name, f) in stacks {
+        let attempts = f
+            .attempts
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9.2} {:>9.2}  {}",
+            name,
+            f.requests,
+            or_dash(f.user_error_rate, |x| format!("{:.1}%", x * 100.0)),
+            secs(f.answered_wait.map(|w| w.mean_s)),
+            secs(f.answered_wait.map(|w| w.p50_s)),
+            secs(f.answered_wait.map(|w| w.p99_s)),
+            secs(f.answered_ttft.map(|w| w.p50_s)),
+            secs(f.wait.map(|w| w.mean_s)),
+            secs(f.wait.map(|w| w.p99_s)),
+            or_dash(f.amplification, |x| format!("{x:.2}")),
+            f.cost_usd,
+            f.wasted_cost_usd,
+            attempts
+        );
+    }
+}
 
 pub fn table(replay: &Replay) -> String {
     let mut out = String::new();
@@ -21,54 +66,44 @@ pub fn table(replay: &Replay) -> String {
         replay.duration_s,
         replay.upstreams.join(", ")
     );
+    let _ = writeln!(
+        out,
+        "errors: failed + rejected, of requests; answered: arrival to the end of the answer; \
+         ttft: to its first byte; all: every request, errors included; ampl.: attempts per \
+         request; wasted: billed for attempts whose answer the user did not get"
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "every request:");
+    let all: Vec<(&str, &Figures)> = replay.stacks.iter().map(|s| (s.name, &s.all)).collect();
+    figures_table(&mut out, &all);
+    let outage: Vec<(&str, &Figures)> = replay
+        .stacks
+        .iter()
+        .filter_map(|s| Some((s.name, s.outage.as_ref()?)))
+        .collect();
+    if let Some((_, f)) = outage.first() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "the outage: requests that arrived from {:.1} s to {:.1} s, while {} was failing:",
+            f.from_s, f.to_s, replay.upstreams[0]
+        );
+        figures_table(&mut out, &outage);
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<15} {:>8} {:>9} {:>8} {:>8}  {:>8} {:>7} {:>7} {:>7}  attempts per upstream",
-        "stack", "requests", "succeeded", "failed", "rejected", "wait: mean", "p50", "p99", "max"
+        "recovery (s): healed at, time to trip (from the first failing phase), recovery lag \
+         (heal to closed for good; never: not closed at the end); breaker state changes"
     );
     for s in &replay.stacks {
-        let attempts = s
-            .attempts
-            .iter()
-            .map(|(name, n)| format!("{name} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let _ = writeln!(
-            out,
-            "{:<15} {:>8} {:>9} {:>8} {:>8}  {:>9.2}s {:>6.2}s {:>6.2}s {:>6.2}s  {}",
-            s.name,
-            s.requests,
-            s.succeeded,
-            s.failed,
-            s.rejected,
-            s.wait_mean_s,
-            s.wait_p50_s,
-            s.wait_p99_s,
-            s.wait_max_s,
-            attempts
-        );
-    }
-    let with_breakers: Vec<&StackRun> = replay
-        .stacks
-        .iter()
-        .filter(|s| !s.transitions.is_empty())
-        .collect();
-    if !with_breakers.is_empty() {
-        let _ = writeln!(out);
-        let _ = writeln!(out, "breaker state changes (time in s):");
-    }
-    for s in with_breakers {
-        for upstream in &replay.upstreams {
+        for r in &s.recovery {
             let changes: Vec<String> = s
                 .transitions
                 .iter()
-                .filter(|t| &t.upstream == upstream)
+                .filter(|t| t.upstream == r.upstream)
                 .map(|t| format!("{} {:.1}", t.to, t.t_s))
                 .collect();
-            if changes.is_empty() {
-                continue;
-            }
             let shown = if changes.len() > 10 {
                 format!(
                     "{}, … ({} more), {}",
@@ -81,21 +116,112 @@ pub fn table(replay: &Replay) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<15} {:<18} {:>3}: {}",
+                "  {:<15} {:<18} healed {:>6}  trip {:>6}  lag {:>6}  {:>3} changes{}{}",
                 s.name,
-                upstream,
+                r.upstream,
+                or_dash(r.healed_at_s, |x| format!("{x:.1}")),
+                or_dash(r.time_to_trip_s, |x| format!("{x:.1}")),
+                match (r.healed_at_s, r.recovery_lag_s) {
+                    (Some(_), None) => "never".to_owned(),
+                    (_, lag) => or_dash(lag, |x| format!("{x:.1}")),
+                },
                 changes.len(),
+                if shown.is_empty() { "" } else { ": " },
                 shown
             );
         }
     }
-    out
+    if let Some(w) = &replay.setup.writeup {
+        writeup(&mut out, replay, w);
+    }
+    // Padded columns leave spaces at the ends of lines; documents quoting
+    // the table do not keep them.
+    out.lines().fold(String::new(), |mut text, line| {
+        text.push_str(line.trim_end());
+        text.push('\n');
+        text
+    })
+}
+
+/// The write-up's own table, its figures beside the replay's for the outage.
+fn writeup(out: &mut String, replay: &Replay, w: &Writeup) {
+    let _ = writeln!(out);
+    let window = replay.setup.outage();
+    let _ = writeln!(
+        out,
+        "{} (write-up | replay{}):",
+        w.title,
+        window.map_or(String::new(), |(from, to)| format!(
+            ", requests from {:.0} s to {:.0} s",
+            from.as_secs_f64(),
+            to.as_secs_f64()
+        ))
+    );
+    let label_width = w
+        .rows
+        .iter()
+        .map(|r| r.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let cells: Vec<Vec<String>> = w
+        .rows
+        .iter()
+        .map(|row| {
+            w.stacks
+                .iter()
+                .zip(&row.reported)
+                .map(|(kind, reported)| {
+                    let figures = replay
+                        .stack(kind.name())
+                        .and_then(|s| s.outage.as_ref().or(Some(&s.all)));
+                    let value = figures.and_then(|f| f.figure(row.figure, &replay.setup));
+                    format!("{reported} | {}", show(row.figure, value))
+                })
+                .collect()
+        })
+        .collect();
+    let width = cells
+        .iter()
+        .flatten()
+        .map(|c| c.chars().count())
+        .chain(w.stacks.iter().map(|k| k.name().len()))
+        .max()
+        .unwrap_or(0);
+    let _ = write!(out, "  {:<label_width$}", "");
+    for kind in &w.stacks {
+        let _ = write!(out, "  {:<width$}", kind.name());
+    }
+    let _ = writeln!(out);
+    for (row, cells) in w.rows.iter().zip(cells) {
+        let _ = write!(out, "  {:<label_width$}", row.label);
+        for cell in cells {
+            let _ = write!(out, "  {cell:<width$}");
+        }
+        let _ = writeln!(out);
+    }
+}
+
+fn show(figure: Figure, value: Option<f64>) -> String {
+    or_dash(value, |x| match figure {
+        Figure::Requests | Figure::Errors | Figure::PrimaryAttempts => format!("{x:.0}"),
+        Figure::UserErrorRate => format!("{:.1} %", x * 100.0),
+        Figure::WaitMean | Figure::WaitP99 | Figure::AnsweredWaitMean | Figure::AnsweredWaitP99 => {
+            format!("{x:.2} s")
+        }
+        Figure::CostUsd | Figure::WastedCostUsd => format!("${x:.2}"),
+        Figure::CostMultiple => format!("{x:.2}×"),
+    })
 }
 
 // === JSON ===
 
+/// The version of the JSON form; it changes when a field changes meaning or
+/// goes away.
+pub const SCHEMA_VERSION: u32 = 2;
+
 #[derive(Serialize)]
 struct JsonReplay<'a> {
+    schema_version: u32,
     scenario: &'a str,
     stacks: Vec<JsonStack<'a>>,
 }
@@ -103,16 +229,76 @@ struct JsonReplay<'a> {
 #[derive(Serialize)]
 struct JsonStack<'a> {
     name: &'a str,
+    #[serde(flatten)]
+    all: JsonFigures<'a>,
+    outage: Option<JsonOutage<'a>>,
+    upstreams: Keyed<'a, JsonRecovery>,
+    transitions: Vec<JsonTransition<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonOutage<'a> {
+    from_s: f64,
+    to_s: f64,
+    #[serde(flatten)]
+    figures: JsonFigures<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonFigures<'a> {
     requests: u64,
     succeeded: u64,
     failed: u64,
     rejected: u64,
-    attempts: Attempts<'a>,
-    wait_mean_s: f64,
-    wait_p50_s: f64,
-    wait_p99_s: f64,
-    wait_max_s: f64,
-    transitions: Vec<JsonTransition<'a>>,
+    attempts: Keyed<'a, u64>,
+    user_error_rate: Option<f64>,
+    answered_wait_mean_s: Option<f64>,
+    answered_wait_p50_s: Option<f64>,
+    answered_wait_p99_s: Option<f64>,
+    answered_ttft_mean_s: Option<f64>,
+    answered_ttft_p50_s: Option<f64>,
+    answered_ttft_p99_s: Option<f64>,
+    wait_mean_s: Option<f64>,
+    wait_p50_s: Option<f64>,
+    wait_p99_s: Option<f64>,
+    wait_max_s: Option<f64>,
+    amplification: Option<f64>,
+    cost_usd: f64,
+    wasted_cost_usd: f64,
+}
+
+impl<'a> JsonFigures<'a> {
+    fn of(f: &'a Figures) -> Self {
+        let pick = |w: Option<Waits>, g: fn(Waits) -> f64| w.map(|w| ms(g(w)));
+        JsonFigures {
+            requests: f.requests,
+            succeeded: f.succeeded,
+            failed: f.failed,
+            rejected: f.rejected,
+            attempts: Keyed(f.attempts.iter().map(|(n, k)| (n.as_str(), *k)).collect()),
+            user_error_rate: f.user_error_rate.map(micro),
+            answered_wait_mean_s: pick(f.answered_wait, |w| w.mean_s),
+            answered_wait_p50_s: pick(f.answered_wait, |w| w.p50_s),
+            answered_wait_p99_s: pick(f.answered_wait, |w| w.p99_s),
+            answered_ttft_mean_s: pick(f.answered_ttft, |w| w.mean_s),
+            answered_ttft_p50_s: pick(f.answered_ttft, |w| w.p50_s),
+            answered_ttft_p99_s: pick(f.answered_ttft, |w| w.p99_s),
+            wait_mean_s: pick(f.wait, |w| w.mean_s),
+            wait_p50_s: pick(f.wait, |w| w.p50_s),
+            wait_p99_s: pick(f.wait, |w| w.p99_s),
+            wait_max_s: pick(f.wait, |w| w.max_s),
+            amplification: f.amplification.map(micro),
+            cost_usd: micro(f.cost_usd),
+            wasted_cost_usd: micro(f.wasted_cost_usd),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct JsonRecovery {
+    healed_at_s: Option<f64>,
+    recovery_lag_s: Option<f64>,
+    time_to_trip_s: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -122,14 +308,14 @@ struct JsonTransition<'a> {
     to: &'a str,
 }
 
-/// Attempts by upstream, as an object that keeps the upstreams' order.
-struct Attempts<'a>(&'a [(String, u64)]);
+/// Values by upstream, as an object that keeps the upstreams' order.
+struct Keyed<'a, T>(Vec<(&'a str, T)>);
 
-impl Serialize for Attempts<'_> {
+impl<T: Serialize> Serialize for Keyed<'_, T> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (name, n) in self.0 {
-            map.serialize_entry(name, n)?;
+        for (name, v) in &self.0 {
+            map.serialize_entry(name, v)?;
         }
         map.end()
     }
@@ -140,23 +326,39 @@ fn ms(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// Rates and dollars to a millionth.
+fn micro(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
 pub fn json(replay: &Replay) -> String {
     let doc = JsonReplay {
+        schema_version: SCHEMA_VERSION,
         scenario: &replay.scenario,
         stacks: replay
             .stacks
             .iter()
             .map(|s| JsonStack {
                 name: s.name,
-                requests: s.requests,
-                succeeded: s.succeeded,
-                failed: s.failed,
-                rejected: s.rejected,
-                attempts: Attempts(&s.attempts),
-                wait_mean_s: ms(s.wait_mean_s),
-                wait_p50_s: ms(s.wait_p50_s),
-                wait_p99_s: ms(s.wait_p99_s),
-                wait_max_s: ms(s.wait_max_s),
+                all: JsonFigures::of(&s.all),
+                outage: s.outage.as_ref().map(|f| JsonOutage {
+                    from_s: ms(f.from_s),
+                    to_s: ms(f.to_s),
+                    figures: JsonFigures::of(f),
+                }),
+                upstreams: Keyed(
+                    s.recovery
+                        .iter()
+                        .map(|r| {
+                            let json = JsonRecovery {
+                                healed_at_s: r.healed_at_s.map(ms),
+                                recovery_lag_s: r.recovery_lag_s.map(ms),
+                                time_to_trip_s: r.time_to_trip_s.map(ms),
+                            };
+                            (r.upstream.as_str(), json)
+                        })
+                        .collect(),
+                ),
                 transitions: s
                     .transitions
                     .iter()
@@ -230,14 +432,14 @@ pub fn svg(replay: &Replay) -> String {
             body,
             r##"<text x="{LEFT}" y="{:.1}" font-size="11" fill="#444">{} ok, {} failed, {} rejected; wait mean {:.2} s, p99 {:.2} s</text>"##,
             y + 4.0,
-            stack.succeeded,
-            stack.failed,
-            stack.rejected,
-            stack.wait_mean_s,
-            stack.wait_p99_s
+            stack.all.succeeded,
+            stack.all.failed,
+            stack.all.rejected,
+            stack.all.wait.map_or(0.0, |w| w.mean_s),
+            stack.all.wait.map_or(0.0, |w| w.p99_s)
         );
         y += 12.0;
-        for (i, (upstream, _)) in stack.attempts.iter().enumerate() {
+        for (i, (upstream, _)) in stack.all.attempts.iter().enumerate() {
             let mut all = vec![0u64; BINS];
             let mut failed = vec![0u64; BINS];
             for a in stack.attempt_log.iter().filter(|a| a.upstream == i) {

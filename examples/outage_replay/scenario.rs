@@ -1,7 +1,8 @@
 //! Scenario files: parsing and validation.
 //!
 //! Every key is required unless noted, unknown keys are errors, and every
-//! error names the key and the line it is on.
+//! error names the key and the line it is on. `scenarios/README.md` is the
+//! format's reference.
 
 use std::fmt;
 use std::path::Path;
@@ -30,6 +31,198 @@ pub struct Scenario {
     pub client: Client,
     pub breaker: BreakerConfig,
     pub upstreams: Vec<Upstream>,
+    pub billing: Billing,
+    pub writeup: Option<Writeup>,
+}
+
+impl Scenario {
+    /// How fast a healthy answer comes: the slow threshold, or the attempt
+    /// timeout when there is none.
+    pub fn answer_within(&self) -> Duration {
+        self.breaker
+            .slow_call
+            .map_or(self.client.attempt_timeout, |(threshold, _)| threshold)
+    }
+
+    /// When the primary upstream is failing, from its first failing phase to
+    /// its heal (or the end of the run); `None` when it never fails.
+    pub fn outage(&self) -> Option<(Duration, Duration)> {
+        let primary = &self.upstreams[0];
+        let from = primary.failing_from(self.answer_within())?;
+        let to = primary
+            .healed_at(self.answer_within())
+            .filter(|&heal| heal > from)
+            .unwrap_or(self.duration);
+        Some((from, to))
+    }
+}
+
+/// The stacks a replay can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackKind {
+    /// total timeout -> retry -> attempt timeout -> primary.
+    NoBreaker,
+    /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary.
+    Breaker,
+    /// total timeout -> retry -> try each upstream in order (attempt timeout each).
+    NaiveFailover,
+    /// total timeout -> retry -> failover -> per upstream: breaker -> attempt timeout.
+    Failover,
+}
+
+impl StackKind {
+    const ALL: [StackKind; 4] = [
+        StackKind::NoBreaker,
+        StackKind::Breaker,
+        StackKind::NaiveFailover,
+        StackKind::Failover,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StackKind::NoBreaker => "no-breaker",
+            StackKind::Breaker => "breaker",
+            StackKind::NaiveFailover => "naive-failover",
+            StackKind::Failover => "failover",
+        }
+    }
+
+    /// The stacks replayed for a scenario with `upstreams` upstreams: the
+    /// failover stacks need more than one.
+    pub fn for_upstreams(upstreams: usize) -> &'static [StackKind] {
+        &Self::ALL[..if upstreams > 1 { 4 } else { 2 }]
+    }
+
+    pub fn uses_fallbacks(self) -> bool {
+        matches!(self, StackKind::NaiveFailover | StackKind::Failover)
+    }
+}
+
+/// What an upstream charges for one good answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cost {
+    PerRequest {
+        usd: f64,
+    },
+    /// The price of a good answer's input and output tokens.
+    PerToken {
+        input_usd: f64,
+        output_usd: f64,
+    },
+}
+
+/// Price of a request when a scenario gives none.
+pub const DEFAULT_USD_PER_REQUEST: f64 = 0.01;
+
+impl Cost {
+    /// What an attempt costs when `generated` (0 to 1) of a good answer was
+    /// generated for it: nothing when nothing was, the input in full as soon
+    /// as generation started, the output (or the request's price) in
+    /// proportion.
+    pub fn billed(self, generated: f64) -> f64 {
+        if generated <= 0.0 {
+            return 0.0;
+        }
+        match self {
+            Cost::PerRequest { usd } => usd * generated,
+            Cost::PerToken {
+                input_usd,
+                output_usd,
+            } => input_usd + output_usd * generated,
+        }
+    }
+}
+
+/// How much of a good answer the upstream generated (and bills) for
+/// attempts that did not deliver one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Billing {
+    /// An attempt that hung until a timeout ended it.
+    pub hang: f64,
+    /// A stream cut off by an error event after its 200 head.
+    pub stream_error: f64,
+    /// An error answer (a non-2xx status, a content filter, a reset).
+    pub error: f64,
+}
+
+impl Default for Billing {
+    fn default() -> Self {
+        Billing {
+            hang: 1.0,
+            stream_error: 0.5,
+            error: 0.0,
+        }
+    }
+}
+
+impl Billing {
+    /// The share of a good answer generated for an attempt of `kind` that
+    /// ran for `ran` (to its response head, or until it was given up).
+    pub fn generated(&self, kind: Kind, ran: Duration) -> f64 {
+        let share = |whole: Duration| (ran.as_secs_f64() / whole.as_secs_f64()).min(1.0);
+        match kind {
+            Kind::Ok { latency, stream } if ran < latency => share(latency + stream),
+            Kind::Ok { .. } => 1.0,
+            Kind::Status { code, latency, .. } if (200..300).contains(&code) => share(latency),
+            Kind::Hang => self.hang,
+            Kind::SseError { latency, .. } if ran >= latency => self.stream_error,
+            Kind::SseError { .. } => 0.0,
+            Kind::Status { .. } | Kind::Reset { .. } | Kind::ContentFilter { .. } => self.error,
+        }
+    }
+}
+
+/// A write-up's own table, printed beside the replay's figures for the
+/// outage.
+#[derive(Debug, Clone)]
+pub struct Writeup {
+    pub title: String,
+    pub stacks: Vec<StackKind>,
+    pub rows: Vec<WriteupRow>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WriteupRow {
+    pub label: String,
+    pub figure: Figure,
+    /// What the write-up reports, one per stack.
+    pub reported: Vec<String>,
+}
+
+/// A figure of the outage a write-up row can show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    Requests,
+    /// Requests that failed or were rejected.
+    Errors,
+    /// Attempts that reached the primary upstream.
+    PrimaryAttempts,
+    UserErrorRate,
+    WaitMean,
+    WaitP99,
+    AnsweredWaitMean,
+    AnsweredWaitP99,
+    CostUsd,
+    WastedCostUsd,
+    /// Cost over what answering every request once at the primary's price
+    /// would have cost.
+    CostMultiple,
+}
+
+impl Figure {
+    pub const NAMES: [(&'static str, Figure); 11] = [
+        ("requests", Figure::Requests),
+        ("errors", Figure::Errors),
+        ("primary_attempts", Figure::PrimaryAttempts),
+        ("user_error_rate", Figure::UserErrorRate),
+        ("wait_mean_s", Figure::WaitMean),
+        ("wait_p99_s", Figure::WaitP99),
+        ("answered_wait_mean_s", Figure::AnsweredWaitMean),
+        ("answered_wait_p99_s", Figure::AnsweredWaitP99),
+        ("cost_usd", Figure::CostUsd),
+        ("wasted_cost_usd", Figure::WastedCostUsd),
+        ("cost_multiple", Figure::CostMultiple),
+    ];
 }
 
 #[derive(Debug, Clone)]
@@ -59,12 +252,15 @@ pub struct BreakerConfig {
     pub open_max: Duration,
     pub probes: u32,
     pub close_after: u32,
+    /// A half-open probe's deadline; `None`: the core's default.
+    pub probe_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Upstream {
     pub name: String,
     pub phases: Vec<Phase>,
+    pub cost: Cost,
 }
 
 #[derive(Debug, Clone)]
@@ -81,8 +277,11 @@ pub struct Response {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Kind {
+    /// A good answer: its head after `latency`, its end `stream` later (0
+    /// for a whole JSON answer).
     Ok {
         latency: Duration,
+        stream: Duration,
     },
     Status {
         code: u16,
@@ -119,9 +318,47 @@ impl Upstream {
         let i = self.phases.partition_point(|p| p.from <= t);
         &self.phases[i.saturating_sub(1)]
     }
+
+    /// The start of the first phase that is not healthy.
+    pub fn failing_from(&self, within: Duration) -> Option<Duration> {
+        self.phases
+            .iter()
+            .find(|p| !p.is_healthy(within))
+            .map(|p| p.from)
+    }
+
+    /// The start of the healthy phases that end the scenario (0 for an
+    /// upstream that never fails); `None` when the last phase is not
+    /// healthy.
+    pub fn healed_at(&self, within: Duration) -> Option<Duration> {
+        let sick = self.phases.iter().rposition(|p| !p.is_healthy(within));
+        match sick {
+            None => Some(Duration::ZERO),
+            Some(i) => self.phases.get(i + 1).map(|p| p.from),
+        }
+    }
 }
 
 impl Phase {
+    /// At most 1 % failures, and every answer's head within `within`.
+    pub fn is_healthy(&self, within: Duration) -> bool {
+        let mut failing = 0.0;
+        for r in self.responses.iter().filter(|r| r.p > 0.0) {
+            match r.kind {
+                kind if kind.is_failure() => failing += r.p,
+                Kind::Ok { latency, .. }
+                | Kind::Status { latency, .. }
+                | Kind::ContentFilter { latency }
+                    if latency > within =>
+                {
+                    return false
+                }
+                _ => {}
+            }
+        }
+        failing <= 0.01 + 1e-12
+    }
+
     /// The response picked by a uniform draw `u` in `[0, 1)`.
     pub fn pick(&self, u: f64) -> Kind {
         let mut acc = 0.0;
@@ -202,6 +439,8 @@ struct RawScenario {
     client: S<RawClient>,
     breaker: S<RawBreaker>,
     upstream: S<Vec<S<RawUpstream>>>,
+    billing: Option<S<RawBilling>>,
+    writeup: Option<S<RawWriteup>>,
 }
 
 #[derive(Deserialize)]
@@ -228,6 +467,8 @@ struct RawBreaker {
     open_max_s: S<f64>,
     probes: S<u32>,
     close_after: S<u32>,
+    probe_timeout_s: Option<S<f64>>,
+    health_probe_interval_s: Option<S<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +476,41 @@ struct RawBreaker {
 struct RawUpstream {
     name: S<String>,
     phase: S<Vec<S<RawPhase>>>,
+    cost: Option<S<RawCost>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCost {
+    usd_per_request: Option<S<f64>>,
+    usd_per_mtok_in: Option<S<f64>>,
+    usd_per_mtok_out: Option<S<f64>>,
+    tokens_in: Option<S<u64>>,
+    tokens_out: Option<S<u64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBilling {
+    hang: Option<S<f64>>,
+    stream_error: Option<S<f64>>,
+    error: Option<S<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWriteup {
+    title: S<String>,
+    stacks: S<Vec<S<String>>>,
+    row: S<Vec<S<RawRow>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRow {
+    label: S<String>,
+    figure: S<String>,
+    reported: S<Vec<S<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -326,6 +602,14 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         }
         upstreams.push(u);
     }
+    let billing = match &raw.billing {
+        Some(b) => billing(&src, b.get_ref())?,
+        None => Billing::default(),
+    };
+    let writeup = match &raw.writeup {
+        Some(w) => Some(writeup(&src, w.get_ref(), upstreams.len())?),
+        None => None,
+    };
 
     Ok(Scenario {
         name,
@@ -336,6 +620,8 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         client,
         breaker,
         upstreams,
+        billing,
+        writeup,
     })
 }
 
@@ -472,6 +758,29 @@ fn breaker(
             format!("`close_after` must be between 1 and `probes` ({probes}), got {close_after}"),
         ));
     }
+    let probe_timeout = match &raw.probe_timeout_s {
+        Some(v) => match seconds(src, v, "probe_timeout_s")? {
+            d if d.is_zero() => None,
+            d if d > client.attempt_timeout => {
+                return Err(src.at(
+                    v,
+                    "`probe_timeout_s` is longer than `attempt_timeout_s`: the attempt would \
+                     time out first (0 turns it off)",
+                ))
+            }
+            d => Some(d),
+        },
+        None => None,
+    };
+    if let Some(v) = &raw.health_probe_interval_s {
+        if !seconds(src, v, "health_probe_interval_s")?.is_zero() {
+            return Err(src.at(
+                v,
+                "health_probe_interval_s is not supported by this build (absent or 0 turns \
+                 health probes off)",
+            ));
+        }
+    }
     Ok(BreakerConfig {
         window,
         min_calls,
@@ -482,6 +791,7 @@ fn breaker(
         open_max,
         probes,
         close_after,
+        probe_timeout,
     })
 }
 
@@ -536,7 +846,159 @@ fn upstream(src: &Source<'_>, raw: &RawUpstream) -> Result<Upstream, ScenarioErr
         }
         phases.push(Phase { from, responses });
     }
-    Ok(Upstream { name, phases })
+    let cost = match &raw.cost {
+        Some(c) => cost(src, c)?,
+        None => Cost::PerRequest {
+            usd: DEFAULT_USD_PER_REQUEST,
+        },
+    };
+    Ok(Upstream { name, phases, cost })
+}
+
+fn cost(src: &Source<'_>, spanned: &Spanned<RawCost>) -> Result<Cost, ScenarioError> {
+    let raw = spanned.get_ref();
+    let usd = |v: &S<f64>, key: &str| {
+        let x = *v.get_ref();
+        if x.is_finite() && (0.0..=1e6).contains(&x) {
+            Ok(x)
+        } else {
+            Err(src.at(
+                v,
+                format!("`{key}` must be a price in USD, 0 to 1e6, got {x}"),
+            ))
+        }
+    };
+    let tokens = [
+        ("usd_per_mtok_in", raw.usd_per_mtok_in.as_ref()),
+        ("usd_per_mtok_out", raw.usd_per_mtok_out.as_ref()),
+    ];
+    let counts = [
+        ("tokens_in", raw.tokens_in.as_ref()),
+        ("tokens_out", raw.tokens_out.as_ref()),
+    ];
+    let token_keys =
+        tokens.iter().any(|(_, v)| v.is_some()) || counts.iter().any(|(_, v)| v.is_some());
+    match (&raw.usd_per_request, token_keys) {
+        (Some(v), false) => Ok(Cost::PerRequest {
+            usd: usd(v, "usd_per_request")?,
+        }),
+        (Some(v), true) => Err(src.at(
+            v,
+            "`usd_per_request`: give a price per request or per token, not both",
+        )),
+        (None, _) => {
+            let mut price = [0.0; 2];
+            for (i, ((key, v), (count_key, n))) in tokens.into_iter().zip(counts).enumerate() {
+                let (Some(v), Some(n)) = (v, n) else {
+                    let missing = if v.is_none() { key } else { count_key };
+                    return Err(src.at(
+                        spanned,
+                        format!(
+                            "`cost` needs `usd_per_request`, or all of `usd_per_mtok_in`, \
+                             `usd_per_mtok_out`, `tokens_in` and `tokens_out` (`{missing}` is \
+                             missing)"
+                        ),
+                    ));
+                };
+                let tokens = *n.get_ref();
+                if tokens > 10_000_000 {
+                    return Err(src.at(
+                        n,
+                        format!("`{count_key}` is at most 10000000, got {tokens}"),
+                    ));
+                }
+                price[i] = usd(v, key)? * tokens as f64 / 1e6;
+            }
+            Ok(Cost::PerToken {
+                input_usd: price[0],
+                output_usd: price[1],
+            })
+        }
+    }
+}
+
+fn billing(src: &Source<'_>, raw: &RawBilling) -> Result<Billing, ScenarioError> {
+    let mut billing = Billing::default();
+    for (key, v, slot) in [
+        ("hang", &raw.hang, &mut billing.hang),
+        ("stream_error", &raw.stream_error, &mut billing.stream_error),
+        ("error", &raw.error, &mut billing.error),
+    ] {
+        if let Some(v) = v {
+            let x = *v.get_ref();
+            if !(0.0..=1.0).contains(&x) {
+                return Err(src.at(v, format!("`{key}` must be in [0, 1], got {x}")));
+            }
+            *slot = x;
+        }
+    }
+    Ok(billing)
+}
+
+fn writeup(src: &Source<'_>, raw: &RawWriteup, upstreams: usize) -> Result<Writeup, ScenarioError> {
+    let known = StackKind::for_upstreams(upstreams);
+    let mut stacks = Vec::new();
+    for name in raw.stacks.get_ref() {
+        let Some(&kind) = known.iter().find(|k| k.name() == name.get_ref()) else {
+            let names: Vec<&str> = known.iter().map(|k| k.name()).collect();
+            return Err(src.at(
+                name,
+                format!(
+                    "`stacks`: {:?} is not a stack of this scenario ({})",
+                    name.get_ref(),
+                    names.join(", ")
+                ),
+            ));
+        };
+        stacks.push(kind);
+    }
+    if stacks.is_empty() {
+        return Err(src.at(&raw.stacks, "`stacks` is empty"));
+    }
+    let mut rows = Vec::new();
+    for row in raw.row.get_ref() {
+        let row = row.get_ref();
+        let Some(&(_, figure)) = Figure::NAMES
+            .iter()
+            .find(|(n, _)| n == row.figure.get_ref())
+        else {
+            let names: Vec<&str> = Figure::NAMES.iter().map(|(n, _)| *n).collect();
+            return Err(src.at(
+                &row.figure,
+                format!(
+                    "`figure` {:?} is not one of {}",
+                    row.figure.get_ref(),
+                    names.join(", ")
+                ),
+            ));
+        };
+        let reported: Vec<String> = row
+            .reported
+            .get_ref()
+            .iter()
+            .map(|r| r.get_ref().clone())
+            .collect();
+        if reported.len() != stacks.len() {
+            return Err(src.at(
+                &row.reported,
+                format!(
+                    "`reported` has {} values for {} stacks",
+                    reported.len(),
+                    stacks.len()
+                ),
+            ));
+        }
+        rows.push(WriteupRow {
+            label: row.label.get_ref().clone(),
+            figure,
+            reported,
+        });
+    }
+    Ok(Writeup {
+        title: raw.title.get_ref().clone(),
+        stacks,
+        rows,
+    })
 }
 
 fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response, ScenarioError> {
@@ -548,7 +1010,8 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
     let kind_name = raw.kind.get_ref().as_str();
     // Which optional keys each kind takes, and which it needs.
     let (allowed, needed): (&[&str], &[&str]) = match kind_name {
-        "ok" | "reset" | "content_filter" => (&["latency_ms"], &["latency_ms"]),
+        "ok" => (&["latency_ms", "stream_ms"], &["latency_ms"]),
+        "reset" | "content_filter" => (&["latency_ms"], &["latency_ms"]),
         "status" => (
             &["latency_ms", "code", "retry_after_s"],
             &["latency_ms", "code"],
@@ -593,7 +1056,10 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
     let ms = |v: &Option<S<u64>>| Duration::from_millis(v.as_ref().map_or(0, |s| *s.get_ref()));
     let latency = ms(&raw.latency_ms);
     let kind = match kind_name {
-        "ok" => Kind::Ok { latency },
+        "ok" => Kind::Ok {
+            latency,
+            stream: ms(&raw.stream_ms),
+        },
         "reset" => Kind::Reset { latency },
         "content_filter" => Kind::ContentFilter { latency },
         "hang" => Kind::Hang,

@@ -12,7 +12,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../examples/outage_replay/scenario.rs"]
 mod scenario;
 
-use scenario::{Kind, Scenario, WindowConfig};
+use scenario::{Cost, Kind, Scenario, WindowConfig};
 
 const FILE: &str = "fuzz.toml";
 const TEN_YEARS: Duration = Duration::from_secs(315_360_000);
@@ -56,6 +56,16 @@ fn check(s: &Scenario) {
     assert_ne!(b.consecutive_failures, Some(0));
     assert!(!b.open.is_zero() && b.open <= b.open_max && b.open_max <= TEN_YEARS);
     assert!(b.probes >= 1 && (1..=b.probes).contains(&b.close_after));
+    assert!(b
+        .probe_timeout
+        .is_none_or(|t| !t.is_zero() && t <= c.attempt_timeout));
+    let share = |x: f64| (0.0..=1.0).contains(&x);
+    let billing = &s.billing;
+    assert!(share(billing.hang) && share(billing.stream_error) && share(billing.error));
+    if let Some(w) = &s.writeup {
+        assert!(!w.stacks.is_empty());
+        assert!(w.rows.iter().all(|r| r.reported.len() == w.stacks.len()));
+    }
 
     assert!((1..=scenario::MAX_UPSTREAMS).contains(&s.upstreams.len()));
     for (i, u) in s.upstreams.iter().enumerate() {
@@ -66,6 +76,14 @@ fn check(s: &Scenario) {
             "{:?} twice",
             u.name
         );
+        let good = match u.cost {
+            Cost::PerRequest { usd } => usd,
+            Cost::PerToken {
+                input_usd,
+                output_usd,
+            } => input_usd + output_usd,
+        };
+        assert!(good.is_finite() && good >= 0.0);
         assert!(!u.phases.is_empty());
         assert!(u.phases[0].from.is_zero());
         assert!(u.phases.windows(2).all(|w| w[0].from < w[1].from));
@@ -88,11 +106,16 @@ fn check(s: &Scenario) {
                 let kind = phase.pick(u);
                 assert!(phase.responses.iter().any(|r| r.p > 0.0 && r.kind == kind));
             }
+            for r in &phase.responses {
+                let billed = u.cost.billed(s.billing.generated(r.kind, Duration::MAX));
+                assert!(billed.is_finite() && billed >= 0.0 && billed <= good + 1e-9);
+            }
             // The phase in force at its start is itself.
             assert!(std::ptr::eq(u.phase_at(phase.from), phase), "phase {j}");
         }
         let _ = u.phase_at(Duration::MAX);
         let _ = u.phase_at(s.duration);
+        let _ = (u.healed_at(s.answer_within()), s.outage());
     }
 }
 
@@ -102,6 +125,8 @@ const BASES: &[&str] = &[
     include_str!("../../scenarios/seed-000-night-slow.toml"),
     include_str!("../../scenarios/seed-002-failover.toml"),
     include_str!("../../scenarios/seed-002-failover-slow.toml"),
+    include_str!("../../scenarios/seed-000-writeup.toml"),
+    include_str!("../../scenarios/seed-002-writeup.toml"),
 ];
 
 /// A shipped scenario with a few lines edited: a value (after one of the

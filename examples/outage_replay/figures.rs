@@ -1,0 +1,174 @@
+//! The figures a replay reports, from what each request and each attempt
+//! did: for every request and for those that arrived during the outage.
+
+use crate::engine::{AttemptRecord, Fate, RequestRecord, TransitionRecord};
+use crate::scenario::{Figure, Scenario};
+
+/// Mean, median, 99th percentile and maximum of some waits, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Waits {
+    pub mean_s: f64,
+    pub p50_s: f64,
+    pub p99_s: f64,
+    pub max_s: f64,
+}
+
+impl Waits {
+    /// `None` when there is nothing to measure.
+    pub fn of(mut xs: Vec<f64>) -> Option<Waits> {
+        if xs.is_empty() {
+            return None;
+        }
+        xs.sort_by(f64::total_cmp);
+        let rank = |p: f64| xs[((p * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1];
+        Some(Waits {
+            mean_s: xs.iter().sum::<f64>() / xs.len() as f64,
+            p50_s: rank(0.50),
+            p99_s: rank(0.99),
+            max_s: xs[xs.len() - 1],
+        })
+    }
+}
+
+/// What a stack did for the requests that arrived in `[from_s, to_s)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figures {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub requests: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    /// Attempts of these requests that reached each upstream the stack calls.
+    pub attempts: Vec<(String, u64)>,
+    /// (failed + rejected) / requests.
+    pub user_error_rate: Option<f64>,
+    /// Arrival to answer or error, every request.
+    pub wait: Option<Waits>,
+    /// Arrival to the end of the answer, answered requests.
+    pub answered_wait: Option<Waits>,
+    /// Arrival to the answer's first byte (its first token, for a stream).
+    pub answered_ttft: Option<Waits>,
+    /// Attempts per request.
+    pub amplification: Option<f64>,
+    pub cost_usd: f64,
+    /// Spent on attempts whose answer the user did not get.
+    pub wasted_cost_usd: f64,
+}
+
+impl Figures {
+    pub fn of(
+        upstreams: &[String],
+        requests: &[RequestRecord],
+        attempts: &[AttemptRecord],
+        (from_s, to_s): (f64, f64),
+    ) -> Figures {
+        let inside = |r: &RequestRecord| r.arrival_s >= from_s && r.arrival_s < to_s;
+        let chosen: Vec<&RequestRecord> = requests.iter().filter(|r| inside(r)).collect();
+        let count = |f: Fate| chosen.iter().filter(|r| r.fate == f).count() as u64;
+        let answered = || chosen.iter().filter(|r| r.fate == Fate::Succeeded);
+        let theirs: Vec<&AttemptRecord> = attempts
+            .iter()
+            .filter(|a| inside(&requests[a.request]))
+            .collect();
+        let n = chosen.len() as u64;
+        let (failed, rejected) = (count(Fate::Failed), count(Fate::Rejected));
+        let ratio = |x: f64| (n > 0).then(|| x / n as f64);
+        Figures {
+            from_s,
+            to_s,
+            requests: n,
+            succeeded: count(Fate::Succeeded),
+            failed,
+            rejected,
+            attempts: upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let k = theirs.iter().filter(|a| a.upstream == i).count() as u64;
+                    (name.clone(), k)
+                })
+                .collect(),
+            user_error_rate: ratio((failed + rejected) as f64),
+            wait: Waits::of(chosen.iter().map(|r| r.wait_s).collect()),
+            answered_wait: Waits::of(answered().map(|r| r.wait_s).collect()),
+            answered_ttft: Waits::of(answered().map(|r| r.first_byte_s).collect()),
+            amplification: ratio(theirs.len() as f64),
+            // A fold from +0: an empty f64 sum is -0.
+            cost_usd: theirs.iter().fold(0.0, |sum, a| sum + a.cost_usd),
+            wasted_cost_usd: theirs
+                .iter()
+                .filter(|a| !a.answered)
+                .fold(0.0, |sum, a| sum + a.cost_usd),
+        }
+    }
+
+    /// A figure a write-up's table shows.
+    pub fn figure(&self, figure: Figure, scenario: &Scenario) -> Option<f64> {
+        let good_answer = scenario.upstreams[0].cost.billed(1.0);
+        Some(match figure {
+            Figure::Requests => self.requests as f64,
+            Figure::Errors => (self.failed + self.rejected) as f64,
+            Figure::PrimaryAttempts => self.attempts[0].1 as f64,
+            Figure::UserErrorRate => self.user_error_rate?,
+            Figure::WaitMean => self.wait?.mean_s,
+            Figure::WaitP99 => self.wait?.p99_s,
+            Figure::AnsweredWaitMean => self.answered_wait?.mean_s,
+            Figure::AnsweredWaitP99 => self.answered_wait?.p99_s,
+            Figure::CostUsd => self.cost_usd,
+            Figure::WastedCostUsd => self.wasted_cost_usd,
+            Figure::CostMultiple => {
+                let healthy = good_answer * self.requests as f64;
+                (healthy > 0.0).then(|| self.cost_usd / healthy)?
+            }
+        })
+    }
+}
+
+/// How one breaker (or, for a stack without one, the bare upstream) met an
+/// upstream's failure and heal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovery {
+    pub upstream: String,
+    /// The start of the healthy phases that end the scenario.
+    pub healed_at_s: Option<f64>,
+    /// From the heal to the circuit being closed for the rest of the run: 0
+    /// when it was closed at the heal and stayed closed (always, without a
+    /// breaker), `None` when it is not closed at the end.
+    pub recovery_lag_s: Option<f64>,
+    /// From the upstream's first failing phase to the circuit's first open.
+    pub time_to_trip_s: Option<f64>,
+}
+
+impl Recovery {
+    pub fn of(scenario: &Scenario, upstream: usize, transitions: &[TransitionRecord]) -> Recovery {
+        let u = &scenario.upstreams[upstream];
+        let within = scenario.answer_within();
+        let mine: Vec<&TransitionRecord> = transitions
+            .iter()
+            .filter(|t| t.upstream == u.name)
+            .collect();
+        let healed_at_s = u.healed_at(within).map(|d| d.as_secs_f64());
+        // Closed for good: the last change after the heal is a close, or
+        // there is none and the circuit was closed at the heal.
+        let recovery_lag_s = healed_at_s.and_then(|heal| {
+            if mine.last().is_some_and(|t| t.to != "closed") {
+                return None;
+            }
+            let last_change = mine.last().filter(|t| t.t_s > heal);
+            Some(last_change.map_or(0.0, |t| t.t_s - heal))
+        });
+        let time_to_trip_s = u.failing_from(within).and_then(|from| {
+            let from = from.as_secs_f64();
+            mine.iter()
+                .find(|t| t.t_s >= from && t.to == "open")
+                .map(|t| t.t_s - from)
+        });
+        Recovery {
+            upstream: u.name.clone(),
+            healed_at_s,
+            recovery_lag_s,
+            time_to_trip_s,
+        }
+    }
+}
