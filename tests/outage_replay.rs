@@ -353,6 +353,120 @@ fn recovery_is_measured_from_the_heal() {
     }
 }
 
+/// The longest half-open period of each breaker stack, per upstream.
+fn longest_half_open(run: &StackRun) -> f64 {
+    let mut longest = 0.0_f64;
+    for upstream in run.recovery.iter().map(|r| &r.upstream) {
+        let mine: Vec<&TransitionRecord> = run
+            .transitions
+            .iter()
+            .filter(|t| &t.upstream == upstream)
+            .collect();
+        for w in mine.windows(2) {
+            if w[0].to == "half-open" {
+                longest = longest.max(w[1].t_s - w[0].t_s);
+            }
+        }
+    }
+    longest
+}
+
+fn breaker_stacks(replay: &Replay) -> impl Iterator<Item = &StackRun> {
+    replay
+        .stacks
+        .iter()
+        .filter(|s| matches!(s.name, "breaker" | "failover"))
+}
+
+#[test]
+fn health_probes_close_every_breaker_within_ten_seconds_of_the_heal() {
+    // The shipped scenarios as they are in the shared set, with only
+    // `health_probe_interval_s = 5` added.
+    for name in ["seed-000-night.toml", "seed-002-failover.toml"] {
+        let mut scenario = load(name);
+        let without = engine::replay(&scenario).unwrap();
+        scenario.breaker.health_probe_interval = Some(Duration::from_secs(5));
+        let with = engine::replay(&scenario).unwrap();
+        for run in breaker_stacks(&with) {
+            for r in run
+                .recovery
+                .iter()
+                .filter(|r| r.healed_at_s.unwrap_or(0.0) > 0.0)
+            {
+                let lag = r.recovery_lag_s.unwrap_or(f64::INFINITY);
+                assert!(
+                    lag <= 10.0,
+                    "{name} {} {}: closed {lag} s after the heal",
+                    run.name,
+                    r.upstream
+                );
+            }
+        }
+        // Without them, recovery waits for the backoff (or the run's end).
+        let slow = breaker_stacks(&without)
+            .flat_map(|run| &run.recovery)
+            .filter(|r| r.healed_at_s.unwrap_or(0.0) > 0.0)
+            .map(|r| r.recovery_lag_s.unwrap_or(f64::INFINITY))
+            .fold(0.0, f64::max);
+        assert!(slow > 10.0, "{name}: {slow} s without health probes");
+    }
+}
+
+#[test]
+fn with_the_slow_rule_no_half_open_period_outlasts_the_threshold_by_two_seconds() {
+    for name in ["seed-000-night-slow.toml", "seed-002-failover-slow.toml"] {
+        let mut scenario = load(name);
+        let threshold = scenario
+            .breaker
+            .slow_call
+            .expect("a slow rule")
+            .0
+            .as_secs_f64();
+        for interval in [None, Some(Duration::from_secs(5))] {
+            scenario.breaker.health_probe_interval = interval;
+            let replay = engine::replay(&scenario).unwrap();
+            for run in breaker_stacks(&replay) {
+                let longest = longest_half_open(run);
+                assert!(
+                    longest <= threshold + 2.0,
+                    "{name} {}: half-open for {longest} s, threshold {threshold} s",
+                    run.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn without_health_probes_every_breaker_closes_within_its_backoff_cap_and_deadline() {
+    // A run that lasts long enough after the heal for the longest backoff.
+    for name in ["seed-000-night.toml", "recovery-after-a-long-outage.toml"] {
+        let scenario = load(name);
+        let b = &scenario.breaker;
+        let deadline = b
+            .probe_timeout
+            .or(b.slow_call.map(|(t, _)| t))
+            .unwrap_or(scenario.client.attempt_timeout);
+        let bound = (b.open_max + deadline).as_secs_f64() + 5.0;
+        let replay = engine::replay(&scenario).unwrap();
+        for run in breaker_stacks(&replay) {
+            for r in run
+                .recovery
+                .iter()
+                .filter(|r| r.healed_at_s.unwrap_or(0.0) > 0.0)
+            {
+                let lag = r.recovery_lag_s.unwrap_or(f64::INFINITY);
+                assert!(
+                    lag <= bound,
+                    "{name} {} {}: closed {lag} s after the heal, bound {bound} s",
+                    run.name,
+                    r.upstream
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn probe_timeout_s_reaches_the_breaker() {
     // A probe that hangs is failed at its deadline, not at the 60 s attempt
@@ -844,6 +958,12 @@ fn cost_billing_and_probe_keys_are_checked_where_they_are() {
         &format!("{probes}probe_timeout_s = 0\nhealth_probe_interval_s = 0\n"),
     );
     assert_eq!(parse(&off).unwrap().breaker.probe_timeout, None);
+    assert_eq!(parse(&off).unwrap().breaker.health_probe_interval, None);
+    let on = GOOD.replace(probes, &format!("{probes}health_probe_interval_s = 5\n"));
+    assert_eq!(
+        parse(&on).unwrap().breaker.health_probe_interval,
+        Some(Duration::from_secs(5))
+    );
 
     for (text, key) in [
         (cost("usd_per_request = -1"), "usd_per_request"),
@@ -866,8 +986,8 @@ fn cost_billing_and_probe_keys_are_checked_where_they_are() {
             "probe_timeout_s",
         ),
         (
-            GOOD.replace(probes, &format!("{probes}health_probe_interval_s = 5\n")),
-            "health_probe_interval_s is not supported by this build",
+            GOOD.replace(probes, &format!("{probes}health_probe_interval_s = -5\n")),
+            "health_probe_interval_s",
         ),
         (
             format!(

@@ -31,6 +31,7 @@ use tower::timeout::{Timeout, TimeoutLayer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::failover::Failover;
+use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::retry::RetryPolicy;
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::{
@@ -233,6 +234,25 @@ fn client(sim: &Arc<Sim>) -> SimClient {
     SimClient(Arc::clone(sim))
 }
 
+/// With `health_probe_interval_s`: a prober for upstream `i`'s breaker,
+/// spawned on the stack's runtime. Its probe is a chat request like any
+/// other (the faithful probe: a completion), under the request id after the
+/// last user request, classified like real calls.
+fn spawn_health_probe(sim: &Arc<Sim>, i: usize, breaker: &Breaker) {
+    let Some(interval) = sim.scenario.breaker.health_probe_interval else {
+        return;
+    };
+    let probe_id = (lock(&sim.state).tries.len() / sim.scenario.upstreams.len() - 1) as u64;
+    let model = sim.scenario.upstreams[i].name.clone();
+    let prober = HealthProbe::builder(interval)
+        .seed(mix(sim.scenario.seed ^ 0x4ea1 ^ i as u64))
+        .build(client(sim), LlmClassifier::new(), move |_: &Breaker| {
+            chat_request(probe_id, &model)
+        })
+        .expect("a positive interval");
+    tokio::spawn(prober.run(breaker.clone()));
+}
+
 fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
     let c = &scenario.client;
     RetryPolicy::new()
@@ -328,6 +348,7 @@ fn breaker(
     let layer = builder
         .build()
         .map_err(|e| format!("the breaker stack does not accept this scenario: {e}"))?;
+    spawn_health_probe(sim, 0, layer.breaker());
     Ok(layer.layer(client(sim)))
 }
 
@@ -378,6 +399,7 @@ fn failover(
             .build()
             .map_err(|e| format!("the breaker does not accept this scenario: {e}"))?;
         policy = policy.watch_breaker(breaker.clone());
+        spawn_health_probe(sim, i, &breaker);
         let attempt = Timeout::new(client(sim), c.attempt_timeout);
         routes.push(CircuitBreaker::with_classifier(
             attempt,
@@ -493,7 +515,9 @@ fn summarize(
     for (i, a) in attempts.iter_mut().enumerate() {
         let generated = scenario.billing.generated(a.kind, a.ran);
         a.cost_usd = upstreams[a.upstream].cost.billed(generated);
-        last[a.request] = Some(i);
+        if let Some(slot) = last.get_mut(a.request) {
+            *slot = Some(i);
+        }
     }
     for (r, i) in requests.iter().zip(last) {
         if let (Fate::Succeeded, Some(i)) = (r.fate, i) {
@@ -540,7 +564,9 @@ struct SimState {
 
 impl Sim {
     fn new(scenario: Arc<Scenario>, requests: usize) -> Self {
-        let slots = requests * scenario.upstreams.len();
+        // One more request id for the health probes: each probe is that
+        // request's next attempt, drawn like any other.
+        let slots = (requests + 1) * scenario.upstreams.len();
         Sim {
             scenario,
             start: Instant::now(),

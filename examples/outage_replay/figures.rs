@@ -67,9 +67,13 @@ impl Figures {
         let chosen: Vec<&RequestRecord> = requests.iter().filter(|r| inside(r)).collect();
         let count = |f: Fate| chosen.iter().filter(|r| r.fate == f).count() as u64;
         let answered = || chosen.iter().filter(|r| r.fate == Fate::Succeeded);
+        // A health probe belongs to no request: it counts where it was sent.
         let theirs: Vec<&AttemptRecord> = attempts
             .iter()
-            .filter(|a| inside(&requests[a.request]))
+            .filter(|a| match requests.get(a.request) {
+                Some(r) => inside(r),
+                None => a.t_s >= from_s && a.t_s < to_s,
+            })
             .collect();
         let n = chosen.len() as u64;
         let (failed, rejected) = (count(Fate::Failed), count(Fate::Rejected));

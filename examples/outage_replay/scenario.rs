@@ -254,6 +254,9 @@ pub struct BreakerConfig {
     pub close_after: u32,
     /// A half-open probe's deadline; `None`: the core's default.
     pub probe_timeout: Option<Duration>,
+    /// How often a health probe asks a circuit that is not closed; `None`:
+    /// no health probes.
+    pub health_probe_interval: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -772,15 +775,10 @@ fn breaker(
         },
         None => None,
     };
-    if let Some(v) = &raw.health_probe_interval_s {
-        if !seconds(src, v, "health_probe_interval_s")?.is_zero() {
-            return Err(src.at(
-                v,
-                "health_probe_interval_s is not supported by this build (absent or 0 turns \
-                 health probes off)",
-            ));
-        }
-    }
+    let health_probe_interval = match &raw.health_probe_interval_s {
+        Some(v) => Some(seconds(src, v, "health_probe_interval_s")?).filter(|d| !d.is_zero()),
+        None => None,
+    };
     Ok(BreakerConfig {
         window,
         min_calls,
@@ -792,6 +790,7 @@ fn breaker(
         probes,
         close_after,
         probe_timeout,
+        health_probe_interval,
     })
 }
 
