@@ -45,6 +45,7 @@ mod counters;
 mod half_open;
 mod outcome;
 mod permit;
+mod rejection;
 mod remote;
 mod spare;
 mod state;
@@ -71,10 +72,11 @@ pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats
 use self::counters::{Counter, Striped};
 use self::half_open::{Cycle, Expiry};
 use self::permit::{Head, Kind, Ticket};
+use self::rejection::Deadline;
+pub use self::rejection::{CircuitOpen, Rejection};
 use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates, FAILED, SLOW};
-use crate::error::{CircuitOpen, Deadline, Rejection};
 use crate::rng::Rng;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 
