@@ -9,8 +9,10 @@
 //! failing over together do not all land on the fallback in the same
 //! instant. Any other answer is returned as it is.
 //!
-//! The caller sees a [`CircuitOpen`](crate::CircuitOpen) only when every
-//! upstream rejected the call. When the last upstream tried failed, its
+//! A rejection by a breaker nested inside an upstream (its own keyed set, a
+//! library's breaker) is skipped the same way. The caller sees a
+//! [`CircuitOpen`](crate::CircuitOpen) only when every upstream rejected the
+//! call. When the last upstream tried failed, its
 //! answer (the 503, the timeout) is returned.
 //!
 //! A "same client, other model" fallback is one line: the same service with

@@ -9,7 +9,7 @@
 //! middleware client at once.
 //!
 //! * An open circuit answers `reqwest_middleware::Error::Middleware` holding a
-//!   [`CircuitOpen`](crate::CircuitOpen): `err.downcast_ref::<CircuitOpen>()` on the inner error,
+//!   [`CircuitOpen`]: `err.downcast_ref::<CircuitOpen>()` on the inner error,
 //!   or [`circuit_open`], which also finds a rejection that other middleware wrapped.
 //! * A rejection by a breaker further in (a second `CircuitBreakerMiddleware`,
 //!   keyed behind a global one) passes through as it is and is recorded as

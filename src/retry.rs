@@ -159,13 +159,13 @@ impl AttemptError for Infallible {
 /// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` > the cap | gives up: the 429 goes to the caller, who can read the header |
 /// | [`RateLimited`](Outcome::RateLimited) without `Retry-After` | backs off as for a failure |
 /// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored), [`QuotaExhausted`](Outcome::QuotaExhausted) | returns the answer |
-/// | a [`CircuitOpen`] rejection | returns it: never retried |
+/// | a [`CircuitOpen`] rejection, by this breaker or one nested inside the service | returns it: never retried |
 ///
 /// When the classifier defers its verdict to the body (an
-/// [`LlmClassifier`] reading a stream or a 429's error body), the policy
+/// [`LlmClassifier`](crate::classify::LlmClassifier) reading a stream or a 429's error body), the policy
 /// decides on the head: a success is returned (its body is on its way to
 /// the caller); 429 and 409 are rate-limited, with the wait read as
-/// [`LlmClassifier::retry_after`] reads it; 402 is a quota; 5xx a failure;
+/// [`LlmClassifier::retry_after`](crate::classify::LlmClassifier::retry_after) reads it; 402 is a quota; 5xx a failure;
 /// other statuses are returned.
 ///
 /// At most [`max_retries`](Self::max_retries) retries follow the first
