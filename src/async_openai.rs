@@ -36,7 +36,7 @@
 //! `OpenAIError::Boxed` (say, a tower timeout inside the breaker) as the boxed
 //! error. The other variants are raised on the caller's side before or
 //! instead of a call (invalid arguments, unreadable files) and are
-//! [`Outcome::Ignored`].
+//! [`Outcome::Ignored`](crate::Outcome::Ignored).
 //!
 //! # Example
 //!
@@ -69,12 +69,12 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::breaker::{Breaker, Permit};
+use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::Classify;
-use crate::error::CircuitOpen;
-use crate::integrations::{classify_client_error, record_response, DefaultClassifier};
+use crate::guard::{self, Guard};
+use crate::integrations::{record_response, DefaultClassifier};
 use crate::service::Select;
-use crate::{CircuitBreakerLayer, Outcome};
+use crate::CircuitBreakerLayer;
 
 /// The stack for `async_openai::Client::with_http_service`: async-openai's
 /// default retry (three retries with backoff, honouring `Retry-After`)
@@ -91,8 +91,9 @@ pub fn http_service(
     ))
 }
 
-/// The rejection inside an async-openai error, if the circuit rejected the
-/// call.
+/// The rejection inside an async-openai error, if a circuit rejected the
+/// call: this one, or one nested further in (an `OpenAiCircuitBreaker` behind
+/// another, with a tower layer between them that boxed the error again).
 ///
 /// ```
 /// use async_openai::error::OpenAIError;
@@ -107,10 +108,7 @@ pub fn http_service(
 /// # }
 /// ```
 pub fn circuit_open(error: &OpenAIError) -> Option<&CircuitOpen> {
-    match error {
-        OpenAIError::Boxed(e) => e.downcast_ref(),
-        _ => None,
-    }
+    guard::rejection(error)
 }
 
 // === impl OpenAiCircuitBreaker ===
@@ -203,11 +201,11 @@ where
     }
 
     fn call(&mut self, request: HttpRequestFactory) -> Self::Future {
-        match self.select.admit(&request) {
-            Ok(permit) => ResponseFuture {
+        match Guard::admit(&self.select, &request) {
+            Ok(guard) => ResponseFuture {
                 kind: Kind::Called {
                     future: self.inner.call(request),
-                    permit: Some(permit),
+                    guard,
                     classifier: self.classifier.clone(),
                 },
             },
@@ -312,7 +310,7 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            permit: Option<Permit>,
+            guard: Guard,
             classifier: C,
         },
         Rejected {
@@ -340,16 +338,20 @@ where
         match self.project().kind.project() {
             KindProj::Called {
                 future,
-                permit,
+                guard,
                 classifier,
             } => {
-                let result = ready!(future.poll(cx));
-                let permit = permit.take().expect("polled after completion");
-                Poll::Ready(match result {
-                    Ok(response) => Ok(record_response(permit, classifier, response)),
+                assert!(!guard.is_finished(), "polled after completion");
+                Poll::Ready(match ready!(future.poll(cx)) {
+                    Ok(response) => Ok(record_response(guard, classifier, response)),
                     Err(error) => {
                         let error = error.into();
-                        permit.record(classify(classifier, &error));
+                        match &error {
+                            OpenAIError::Reqwest(e) => guard.on_error(classifier, e),
+                            OpenAIError::Boxed(e) => guard.on_error(classifier, &**e),
+                            // Raised on the caller's side, before or instead of a call.
+                            _ => guard.on_caller_error(),
+                        }
                         Err(error)
                     }
                 })
@@ -358,13 +360,5 @@ where
                 error.take().expect("polled after completion"),
             )))),
         }
-    }
-}
-
-fn classify<C: Classify>(classifier: &C, error: &OpenAIError) -> Outcome {
-    match error {
-        OpenAIError::Reqwest(e) => classify_client_error(classifier, e),
-        OpenAIError::Boxed(e) => classify_client_error(classifier, &**e),
-        _ => Outcome::Ignored,
     }
 }

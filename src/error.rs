@@ -2,172 +2,74 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Arc;
-use tokio::time::Instant;
 
-use crate::breaker::State;
-use crate::BoxError;
-
-/// Why a call was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Rejection {
-    /// The circuit is open.
-    Open,
-    /// The circuit is half-open and its probes are out.
-    HalfOpenFull,
-    /// An operator forced the circuit open.
-    ForcedOpen,
-    /// The volume guard's limit of calls per period is reached.
-    VolumeGuard,
-}
-
-/// The circuit rejected the call; the upstream was not called.
-///
-/// Downcast it out of a [`BoxError`]:
-///
-/// ```
-/// use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, State};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let breaker = Breaker::builder().name("gpt").build().unwrap();
-/// breaker.force_open();
-/// let err: BoxError = breaker.admit().unwrap_err().into();
-/// let open = err.downcast_ref::<CircuitOpen>().unwrap();
-/// assert_eq!(open.key(), Some("gpt"));
-/// assert_eq!(open.state(), State::ForcedOpen);
-/// assert_eq!(open.retry_after(), None);
-/// assert_eq!(open.retry_at(), None);
-/// assert_eq!(open.to_string(), "circuit open");
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct CircuitOpen {
-    key: Option<Arc<str>>,
-    cause: Rejection,
-    /// When a call may be admitted again: a moment, not a duration, so
-    /// that rejecting needs no clock read, and kept in the breaker's own
-    /// terms until asked for.
-    deadline: Option<Deadline>,
-}
-
-/// A moment `ns` nanoseconds after `epoch`.
-#[derive(Clone, Copy)]
-pub(crate) struct Deadline {
-    pub(crate) epoch: Instant,
-    pub(crate) ns: u64,
-}
-
-impl Deadline {
-    pub(crate) fn instant(self) -> Instant {
-        self.epoch + std::time::Duration::from_nanos(self.ns)
-    }
-}
-
-impl CircuitOpen {
-    pub(crate) fn new(key: Option<Arc<str>>, cause: Rejection, deadline: Option<Deadline>) -> Self {
-        CircuitOpen {
-            key,
-            cause,
-            deadline,
-        }
-    }
-
-    /// The name or key of the breaker that rejected the call.
-    pub fn key(&self) -> Option<&str> {
-        self.key.as_deref()
-    }
-
-    /// The state the circuit was in (closed, when the volume guard rejected).
-    pub fn state(&self) -> State {
-        match self.cause {
-            Rejection::Open => State::Open,
-            Rejection::HalfOpenFull => State::HalfOpen,
-            Rejection::ForcedOpen => State::ForcedOpen,
-            Rejection::VolumeGuard => State::Closed,
-        }
-    }
-
-    /// Why the call was rejected.
-    pub fn reason(&self) -> Rejection {
-        self.cause
-    }
-
-    /// While open: the time from now until the next probe may be admitted;
-    /// for the volume guard, until a call may be admitted again. `None` in
-    /// half-open (the probes are out) and when forced open.
-    ///
-    /// Measured when asked, so it shrinks as the error is held: zero once
-    /// the moment has passed.
-    pub fn retry_after(&self) -> Option<std::time::Duration> {
-        self.retry_at()
-            .map(|at| at.saturating_duration_since(Instant::now()))
-    }
-
-    /// When a call may be admitted again; see
-    /// [`retry_after`](Self::retry_after).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_circuit_breaker::{Breaker, Outcome};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// let breaker = Breaker::builder()
-    ///     .consecutive_failures(1)
-    ///     .open_duration(Duration::from_secs(30))
-    ///     .jitter(0.0)
-    ///     .build()
-    ///     .unwrap();
-    /// breaker.admit().unwrap().record(Outcome::Failure);
-    /// let open = breaker.admit().unwrap_err();
-    /// let at = open.retry_at().unwrap();
-    /// assert_eq!(at - tokio::time::Instant::now(), Duration::from_secs(30));
-    /// tokio::time::advance(Duration::from_secs(10)).await;
-    /// assert_eq!(open.retry_after(), Some(Duration::from_secs(20)));
-    /// # }
-    /// ```
-    pub fn retry_at(&self) -> Option<Instant> {
-        self.deadline.map(Deadline::instant)
-    }
-}
-
-impl fmt::Debug for CircuitOpen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CircuitOpen")
-            .field("key", &self.key)
-            .field("state", &self.state())
-            .field("reason", &self.cause)
-            .field("retry_after", &self.retry_after())
-            .finish()
-    }
-}
-
-impl fmt::Display for CircuitOpen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("circuit open")
-    }
-}
-
-impl StdError for CircuitOpen {}
+pub use crate::breaker::{CircuitOpen, Rejection};
+use crate::{guard, BoxError};
 
 /// The error of a [`CircuitBreaker`](crate::CircuitBreaker) service: the
 /// circuit rejected the call, or the inner service failed.
 ///
-/// A rejection is built without allocating. Converting into a [`BoxError`]
-/// yields the [`CircuitOpen`] itself or the inner error unchanged (not this
-/// wrapper), so `downcast_ref::<CircuitOpen>()` and downcasts to the inner
-/// error type both work on the boxed form. That is why this type does not
-/// implement `std::error::Error` itself.
+/// A rejection is built without allocating. An inner breaker's rejection
+/// (a [`CircuitOpen`] anywhere in the inner error's chain, as when the inner
+/// service carries breakers of its own) stays a rejection:
+/// [`is_circuit_open`](Self::is_circuit_open) and
+/// [`circuit_open`](Self::circuit_open) see through the nesting, and the
+/// outer breaker records such a call as [`Ignored`](crate::Outcome::Ignored).
+///
+/// # With `?`
+///
+/// `?` converts it into a `Box<dyn std::error::Error>` (with or without
+/// `Send + Sync`; [`BoxError`] is one), and so does `.into()`. The box holds
+/// the [`CircuitOpen`] itself or the inner error unchanged, not this wrapper,
+/// so `downcast_ref::<CircuitOpen>()` and downcasts to the inner error type
+/// work on it, as they do on the `BoxError` that tower's own layers
+/// (`timeout`, `retry`, `buffer`) make of it.
 ///
 /// ```
-/// use tower_circuit_breaker::{BoxError, CircuitOpen, Error};
+/// use std::error::Error as _;
+/// use tower::{Service, ServiceExt};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker, CircuitOpen};
 ///
-/// fn is_rejection(err: BoxError) -> bool {
-///     err.downcast_ref::<CircuitOpen>().is_some()
+/// async fn send(
+///     svc: &mut CircuitBreaker<impl Service<http::Request<String>, Response = http::Response<String>, Error = std::convert::Infallible>>,
+/// ) -> Result<u16, Box<dyn std::error::Error>> {
+///     let res = svc.ready().await?.call(http::Request::new(String::new())).await?;
+///     Ok(res.status().as_u16())
 /// }
-/// # let _ = is_rejection;
-/// # let _: Option<Error> = None;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let breaker = Breaker::builder().name("gpt").build().unwrap();
+/// let mut svc = CircuitBreaker::new(upstream, breaker.clone());
+/// assert_eq!(send(&mut svc).await.unwrap(), 200);
+///
+/// breaker.force_open();
+/// let err = send(&mut svc).await.unwrap_err();
+/// assert_eq!(err.downcast_ref::<CircuitOpen>().unwrap().key(), Some("gpt"));
+/// assert!(err.source().is_none());
+/// # }
 /// ```
+///
+/// # Why it is not `std::error::Error`, and anyhow
+///
+/// If this type implemented `std::error::Error`, Rust's blanket conversion
+/// into `BoxError` would box the wrapper itself, and
+/// `downcast_ref::<CircuitOpen>()` would stop working on every error that
+/// tower's layers box, which is how most code finds a rejection. That is
+/// kept; what gives way is that `?` cannot go straight into
+/// `anyhow::Result` (or into anything that takes `impl std::error::Error`).
+/// The route is one call, through the box:
+///
+/// ```ignore
+/// let res = svc.call(req).await.map_err(|e| anyhow::Error::from_boxed(e.into_box()))?;
+/// ```
+///
+/// (`anyhow::anyhow!(e.into_box())` does the same on older anyhow
+/// releases.) anyhow keeps a boxed error as a `BoxError`: find the rejection
+/// with `err.downcast_ref::<BoxError>().and_then(|e| e.downcast_ref::<CircuitOpen>())`,
+/// or ask [`is_circuit_open`](Self::is_circuit_open) before converting.
 pub struct Error {
     kind: Kind,
 }
@@ -190,20 +92,34 @@ impl Error {
         }
     }
 
-    /// The rejection, if the circuit rejected the call.
+    /// The rejection, if this circuit or one inside the inner service
+    /// rejected the call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let breaker = Breaker::builder().name("gpt").build().unwrap();
+    /// breaker.force_open();
+    /// let err = tower_circuit_breaker::Error::from(breaker.admit().unwrap_err());
+    /// assert_eq!(err.circuit_open().and_then(|open| open.key()), Some("gpt"));
+    /// # }
+    /// ```
     pub fn circuit_open(&self) -> Option<&CircuitOpen> {
         match &self.kind {
             Kind::Open(o) => Some(o),
-            Kind::Inner(_) => None,
+            Kind::Inner(e) => guard::rejection(&**e),
         }
     }
 
-    /// Whether the circuit rejected the call.
+    /// Whether this circuit, or one inside the inner service, rejected the
+    /// call.
     pub fn is_circuit_open(&self) -> bool {
         self.circuit_open().is_some()
     }
 
-    /// The inner service's error, if it failed.
+    /// The inner service's error, if the call reached the inner service (an
+    /// inner breaker's rejection included).
     pub fn inner(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
         match &self.kind {
             Kind::Inner(e) => Some(&**e),
@@ -241,6 +157,18 @@ impl From<Error> for BoxError {
             Kind::Open(o) => Box::new(o),
             Kind::Inner(e) => e,
         }
+    }
+}
+
+impl From<Error> for Box<dyn StdError + Send> {
+    fn from(e: Error) -> Self {
+        BoxError::from(e)
+    }
+}
+
+impl From<Error> for Box<dyn StdError> {
+    fn from(e: Error) -> Self {
+        BoxError::from(e)
     }
 }
 

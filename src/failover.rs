@@ -9,8 +9,10 @@
 //! failing over together do not all land on the fallback in the same
 //! instant. Any other answer is returned as it is.
 //!
-//! The caller sees a [`CircuitOpen`](crate::CircuitOpen) only when every
-//! upstream rejected the call. When the last upstream tried failed, its
+//! A rejection by a breaker nested inside an upstream (its own keyed set, a
+//! library's breaker) is skipped the same way. The caller sees a
+//! [`CircuitOpen`](crate::CircuitOpen) only when every upstream rejected the
+//! call. When the last upstream tried failed, its
 //! answer (the 503, the timeout) is returned.
 //!
 //! A "same client, other model" fallback is one line: the same service with
@@ -65,8 +67,9 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
-use crate::classify::{Classify, HttpClassifier, Verdict};
-use crate::retry::{head_outcome, AttemptError};
+use crate::classify::{Classify, HttpClassifier};
+use crate::guard::{self, Judged};
+use crate::retry::AttemptError;
 use crate::rng::Rng;
 use crate::Outcome;
 
@@ -344,23 +347,10 @@ where
                 }
                 StepProj::Calling { future } => {
                     let result = ready!(future.poll(cx));
-                    let then = match &result {
-                        Ok(response) => {
-                            match this
-                                .classifier
-                                .classify_response(response.status(), response.headers())
-                            {
-                                Verdict::Done(outcome) => then(outcome),
-                                Verdict::Defer(_) => {
-                                    then(head_outcome(response.status(), response.headers()))
-                                }
-                            }
-                        }
-                        Err(error) if error.circuit_open().is_some() => Then::Skip,
-                        Err(error) => match error.as_error() {
-                            Some(inner) => then(this.classifier.classify_error(inner)),
-                            None => Then::Return,
-                        },
+                    let then = match guard::judge(&*this.classifier, &result) {
+                        Judged::Said(outcome) => then(outcome),
+                        Judged::Rejected => Then::Skip,
+                        Judged::Opaque => Then::Return,
                     };
                     let pause = match then {
                         Then::Return => return Poll::Ready(result),

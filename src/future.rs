@@ -9,9 +9,9 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
-use crate::breaker::Permit;
-use crate::classify::{Classify, Verdict};
-use crate::error::CircuitOpen;
+use crate::breaker::CircuitOpen;
+use crate::classify::Classify;
+use crate::guard::Guard;
 use crate::{BoxError, Error};
 
 pin_project! {
@@ -31,8 +31,7 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            // Empty once the call has finished.
-            permit: Permit,
+            guard: Guard,
             classifier: C,
         },
         Rejected {
@@ -42,11 +41,11 @@ pin_project! {
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    pub(crate) fn called(future: F, permit: Permit, classifier: C) -> Self {
+    pub(crate) fn called(future: F, guard: Guard, classifier: C) -> Self {
         ResponseFuture {
             kind: Kind::Called {
                 future,
-                permit,
+                guard,
                 classifier,
             },
         }
@@ -79,26 +78,21 @@ where
         match self.project().kind.project() {
             KindProj::Called {
                 future,
-                permit,
+                guard,
                 classifier,
             } => {
-                assert!(!permit.is_finished(), "polled after completion");
-                let result = ready!(future.poll(cx));
-                let (head, body) = match result {
+                assert!(!guard.is_finished(), "polled after completion");
+                let (head, body) = match ready!(future.poll(cx)) {
                     Ok(response) => response.into_parts(),
                     Err(error) => {
                         let error = error.into();
-                        permit.finish(classifier.classify_error(&*error));
+                        guard.on_error(classifier, &*error);
                         return Poll::Ready(Err(Error::from_inner(error)));
                     }
                 };
-                permit.head_received();
-                let body = match classifier.classify_response(head.status, &head.headers) {
-                    Verdict::Done(outcome) => {
-                        permit.finish(outcome);
-                        ResponseBody::decided(body)
-                    }
-                    Verdict::Defer(stream) => ResponseBody::deferred(body, permit.take(), stream),
+                let body = match guard.on_head(classifier, head.status, &head.headers) {
+                    None => ResponseBody::decided(body),
+                    Some(pending) => ResponseBody::guarded(body, pending),
                 };
                 Poll::Ready(Ok(Response::from_parts(head, body)))
             }

@@ -6,7 +6,7 @@
 pub(crate) type DefaultClassifier = crate::classify::LlmClassifier;
 
 #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
-pub(crate) use self::reqwest_response::{classify_client_error, record_response};
+pub(crate) use self::reqwest_response::record_response;
 
 #[cfg(feature = "reqwest")]
 pub(crate) use self::reqwest_response::keep_url;
@@ -20,23 +20,17 @@ mod reqwest_response {
     use ::reqwest::{ResponseBuilderExt, Url};
 
     #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
-    use crate::{
-        body::ResponseBody,
-        breaker::Permit,
-        classify::{Classify, ErrorRef, Verdict},
-        error::CircuitOpen,
-        Outcome,
-    };
+    use crate::{body::ResponseBody, classify::Classify, guard::Guard};
 
     /// Records a response head and, when the classifier defers, hands the
-    /// permit to the body so the end of the stream decides.
+    /// call's guard to the body so the end of the stream decides.
     ///
     /// reqwest keeps the body behind its own type, so the body takes a detour:
     /// `reqwest::Response` -> `http::Response<reqwest::Body>` -> wrapped in
     /// [`ResponseBody`] -> `reqwest::Body::wrap` -> `reqwest::Response`.
     #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
     pub(crate) fn record_response<C>(
-        mut permit: Permit,
+        guard: &mut Guard,
         classifier: &C,
         response: ::reqwest::Response,
     ) -> ::reqwest::Response
@@ -44,36 +38,16 @@ mod reqwest_response {
         C: Classify,
         C::Stream: Send + Sync + 'static,
     {
-        permit.head_received();
-        match classifier.classify_response(response.status(), response.headers()) {
-            Verdict::Done(outcome) => {
-                permit.record(outcome);
-                response
-            }
-            Verdict::Defer(stream) => {
+        match guard.on_head(classifier, response.status(), response.headers()) {
+            None => response,
+            Some(pending) => {
                 let url = response.url().clone();
                 let response: http::Response<::reqwest::Body> = response.into();
-                let mut response = response.map(|body| {
-                    ::reqwest::Body::wrap(ResponseBody::deferred(body, permit, stream))
-                });
+                let mut response = response
+                    .map(|body| ::reqwest::Body::wrap(ResponseBody::guarded(body, pending)));
                 keep_url(&mut response, url);
                 ::reqwest::Response::from(response)
             }
-        }
-    }
-
-    /// What a failed call through reqwest says about the upstream: an inner
-    /// breaker's rejection says nothing (the upstream was not called),
-    /// anything else is the classifier's to judge.
-    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
-    pub(crate) fn classify_client_error<C: Classify>(
-        classifier: &C,
-        error: ErrorRef<'_>,
-    ) -> Outcome {
-        if error.is::<CircuitOpen>() {
-            Outcome::Ignored
-        } else {
-            classifier.classify_error(error)
         }
     }
 

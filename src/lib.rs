@@ -78,6 +78,7 @@ pub mod classify;
 pub mod error;
 pub mod failover;
 pub mod future;
+mod guard;
 pub mod health;
 pub mod keyed;
 mod layer;
@@ -117,7 +118,7 @@ pub use crate::breaker::{
     State, Transition, Window, WindowStats,
 };
 pub use crate::classify::Outcome;
-pub use crate::error::{CircuitOpen, Error};
+pub use crate::error::{CircuitOpen, Error, Rejection};
 pub use crate::failover::Failover;
 pub use crate::layer::CircuitBreakerLayer;
 pub use crate::retry::RetryPolicy;

@@ -9,7 +9,11 @@
 //! middleware client at once.
 //!
 //! * An open circuit answers `reqwest_middleware::Error::Middleware` holding a
-//!   [`CircuitOpen`](crate::CircuitOpen): `err.downcast_ref::<CircuitOpen>()` on the inner error.
+//!   [`CircuitOpen`]: `err.downcast_ref::<CircuitOpen>()` on the inner error,
+//!   or [`circuit_open`], which also finds a rejection that other middleware wrapped.
+//! * A rejection by a breaker further in (a second `CircuitBreakerMiddleware`,
+//!   keyed behind a global one) passes through as it is and is recorded as
+//!   [`Ignored`](crate::Outcome::Ignored): the upstream was not called.
 //! * When the classifier defers to the end of the body (an SSE stream), the
 //!   response body is wrapped so the stream's end, error event or drop
 //!   decides the outcome.
@@ -45,11 +49,34 @@ use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use http::Extensions;
 
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::{Classify, ErrorRef};
-use crate::integrations::{classify_client_error, record_response, DefaultClassifier};
+use crate::guard::{self, Guard};
+use crate::integrations::{record_response, DefaultClassifier};
 use crate::service::Select;
-use crate::{CircuitBreakerLayer, Outcome};
+use crate::CircuitBreakerLayer;
+
+/// The rejection inside a reqwest-middleware error, if a circuit rejected the
+/// call: this crate's middleware, or one further in whose error another
+/// middleware wrapped.
+///
+/// ```
+/// use tower_circuit_breaker::{reqwest_middleware::circuit_open, Breaker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().name("chat").build().unwrap();
+/// breaker.force_open();
+/// let err = reqwest_middleware::Error::middleware(breaker.admit().unwrap_err());
+/// assert_eq!(circuit_open(&err).and_then(|open| open.key()), Some("chat"));
+///
+/// // Wrapped once more, as a middleware that annotates errors would.
+/// let err = reqwest_middleware::Error::middleware(err);
+/// assert!(circuit_open(&err).is_some());
+/// # }
+/// ```
+pub fn circuit_open(error: &Error) -> Option<&CircuitOpen> {
+    guard::rejection(error)
+}
 
 /// A [`reqwest_middleware::Middleware`]
 /// that asks a breaker before every request and records how it went.
@@ -132,25 +159,23 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
-        // The permit lives in this future: dropping the call records nothing
+        // The guard lives in this future: dropping the call records nothing
         // but `Ignored`.
-        let permit = self.select.admit(&request).map_err(Error::middleware)?;
+        let mut guard = Guard::admit(&self.select, &request).map_err(Error::middleware)?;
         match next.run(request, extensions).await {
-            Ok(response) => Ok(record_response(permit, &self.classifier, response)),
+            Ok(response) => Ok(record_response(&mut guard, &self.classifier, response)),
             Err(error) => {
-                permit.record(classify(&self.classifier, &error));
+                guard.on_error(&self.classifier, inner_error(&error));
                 Err(error)
             }
         }
     }
 }
 
-fn classify<C: Classify>(classifier: &C, error: &Error) -> Outcome {
+/// The error a classifier sees.
+fn inner_error(error: &Error) -> ErrorRef<'_> {
     match error {
-        Error::Reqwest(e) => classify_client_error(classifier, e),
-        Error::Middleware(e) => {
-            let e: ErrorRef<'_> = e.as_ref();
-            classify_client_error(classifier, e)
-        }
+        Error::Reqwest(e) => e,
+        Error::Middleware(e) => e.as_ref(),
     }
 }

@@ -61,14 +61,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, Response, StatusCode};
+use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 
 use crate::breaker::{Breaker, Changed, State};
-use crate::classify::{Classify, ErrorRef, HttpClassifier, LlmClassifier, Verdict};
+use crate::classify::{Classify, ErrorRef, HttpClassifier};
 use crate::error::CircuitOpen;
+use crate::guard::{self, Judged};
 use crate::rng::Rng;
 use crate::{BoxError, Error, Outcome};
 
@@ -79,9 +80,31 @@ use crate::{BoxError, Error, Outcome};
 /// error should the classifier see?
 ///
 /// Implemented for this crate's [`Error`], for [`BoxError`] (what
-/// `tower::timeout` and most stacks return) and for [`Infallible`].
+/// `tower::timeout` and most stacks return) and for [`Infallible`]. Both
+/// error impls find a rejection anywhere in the error's chain, so a breaker
+/// nested inside the service (a keyed set behind a global breaker, a library
+/// that carries its own) stops the retry and is skipped by the failover.
+///
+/// # Example
+///
+/// ```
+/// use tower_circuit_breaker::retry::AttemptError;
+/// use tower_circuit_breaker::{BoxError, Breaker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().build().unwrap();
+/// breaker.force_open();
+/// let err: BoxError = breaker.admit().unwrap_err().into();
+/// assert!(err.circuit_open().is_some());
+/// assert!(err.as_error().is_none());
+///
+/// let err: BoxError = "connection reset".into();
+/// assert!(err.circuit_open().is_none());
+/// assert!(err.as_error().is_some());
+/// # }
+/// ```
 pub trait AttemptError {
-    /// The rejection, if the circuit rejected the call.
+    /// The rejection, if a circuit rejected the call.
     fn circuit_open(&self) -> Option<&CircuitOpen>;
 
     /// The error to classify, if the call reached the inner service.
@@ -94,17 +117,20 @@ impl AttemptError for Error {
     }
 
     fn as_error(&self) -> Option<ErrorRef<'_>> {
-        self.inner()
+        match self.is_circuit_open() {
+            true => None,
+            false => self.inner(),
+        }
     }
 }
 
 impl AttemptError for BoxError {
     fn circuit_open(&self) -> Option<&CircuitOpen> {
-        self.downcast_ref::<CircuitOpen>()
+        guard::rejection(&**self)
     }
 
     fn as_error(&self) -> Option<ErrorRef<'_>> {
-        match self.downcast_ref::<CircuitOpen>() {
+        match guard::rejection(&**self) {
             Some(_) => None,
             None => Some(&**self),
         }
@@ -133,13 +159,13 @@ impl AttemptError for Infallible {
 /// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` > the cap | gives up: the 429 goes to the caller, who can read the header |
 /// | [`RateLimited`](Outcome::RateLimited) without `Retry-After` | backs off as for a failure |
 /// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored), [`QuotaExhausted`](Outcome::QuotaExhausted) | returns the answer |
-/// | a [`CircuitOpen`] rejection | returns it: never retried |
+/// | a [`CircuitOpen`] rejection, by this breaker or one nested inside the service | returns it: never retried |
 ///
 /// When the classifier defers its verdict to the body (an
-/// [`LlmClassifier`] reading a stream or a 429's error body), the policy
+/// [`LlmClassifier`](crate::classify::LlmClassifier) reading a stream or a 429's error body), the policy
 /// decides on the head: a success is returned (its body is on its way to
 /// the caller); 429 and 409 are rate-limited, with the wait read as
-/// [`LlmClassifier::retry_after`] reads it; 402 is a quota; 5xx a failure;
+/// [`LlmClassifier::retry_after`](crate::classify::LlmClassifier::retry_after) reads it; 402 is a quota; 5xx a failure;
 /// other statuses are returned.
 ///
 /// At most [`max_retries`](Self::max_retries) retries follow the first
@@ -278,20 +304,9 @@ where
     type Future = Backoff;
 
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
-        let outcome = match result {
-            Ok(response) => match self
-                .classifier
-                .classify_response(response.status(), response.headers())
-            {
-                Verdict::Done(outcome) => outcome,
-                Verdict::Defer(_) => head_outcome(response.status(), response.headers()),
-            },
-            Err(error) => {
-                if error.circuit_open().is_some() {
-                    return None;
-                }
-                self.classifier.classify_error(error.as_error()?)
-            }
+        let outcome = match guard::judge(&self.classifier, result) {
+            Judged::Said(outcome) => outcome,
+            Judged::Rejected | Judged::Opaque => return None,
         };
         let wait = self.wait_for(outcome)?;
         self.retries += 1;
@@ -300,20 +315,6 @@ where
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         (self.max_retries > 0).then(|| req.clone())
-    }
-}
-
-/// What a response head says when the classifier waits for the body.
-pub(crate) fn head_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
-    match status.as_u16() {
-        429 | 409 => Outcome::RateLimited {
-            retry_after: LlmClassifier::retry_after(headers),
-        },
-        402 => Outcome::QuotaExhausted,
-        500.. => Outcome::Failure,
-        400..=499 => Outcome::Ignored,
-        // A success streams to the caller as it is.
-        _ => Outcome::Success,
     }
 }
 

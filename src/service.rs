@@ -9,6 +9,7 @@ use crate::breaker::{Breaker, Permit};
 use crate::classify::{Classify, HttpClassifier};
 use crate::error::CircuitOpen;
 use crate::future::ResponseFuture;
+use crate::guard::Guard;
 use crate::{BoxError, Error};
 
 /// A service that asks a [`Breaker`] before every call and records how the
@@ -121,9 +122,9 @@ where
 
     #[inline]
     fn call(&mut self, request: Request) -> Self::Future {
-        match self.select.admit(&request) {
-            Ok(permit) => {
-                ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
+        match Guard::admit(&self.select, &request) {
+            Ok(guard) => {
+                ResponseFuture::called(self.inner.call(request), guard, self.classifier.clone())
             }
             Err(open) => ResponseFuture::rejected(open),
         }

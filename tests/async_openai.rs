@@ -265,3 +265,62 @@ async fn a_streamed_chat_completion_that_ends_in_an_error_event_is_a_failure() {
     let counters = breaker.snapshot().counters;
     assert_eq!((counters.successes, counters.failures), (0, 1));
 }
+
+// === nested breakers ===
+
+fn one_failure_opens(name: &'static str) -> Breaker {
+    Breaker::builder()
+        .name(name)
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+fn unreachable_config() -> OpenAIConfig {
+    OpenAIConfig::new()
+        .with_api_base(format!("http://{}/v1", closed_port()))
+        .with_api_key("sk-test")
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_breakers_rejection_is_ignored_by_the_outer_one() {
+    let (outer, inner) = (one_failure_opens("global"), one_failure_opens("gpt"));
+    inner.force_open();
+    let service = ServiceBuilder::new()
+        .layer(OpenAiCircuitBreakerLayer::new(outer.clone()))
+        .layer(OpenAiCircuitBreakerLayer::new(inner.clone()))
+        .service(ReqwestService::new(reqwest_client()));
+    let client = Client::with_config(unreachable_config()).with_http_service(service);
+
+    let err = client.chat().create(request()).await.unwrap_err();
+    assert_eq!(circuit_open(&err).and_then(CircuitOpen::key), Some("gpt"));
+    assert_eq!(outer.state(), State::Closed);
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_rejection_boxed_again_by_an_attempt_timeout_is_still_a_rejection() {
+    // Global breaker -> attempt timeout -> per-model breaker -> client: the
+    // timeout boxes the inner `OpenAIError`, and the outer breaker boxes
+    // that once more.
+    let (outer, inner) = (one_failure_opens("global"), one_failure_opens("gpt"));
+    inner.force_open();
+    let service = ServiceBuilder::new()
+        .layer(OpenAiCircuitBreakerLayer::new(outer.clone()))
+        .timeout(Duration::from_secs(60))
+        .layer(OpenAiCircuitBreakerLayer::new(inner.clone()))
+        .service(ReqwestService::new(reqwest_client()));
+    let client = Client::with_config(unreachable_config()).with_http_service(service);
+
+    for _ in 0..3 {
+        let err = client.chat().create(request()).await.unwrap_err();
+        let open = circuit_open(&err).expect("the inner rejection, seen through both boxes");
+        assert_eq!(open.key(), Some("gpt"));
+    }
+    assert_eq!(outer.state(), State::Closed);
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 3));
+    assert_eq!(inner.snapshot().counters.rejected, 3);
+}

@@ -301,3 +301,59 @@ async fn quota_and_deferred_rate_limits_fail_over() {
     assert_eq!(who(&svc.oneshot(request()).await.unwrap()), "b");
     assert_eq!(names(&calls), ["a", "b", "a", "b"]);
 }
+
+// === nested breakers ===
+
+/// An upstream behind two breakers: `inner` (a library's own, say) inside
+/// `outer`.
+fn nested(
+    name: &'static str,
+    code: u16,
+    calls: &Calls,
+    inner: &Breaker,
+    outer: &Breaker,
+) -> CircuitBreaker<
+    CircuitBreaker<
+        impl Service<Request<String>, Response = Response<String>, Error = BoxError, Future: Send>
+            + Clone,
+    >,
+> {
+    CircuitBreaker::new(
+        CircuitBreaker::new(upstream(name, &status(code), calls), inner.clone()),
+        outer.clone(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nested_breakers_rejection_is_skipped_without_a_pause() {
+    let calls = Calls::default();
+    let (inner_a, outer_a) = (breaker("inner-a"), breaker("outer-a"));
+    let (inner_b, outer_b) = (breaker("inner-b"), breaker("outer-b"));
+    inner_a.force_open();
+    let svc = Failover::new(nested("a", 200, &calls, &inner_a, &outer_a))
+        .fallback(nested("b", 200, &calls, &inner_b, &outer_b));
+    let start = Instant::now();
+    let res = svc.oneshot(request()).await.unwrap();
+    assert_eq!(who(&res), "b");
+    assert_eq!(names(&calls), ["b"]);
+    assert_eq!(Instant::now(), start, "no pause after a rejection");
+    // The outer breaker of `a` did not count the rejection as a failure.
+    assert_eq!(outer_a.state(), State::Closed);
+    assert_eq!(outer_a.snapshot().counters.failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_rejections_everywhere_are_a_circuit_open() {
+    let calls = Calls::default();
+    let (inner_a, outer_a) = (breaker("inner-a"), breaker("outer-a"));
+    let (inner_b, outer_b) = (breaker("inner-b"), breaker("outer-b"));
+    inner_a.force_open();
+    inner_b.force_open();
+    let svc = Failover::new(nested("a", 200, &calls, &inner_a, &outer_a))
+        .fallback(nested("b", 200, &calls, &inner_b, &outer_b));
+    let err = svc.oneshot(request()).await.unwrap_err();
+    let open = err.circuit_open().expect("a rejection");
+    assert_eq!(open.key(), Some("inner-b"));
+    assert!(names(&calls).is_empty());
+    assert_eq!(outer_b.state(), State::Closed);
+}

@@ -11,7 +11,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use support_openai::{closed_port, Mode, OpenAiServer};
 use tower::{Layer, ServiceExt};
 use tower_circuit_breaker::reqwest::ReqwestService;
-use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+use tower_circuit_breaker::reqwest_middleware::{circuit_open, CircuitBreakerMiddleware};
 use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, CircuitOpen, State};
 
 fn reqwest_client() -> reqwest::Client {
@@ -232,4 +232,72 @@ impl JsonBytes for reqwest::Response {
     async fn json_bytes(self) -> serde_json::Value {
         serde_json::from_slice(&self.bytes().await.unwrap()).unwrap()
     }
+}
+
+// === nested breakers ===
+
+/// A middleware that wraps every error it passes on, as logging or
+/// annotating middleware does.
+struct Annotate;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Annotate {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        next.run(request, extensions)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)
+    }
+}
+
+fn one_failure_opens(name: &'static str) -> Breaker {
+    Breaker::builder()
+        .name(name)
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_middlewares_rejection_is_ignored_by_the_outer_one() {
+    let (outer, inner) = (one_failure_opens("global"), one_failure_opens("gpt"));
+    inner.force_open();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(outer.clone()))
+        .with(CircuitBreakerMiddleware::new(inner.clone()))
+        .build();
+    let url = format!("http://{}/v1/chat/completions", closed_port());
+
+    let err = client.post(&url).send().await.unwrap_err();
+    assert_eq!(rejection(&err).and_then(CircuitOpen::key), Some("gpt"));
+    assert_eq!(outer.state(), State::Closed);
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_rejection_another_middleware_wrapped_is_still_a_rejection() {
+    let (outer, inner) = (one_failure_opens("global"), one_failure_opens("gpt"));
+    inner.force_open();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(outer.clone()))
+        .with(Annotate)
+        .with(CircuitBreakerMiddleware::new(inner.clone()))
+        .build();
+    let url = format!("http://{}/v1/chat/completions", closed_port());
+
+    for _ in 0..3 {
+        let err = client.post(&url).send().await.unwrap_err();
+        let open = circuit_open(&err).expect("the inner rejection, seen through the wrapping");
+        assert_eq!(open.key(), Some("gpt"));
+    }
+    assert_eq!(outer.state(), State::Closed);
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 3));
+    assert_eq!(inner.snapshot().counters.rejected, 3);
 }

@@ -336,3 +336,57 @@ async fn a_deferring_classifier_still_gets_retry_after_honoured() {
         .collect();
     assert_eq!(times, [Duration::ZERO, Duration::from_secs(2)]);
 }
+
+// === nested breakers ===
+
+#[tokio::test(start_paused = true)]
+async fn a_nested_breakers_rejection_ends_the_retry_at_once() {
+    let calls = Calls::default();
+    // The outer breaker would take five failures to open: only the rule
+    // about nested rejections can stop the loop after one attempt.
+    let (outer, inner) = (breaker(5), breaker(5));
+    inner.force_open();
+    let policy = RetryPolicy::new()
+        .max_retries(3)
+        .backoff(Duration::from_millis(100), Duration::from_secs(2))
+        .seed(7);
+    let svc = Retry::new(
+        policy,
+        CircuitBreaker::new(
+            CircuitBreaker::new(upstream(&calls), inner.clone()),
+            outer.clone(),
+        ),
+    );
+    let start = Instant::now();
+    let err = svc.oneshot(request("ok")).await.unwrap_err();
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(Instant::now(), start, "no backoff before giving up");
+    assert!(bodies(&calls).is_empty());
+    assert_eq!(inner.snapshot().counters.rejected, 1);
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nested_rejection_boxed_by_towers_timeout_ends_the_retry_too() {
+    let calls = Calls::default();
+    let (outer, inner) = (breaker(5), breaker(5));
+    inner.force_open();
+    let svc = tower::ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(
+            RetryPolicy::new().max_retries(3).seed(7),
+        ))
+        .timeout(Duration::from_secs(60))
+        .layer(tower_circuit_breaker::CircuitBreakerLayer::new(
+            outer.clone(),
+        ))
+        .service(CircuitBreaker::new(upstream(&calls), inner.clone()));
+    let start = Instant::now();
+    let err: tower_circuit_breaker::BoxError = svc.oneshot(request("ok")).await.unwrap_err();
+    assert!(err
+        .downcast_ref::<tower_circuit_breaker::CircuitOpen>()
+        .is_some());
+    assert_eq!(Instant::now(), start);
+    assert_eq!(inner.snapshot().counters.rejected, 1);
+    assert_eq!(outer.snapshot().counters.failures, 0);
+}

@@ -10,7 +10,11 @@ use http::{Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{Layer, Service, ServiceExt};
-use tower_circuit_breaker::{BoxError, Breaker, CircuitBreakerLayer, CircuitOpen, Outcome, State};
+use tower_circuit_breaker::keyed::{header, KeyedBreakers};
+use tower_circuit_breaker::{
+    BoxError, Breaker, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, Error, Outcome,
+    ResponseBody, State,
+};
 use tower_test::mock;
 
 fn layer() -> CircuitBreakerLayer {
@@ -267,4 +271,168 @@ async fn breaker_handle_works_without_tower() {
     drop(permit);
     assert_eq!(b.snapshot().counters.dropped, 1);
     assert_eq!(b.state(), State::Closed);
+}
+
+// === nested breakers and errors ===
+
+/// A keyed set (per model) in front of an upstream that always answers 200.
+fn keyed_upstream() -> (
+    KeyedBreakers,
+    impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Error> + Clone,
+) {
+    let breakers = KeyedBreakers::builder()
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    let layer = CircuitBreakerLayer::keyed(breakers.clone(), header("x-model"));
+    let upstream = layer.layer(tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(status(200))
+    }));
+    (breakers, upstream)
+}
+
+fn for_model(model: &str) -> Request<String> {
+    Request::builder()
+        .header("x-model", model)
+        .body(String::new())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_breakers_rejection_is_ignored_by_the_outer_and_stays_a_rejection() {
+    let (keyed, upstream) = keyed_upstream();
+    let global = Breaker::builder()
+        .name("global")
+        .consecutive_failures(1)
+        .build()
+        .unwrap();
+    let mut svc = CircuitBreaker::new(upstream, global.clone());
+    keyed.get_or_insert("big-model").force_open();
+
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(for_model("big-model"))
+        .await
+        .unwrap_err();
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(err.circuit_open().unwrap().key(), Some("big-model"));
+    assert_eq!(err.circuit_open().unwrap().state(), State::ForcedOpen);
+    // One rejected model says nothing about the upstream as a whole.
+    assert_eq!(global.state(), State::Closed);
+    let counters = global.snapshot().counters;
+    assert_eq!((counters.failures, counters.ignored), (0, 1));
+
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(for_model("light-model"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // Boxed, it is the inner rejection itself.
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(for_model("big-model"))
+        .await
+        .unwrap_err();
+    let boxed: BoxError = err.into();
+    assert_eq!(
+        boxed.downcast_ref::<CircuitOpen>().unwrap().key(),
+        Some("big-model")
+    );
+    assert_eq!(global.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_rejection_behind_towers_timeout_is_ignored_too() {
+    let (keyed, upstream) = keyed_upstream();
+    let global = Breaker::builder().consecutive_failures(1).build().unwrap();
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(global.clone()))
+        .timeout(Duration::from_secs(60))
+        .service(upstream);
+    keyed.get_or_insert("big-model").force_open();
+
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(for_model("big-model"))
+        .await
+        .unwrap_err();
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(global.state(), State::Closed);
+}
+
+/// How code downstream of the crate uses it: `?` into `Box<dyn Error>`.
+async fn send<S, B>(svc: &mut S, model: &str) -> Result<StatusCode, Box<dyn std::error::Error>>
+where
+    S: Service<Request<String>, Response = Response<B>, Error = Error>,
+{
+    let res = svc.ready().await?.call(for_model(model)).await?;
+    Ok(res.status())
+}
+
+#[tokio::test(start_paused = true)]
+async fn question_mark_converts_into_box_dyn_error_and_keeps_the_downcast() {
+    let (keyed, upstream) = keyed_upstream();
+    let global = Breaker::builder().name("global").build().unwrap();
+    let mut svc = CircuitBreaker::new(upstream, global.clone());
+    assert_eq!(send(&mut svc, "big-model").await.unwrap(), StatusCode::OK);
+
+    global.force_open();
+    let err = send(&mut svc, "big-model").await.unwrap_err();
+    assert_eq!(err.to_string(), "circuit open");
+    assert_eq!(
+        err.downcast_ref::<CircuitOpen>().unwrap().key(),
+        Some("global")
+    );
+
+    global.reset();
+    keyed.get_or_insert("big-model").force_open();
+    let err = send(&mut svc, "big-model").await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<CircuitOpen>().unwrap().key(),
+        Some("big-model")
+    );
+
+    // `Send` boxes take it as well.
+    let err: Box<dyn std::error::Error + Send> = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(for_model("big-model"))
+        .await
+        .unwrap_err()
+        .into();
+    assert!(err.downcast_ref::<CircuitOpen>().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn towers_timeout_around_the_breaker_keeps_circuit_open_downcastable() {
+    let layer = layer();
+    let breaker = layer.breaker().clone();
+    let mut svc = tower::ServiceBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .layer(layer)
+        .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(status(200)) });
+    breaker.force_open();
+    let err: BoxError = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap_err();
+    let open = err
+        .downcast_ref::<CircuitOpen>()
+        .expect("tower's timeout boxes the CircuitOpen itself");
+    assert_eq!(open.state(), State::ForcedOpen);
 }

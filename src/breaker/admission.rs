@@ -8,7 +8,7 @@ use super::permit::{Kind, Permit};
 use super::state::Packed;
 use super::window::SLOW;
 use super::{Control, Events, Shared, State};
-use crate::error::{CircuitOpen, Rejection};
+use super::rejection::{CircuitOpen, Rejection};
 use crate::sync::lock;
 
 impl Shared {

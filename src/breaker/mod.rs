@@ -47,6 +47,7 @@ mod half_open;
 mod outcome;
 mod permit;
 mod record;
+mod rejection;
 mod remote;
 mod spare;
 mod state;
@@ -72,10 +73,11 @@ pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats
 
 use self::counters::{Counter, Striped};
 use self::half_open::{Cycle, Expiry};
+use self::rejection::Deadline;
+pub use self::rejection::{CircuitOpen, Rejection};
 use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates};
-use crate::error::{CircuitOpen, Deadline};
 use crate::rng::Rng;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::Entry;
-use crate::error::CircuitOpen;
+use crate::breaker::CircuitOpen;
 use crate::Permit;
 
 static VERSIONS: AtomicU64 = AtomicU64::new(1);

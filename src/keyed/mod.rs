@@ -71,7 +71,7 @@ use tokio::time::Instant;
 use std::hash::BuildHasher;
 
 use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
-use crate::error::CircuitOpen;
+use crate::breaker::CircuitOpen;
 use crate::{Builder, Permit};
 
 const SHARDS: usize = 16;

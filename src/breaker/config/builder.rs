@@ -277,7 +277,7 @@ impl<T: Build> Builder<T> {
 
     /// The volume guard: while `limit` calls have been admitted within the
     /// last `period`, further calls are rejected (with
-    /// [`Rejection::VolumeGuard`](crate::error::Rejection::VolumeGuard)), whatever the
+    /// [`Rejection::VolumeGuard`](crate::Rejection::VolumeGuard)), whatever the
     /// upstream's health. A runaway retry loop against a healthy upstream is
     /// an incident too. Needs no failure rule; no half-open cycle is
     /// involved. Exact to a sixteenth of `period`.

@@ -1,0 +1,326 @@
+//! The one protocol every adapter follows: admit -> call -> classify ->
+//! record.
+//!
+//! The tower service and its body, the reqwest-middleware and async-openai
+//! adapters, and the head verdicts of [`RetryPolicy`](crate::RetryPolicy) and
+//! [`Failover`](crate::Failover) all go through this file, so a rule about
+//! outcomes is written once:
+//!
+//! - an inner breaker's rejection (a [`CircuitOpen`] anywhere in the inner
+//!   error's chain) is [`Outcome::Ignored`]: the upstream was not called, so
+//!   the call says nothing about it, and the caller still sees a rejection;
+//! - an error goes to [`Classify::classify_error`], a response head to
+//!   [`Classify::classify_response`]; a deferred verdict moves the permit into
+//!   a [`BodyGuard`] that the end of the body settles;
+//! - where an attempt is judged on its head alone (retry, failover) and the
+//!   classifier defers, [`head_outcome`] decides.
+//!
+//! Adapters only shuffle types: which error the classifier sees, how a
+//! rejection is reported, how a body is wrapped.
+
+use std::error::Error as StdError;
+
+use bytes::Buf;
+use http::{HeaderMap, Response, StatusCode};
+use http_body::Frame;
+
+use crate::breaker::{CircuitOpen, Outcome, Permit};
+use crate::classify::{Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict};
+use crate::retry::AttemptError;
+use crate::service::Select;
+
+// === the rules ===
+
+/// How many links of an error chain are searched for a rejection. Chains are
+/// a handful of links; the bound only keeps a cyclic `source()` (a bug in
+/// someone's error type) from looping forever.
+const MAX_CHAIN: usize = 32;
+
+/// The rejection inside `error`: the error itself, or any error in its
+/// `source()` chain, including the ones that wrappers built with
+/// `#[error(transparent)]` hold but do not report as their source.
+pub(crate) fn rejection<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a CircuitOpen> {
+    let mut next = Some(error);
+    for _ in 0..MAX_CHAIN {
+        let error = next?;
+        if let Some(open) = error.downcast_ref::<CircuitOpen>() {
+            return Some(open);
+        }
+        next = transparent(error).or_else(|| error.source());
+    }
+    None
+}
+
+/// The error a transparent wrapper holds. Such a wrapper forwards `source()`
+/// to the held error's own source, so a plain walk of the chain would step
+/// over the held error (a rejection included).
+#[allow(unused_variables)]
+fn transparent<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+    #[cfg(feature = "reqwest-middleware")]
+    if let Some(::reqwest_middleware::Error::Middleware(inner)) = error.downcast_ref() {
+        let inner: &(dyn StdError + 'static) = inner.as_ref();
+        return Some(inner);
+    }
+    #[cfg(feature = "async-openai")]
+    if let Some(::async_openai::error::OpenAIError::Boxed(inner)) = error.downcast_ref() {
+        let inner: &(dyn StdError + 'static) = &**inner;
+        return Some(inner);
+    }
+    None
+}
+
+/// What an inner error says about the upstream.
+#[inline]
+pub(crate) fn error_outcome<C: Classify>(classifier: &C, error: ErrorRef<'_>) -> Outcome {
+    if rejection(error).is_some() {
+        Outcome::Ignored
+    } else {
+        classifier.classify_error(error)
+    }
+}
+
+/// What a response head says when the classifier waits for the body, for
+/// the callers that must decide on the head (retry, failover).
+pub(crate) fn head_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
+    match status.as_u16() {
+        429 | 409 => Outcome::RateLimited {
+            retry_after: LlmClassifier::retry_after(headers),
+        },
+        402 => Outcome::QuotaExhausted,
+        500.. => Outcome::Failure,
+        400..=499 => Outcome::Ignored,
+        // A success streams to the caller as it is.
+        _ => Outcome::Success,
+    }
+}
+
+/// What a finished attempt said, judged on its head: for the layers that
+/// look at an attempt the breaker has recorded already (retry, failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Judged {
+    /// A breaker rejected it, this one or one nested inside.
+    Rejected,
+    /// The upstream answered, or failed, with this outcome.
+    Said(Outcome),
+    /// The error cannot be looked into.
+    Opaque,
+}
+
+/// Judges a finished attempt on its head.
+pub(crate) fn judge<C, B, E>(classifier: &C, result: &Result<Response<B>, E>) -> Judged
+where
+    C: Classify,
+    E: AttemptError,
+{
+    match result {
+        Ok(response) => {
+            let (status, headers) = (response.status(), response.headers());
+            Judged::Said(match classifier.classify_response(status, headers) {
+                Verdict::Done(outcome) => outcome,
+                Verdict::Defer(_) => head_outcome(status, headers),
+            })
+        }
+        Err(error) if error.circuit_open().is_some() => Judged::Rejected,
+        Err(error) => match error.as_error() {
+            Some(inner) => Judged::Said(error_outcome(classifier, inner)),
+            None => Judged::Opaque,
+        },
+    }
+}
+
+// === Guard ===
+
+/// One admitted call: the permit, from admission until an outcome is
+/// recorded. Dropped unrecorded (the caller gave up), it records
+/// [`Outcome::Ignored`].
+#[derive(Debug)]
+pub(crate) struct Guard {
+    // Empty once the call has finished or handed its permit to the body.
+    permit: Permit,
+}
+
+impl Guard {
+    /// Asks `select` to admit `request`.
+    #[inline]
+    pub(crate) fn admit<P, R>(select: &P, request: &R) -> Result<Guard, CircuitOpen>
+    where
+        P: Select<R>,
+    {
+        select.admit(request).map(|permit| Guard { permit })
+    }
+
+    /// Whether the outcome is recorded (or the body holds the permit).
+    #[inline]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.permit.is_finished()
+    }
+
+    /// The inner service failed with `error`.
+    #[inline]
+    pub(crate) fn on_error<C: Classify>(&mut self, classifier: &C, error: ErrorRef<'_>) {
+        self.permit.finish(error_outcome(classifier, error));
+    }
+
+    /// The call failed on the caller's side, before or instead of reaching
+    /// the upstream.
+    #[inline]
+    pub(crate) fn on_caller_error(&mut self) {
+        self.permit.finish(Outcome::Ignored);
+    }
+
+    /// The response head came. Returns the guard the body must carry when the
+    /// classifier waits for the end of the body.
+    #[inline]
+    pub(crate) fn on_head<C: Classify>(
+        &mut self,
+        classifier: &C,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<BodyGuard<C::Stream>> {
+        self.permit.head_received();
+        match classifier.classify_response(status, headers) {
+            Verdict::Done(outcome) => {
+                self.permit.finish(outcome);
+                None
+            }
+            Verdict::Defer(stream) => Some(BodyGuard(Some((self.permit.take(), stream)))),
+        }
+    }
+}
+
+// === BodyGuard ===
+
+/// The permit and stream classifier of a call whose verdict waits for the
+/// end of the body. Dropped undecided (the caller dropped the body), it
+/// records what the classifier says of a body dropped early.
+pub(crate) struct BodyGuard<S: ClassifyStream>(Option<(Permit, S)>);
+
+impl<S: ClassifyStream> BodyGuard<S> {
+    /// A guard with nothing to decide.
+    #[inline]
+    pub(crate) const fn decided() -> Self {
+        BodyGuard(None)
+    }
+
+    /// Whether the outcome is still to be decided.
+    #[inline]
+    pub(crate) fn is_pending(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The body turned out to be over before it was polled.
+    #[inline]
+    pub(crate) fn on_end(&mut self) {
+        self.settle(S::on_end);
+    }
+
+    /// Sees what one poll of the body gave; `ended` says whether the body has
+    /// nothing more to give.
+    #[inline]
+    pub(crate) fn on_frame<D: Buf, E>(
+        &mut self,
+        frame: &Option<Result<Frame<D>, E>>,
+        ended: impl FnOnce() -> bool,
+    ) {
+        let Some((_, stream)) = self.0.as_mut() else {
+            return;
+        };
+        let decided = match frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    stream.on_data(data.chunk())
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    stream.on_trailers(trailers)
+                } else {
+                    None
+                }
+            }
+            Some(Err(_)) => return self.settle(S::on_error),
+            None => return self.settle(S::on_end),
+        };
+        if let Some(outcome) = decided {
+            self.settle(|_| outcome);
+        } else if ended() {
+            self.settle(S::on_end);
+        }
+    }
+
+    fn settle(&mut self, f: impl FnOnce(S) -> Outcome) {
+        if let Some((permit, stream)) = self.0.take() {
+            permit.record(f(stream));
+        }
+    }
+}
+
+impl<S: ClassifyStream> Drop for BodyGuard<S> {
+    fn drop(&mut self) {
+        if let Some((permit, stream)) = self.0.take() {
+            permit.record(stream.on_drop());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt;
+
+    #[derive(Debug)]
+    struct Wrapped(CircuitOpen);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl StdError for Wrapped {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Cycle;
+
+    impl fmt::Display for Cycle {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("cycle")
+        }
+    }
+
+    impl StdError for Cycle {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(self)
+        }
+    }
+
+    fn open() -> CircuitOpen {
+        let breaker = crate::Breaker::builder().name("inner").build().unwrap();
+        breaker.force_open();
+        breaker.admit().unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_rejection_is_found_anywhere_in_the_chain() {
+        let wrapped = Wrapped(open());
+        assert_eq!(
+            rejection(&wrapped).and_then(CircuitOpen::key),
+            Some("inner")
+        );
+        assert_eq!(
+            error_outcome(&crate::classify::HttpClassifier, &wrapped),
+            Outcome::Ignored
+        );
+    }
+
+    #[test]
+    fn a_cyclic_chain_ends_the_search() {
+        assert!(rejection(&Cycle).is_none());
+        let io = std::io::Error::other("reset");
+        assert_eq!(
+            error_outcome(&crate::classify::HttpClassifier, &io),
+            Outcome::Failure
+        );
+    }
+}
