@@ -163,6 +163,7 @@ impl Guard {
 
     /// The call failed on the caller's side, before or instead of reaching
     /// the upstream.
+    #[cfg(feature = "async-openai")]
     #[inline]
     pub(crate) fn on_caller_error(&mut self) {
         self.permit.finish(Outcome::Ignored);

@@ -285,6 +285,6 @@ pub(crate) const MAX_PROBES: u32 = 1 << 16;
 /// The most counter stripes a breaker may have (each is 128 bytes).
 pub(crate) const MAX_COUNTER_STRIPES: usize = 1024;
 /// With no cap set, the reopen backoff stops at this many open durations.
-pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 10;
+pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 2;
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
