@@ -232,6 +232,16 @@ impl<C> RetryPolicy<C> {
         }
     }
 
+    /// The most retries after the first attempt.
+    pub(crate) fn retry_limit(&self) -> u32 {
+        self.max_retries
+    }
+
+    /// The longest `Retry-After` waited out.
+    pub(crate) fn retry_after_limit(&self) -> Duration {
+        self.retry_after_cap
+    }
+
     /// At most `retries` retries after the first attempt. 0 turns retrying
     /// off.
     pub fn max_retries(mut self, retries: u32) -> Self {

@@ -13,7 +13,7 @@
 //!   caller waits, retries included.
 //!
 //! [`StackBuilder::build`] refuses pieces that do not fit, with
-//! [`ConfigError::Stack`]: a total timeout shorter than one attempt, a time
+//! [`StackError::Misfit`]: a total timeout shorter than one attempt, a time
 //! window shorter than two attempt timeouts, a slow-call threshold the
 //! attempt timeout never lets a call reach, a probe lease that expires
 //! before the attempt timeout can judge the probe, a `Retry-After` cap the
@@ -24,8 +24,9 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::{Layer, Service, ServiceExt};
-//! use tower_circuit_breaker::stack::Stack;
-//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen, ConfigError};
+//! use tower_circuit_breaker::retry::RetryPolicy;
+//! use tower_circuit_breaker::stack::{Stack, StackError};
+//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), BoxError> {
@@ -39,6 +40,7 @@
 //! // 3 probes, 2 to close, 3 retries.
 //! let layer = Stack::builder()
 //!     .breaker(Breaker::builder().count_window(10).min_calls(3))
+//!     .retry(RetryPolicy::new().max_retries(3))
 //!     .build()?;
 //! let breaker = layer.breaker().clone();
 //! let mut client = layer.layer(upstream);
@@ -57,7 +59,7 @@
 //!     .total_timeout(Duration::from_secs(30))
 //!     .build()
 //!     .unwrap_err();
-//! assert!(matches!(err, ConfigError::Stack(_)));
+//! assert!(matches!(err, StackError::Misfit(_)));
 //! # Ok(()) }
 //! ```
 
@@ -98,9 +100,10 @@ pub struct StackBuilder<C = HttpClassifier> {
     total_timeout: Option<Duration>,
     breaker: Builder<Breaker>,
     classifier: C,
-    max_retries: u32,
-    backoff: (Duration, Duration),
-    retry_after_cap: Duration,
+    /// The retry's settings; the stack gives it its classifier and breaker.
+    retry: RetryPolicy<()>,
+    /// A backoff whose base was above its cap, as given.
+    backoff_inverted: bool,
     seed: Option<u64>,
 }
 
@@ -111,9 +114,7 @@ impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
             .field("total_timeout", &self.total_timeout)
             .field("breaker", &self.breaker)
             .field("classifier", &self.classifier)
-            .field("max_retries", &self.max_retries)
-            .field("backoff", &self.backoff)
-            .field("retry_after_cap", &self.retry_after_cap)
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -125,9 +126,8 @@ impl Default for StackBuilder {
             total_timeout: None,
             breaker: Breaker::builder(),
             classifier: HttpClassifier,
-            max_retries: 3,
-            backoff: (Duration::from_millis(500), Duration::from_secs(10)),
-            retry_after_cap: Duration::from_secs(20),
+            retry: RetryPolicy::new().with_classifier(()),
+            backoff_inverted: false,
             seed: None,
         }
     }
@@ -160,22 +160,33 @@ impl<C> StackBuilder<C> {
         self
     }
 
-    /// At most `retries` retries after the first attempt. Default 3.
+    /// The retry's settings (retries, backoff, `Retry-After` cap, budget):
+    /// a [`RetryPolicy`] as you would build it for `tower::retry` yourself.
+    /// The stack gives it the stack's classifier and has it watch the
+    /// stack's breaker. Default: [`RetryPolicy::new`].
+    pub fn retry<R>(mut self, policy: RetryPolicy<R>) -> Self {
+        self.retry = policy.with_classifier(());
+        self.backoff_inverted = false;
+        self
+    }
+
+    /// Shorthand for [`RetryPolicy::max_retries`] on the stack's retry.
     pub fn max_retries(mut self, retries: u32) -> Self {
-        self.max_retries = retries;
+        self.retry = self.retry.max_retries(retries);
         self
     }
 
-    /// Retry backoff: full jitter below `min(max, base × 2ⁿ)`. Default 500 ms
-    /// to 10 s.
+    /// Shorthand for [`RetryPolicy::backoff`] on the stack's retry; a base
+    /// above the cap is a misfit here.
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.backoff = (base, max);
+        self.retry = self.retry.backoff(base, max);
+        self.backoff_inverted = base > max;
         self
     }
 
-    /// The longest `Retry-After` waited out. Default 20 s.
+    /// Shorthand for [`RetryPolicy::retry_after_cap`] on the stack's retry.
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
-        self.retry_after_cap = cap;
+        self.retry = self.retry.retry_after_cap(cap);
         self
     }
 
@@ -193,9 +204,8 @@ impl<C> StackBuilder<C> {
             total_timeout: self.total_timeout,
             breaker: self.breaker,
             classifier,
-            max_retries: self.max_retries,
-            backoff: self.backoff,
-            retry_after_cap: self.retry_after_cap,
+            retry: self.retry,
+            backoff_inverted: self.backoff_inverted,
             seed: self.seed,
         }
     }
@@ -203,52 +213,49 @@ impl<C> StackBuilder<C> {
 
 impl<C: Clone> StackBuilder<C> {
     /// Checks that the pieces fit and builds the layer.
-    pub fn build(self) -> Result<StackLayer<C>, ConfigError> {
+    pub fn build(self) -> Result<StackLayer<C>, StackError> {
+        use StackError::Misfit;
         let attempt = self.attempt_timeout;
         if attempt.is_zero() {
-            return Err(ConfigError::Stack("the attempt timeout is zero"));
+            return Err(Misfit("the attempt timeout is zero"));
         }
+        let (retries, retry_after_cap) = (self.retry.retry_limit(), self.retry.retry_after_limit());
         if let Some(total) = self.total_timeout {
             if total < attempt {
-                return Err(ConfigError::Stack(
+                return Err(Misfit(
                     "the total timeout is shorter than one attempt timeout",
                 ));
             }
-            if self.max_retries > 0 && self.retry_after_cap >= total {
-                return Err(ConfigError::Stack(
-                    "the Retry-After cap is not below the total timeout",
-                ));
+            if retries > 0 && retry_after_cap >= total {
+                return Err(Misfit("the Retry-After cap is not below the total timeout"));
             }
         }
-        let (base, max) = self.backoff;
-        if base > max {
-            return Err(ConfigError::Stack(
-                "the retry backoff base is above its cap",
-            ));
+        if self.backoff_inverted {
+            return Err(Misfit("the retry backoff base is above its cap"));
         }
         let mut breaker = self.breaker;
         let config = &breaker.config;
         if let Window::Time { span, .. } = config.window {
             if span < attempt.saturating_mul(2) {
-                return Err(ConfigError::Stack(
+                return Err(Misfit(
                     "the time window is shorter than two attempt timeouts",
                 ));
             }
         }
         if let Some((threshold, _)) = config.slow_call {
             if threshold >= attempt {
-                return Err(ConfigError::Stack(
+                return Err(Misfit(
                     "the slow-call threshold is not below the attempt timeout",
                 ));
             }
         }
         if config.probe_timeout.is_some_and(|t| t > attempt) {
-            return Err(ConfigError::Stack(
+            return Err(Misfit(
                 "the probe timeout is longer than the attempt timeout",
             ));
         }
         if config.probe_lease.is_some_and(|lease| lease <= attempt) {
-            return Err(ConfigError::Stack(
+            return Err(Misfit(
                 "the probe lease is not longer than the attempt timeout",
             ));
         }
@@ -260,11 +267,7 @@ impl<C: Clone> StackBuilder<C> {
             breaker = breaker.seed(seed);
         }
         let breaker = breaker.build()?;
-        let mut retry = RetryPolicy::new()
-            .max_retries(self.max_retries)
-            .backoff(base, max)
-            .retry_after_cap(self.retry_after_cap)
-            .watch_breaker(breaker.clone());
+        let mut retry = self.retry.watch_breaker(breaker.clone());
         if let Some(seed) = self.seed {
             retry = retry.seed(seed);
         }
@@ -275,6 +278,53 @@ impl<C: Clone> StackBuilder<C> {
             classifier: self.classifier,
             breaker,
         })
+    }
+}
+
+// === StackError ===
+
+/// Why [`StackBuilder::build`] refused.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::stack::{Stack, StackError};
+/// use tower_circuit_breaker::{Breaker, ConfigError};
+///
+/// let err = Stack::builder().breaker(Breaker::builder().probes(0)).build().unwrap_err();
+/// assert!(matches!(err, StackError::Breaker(ConfigError::ZeroProbes)));
+/// let err = Stack::builder().attempt_timeout(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.to_string(), "stack does not fit: the attempt timeout is zero");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The breaker's own settings are invalid.
+    Breaker(ConfigError),
+    /// Each piece is valid, but they do not fit together.
+    Misfit(&'static str),
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StackError::Breaker(e) => fmt::Display::fmt(e, f),
+            StackError::Misfit(why) => write!(f, "stack does not fit: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for StackError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StackError::Breaker(e) => Some(e),
+            StackError::Misfit(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for StackError {
+    fn from(e: ConfigError) -> Self {
+        StackError::Breaker(e)
     }
 }
 

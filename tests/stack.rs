@@ -10,6 +10,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_circuit_breaker::stack::Stack;
+use tower_circuit_breaker::stack::StackError;
 use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, ConfigError, Outcome, State};
 
 fn counted(
@@ -38,9 +39,9 @@ fn hanging(
     })
 }
 
-fn stack_error(result: Result<impl std::fmt::Debug, ConfigError>) -> &'static str {
+fn stack_error(result: Result<impl std::fmt::Debug, StackError>) -> &'static str {
     match result {
-        Err(ConfigError::Stack(why)) => why,
+        Err(StackError::Misfit(why)) => why,
         other => panic!("expected a stack error, got {other:?}"),
     }
 }
@@ -131,7 +132,10 @@ fn pieces_that_do_not_fit_are_refused() {
         .breaker(Breaker::builder().probes(2).close_after(3))
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::CloseAfter { .. }), "{err:?}");
+    assert!(
+        matches!(err, StackError::Breaker(ConfigError::CloseAfter { .. })),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -242,4 +246,35 @@ async fn a_hanging_probe_is_judged_by_its_attempt_timeout() {
     );
     assert_eq!(breaker.snapshot().reopens, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn the_stack_takes_a_retry_policy_and_checks_it_against_its_timeouts() {
+    use tower_circuit_breaker::retry::RetryPolicy;
+    let secs = Duration::from_secs;
+    // The policy's own settings reach the fit checks.
+    let err = Stack::builder()
+        .attempt_timeout(secs(10))
+        .total_timeout(secs(30))
+        .retry(RetryPolicy::new().retry_after_cap(secs(30)))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, StackError::Misfit(why) if why.contains("Retry-After")));
+    // Without retries there is nothing to wait out.
+    Stack::builder()
+        .attempt_timeout(secs(10))
+        .total_timeout(secs(30))
+        .retry(RetryPolicy::new().max_retries(0).retry_after_cap(secs(30)))
+        .build()
+        .unwrap();
+    // The shorthands act on the same policy: the last word wins.
+    let err = Stack::builder()
+        .attempt_timeout(secs(10))
+        .total_timeout(secs(30))
+        .retry(RetryPolicy::new().max_retries(0))
+        .max_retries(2)
+        .retry_after_cap(secs(40))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, StackError::Misfit(_)));
 }

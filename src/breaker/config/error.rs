@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{MAX_BUCKETS, MAX_COUNT_WINDOW};
 
-/// A configuration that [`Builder::build`] refused.
+/// A configuration that [`Builder::build`](super::Builder::build) refused.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -87,8 +87,6 @@ pub enum ConfigError {
     VolumeGuard,
     /// Keyed breakers with room for no key, or a zero idle timeout.
     KeyBounds,
-    /// A stack's pieces do not fit together.
-    Stack(&'static str),
     /// A health prober's settings are unusable.
     HealthProbe(&'static str),
 }
@@ -158,7 +156,6 @@ impl fmt::Display for ConfigError {
             ConfigError::KeyBounds => {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
-            ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }
