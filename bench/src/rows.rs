@@ -154,6 +154,12 @@ pub enum Path {
     /// Keyed breakers holding 10,000 keys, every call on the one key that
     /// is open: rejected.
     KeyedOpen,
+    /// Closed, with a health prober spawned on the same runtime for the
+    /// breaker: what a configured prober costs the closed path.
+    ClosedProber,
+    /// Open, with a health prober spawned (its next probe is a minute away):
+    /// what it costs the open path.
+    OpenProber,
 }
 
 impl Path {
@@ -178,6 +184,8 @@ impl Path {
             Path::KeyedHot => "closed, keyed, one hot key of 10,000",
             Path::KeyedRotating => "closed, keyed, rotating over 10,000 keys",
             Path::KeyedOpen => "open, keyed, one open key of 10,000",
+            Path::ClosedProber => "closed, health prober spawned",
+            Path::OpenProber => "open, health prober spawned",
         }
     }
 
@@ -189,7 +197,8 @@ impl Path {
             | Path::OpenNamed
             | Path::StackOpen
             | Path::HalfOpenFull
-            | Path::KeyedOpen => Expect::Rejected,
+            | Path::KeyedOpen
+            | Path::OpenProber => Expect::Rejected,
             Path::BareFailing | Path::ClosedFailing => {
                 Expect::AdmittedFailing { every: FAIL_EVERY }
             }
@@ -209,7 +218,8 @@ impl Path {
             | Path::OpenNamed
             | Path::StackOpen
             | Path::HalfOpenFull
-            | Path::KeyedOpen => Some(Path::BareErr),
+            | Path::KeyedOpen
+            | Path::OpenProber => Some(Path::BareErr),
             _ => Some(Path::Bare),
         }
     }
@@ -219,10 +229,12 @@ impl Path {
     pub const fn over(self) -> Option<Path> {
         match self {
             Path::LlmJson => Some(Path::HttpJson),
-            Path::SlowRule | Path::TimeWindow | Path::KeyedHot | Path::KeyedRotating => {
-                Some(Path::Closed)
-            }
-            Path::OpenNamed | Path::KeyedOpen => Some(Path::Open),
+            Path::SlowRule
+            | Path::TimeWindow
+            | Path::KeyedHot
+            | Path::KeyedRotating
+            | Path::ClosedProber => Some(Path::Closed),
+            Path::OpenNamed | Path::KeyedOpen | Path::OpenProber => Some(Path::Open),
             _ => None,
         }
     }
@@ -303,6 +315,8 @@ pub fn all() -> Vec<Row> {
         row!(Ours, StackOpen, stack_open),
         Row::new(Breaker::Ours, Path::HalfOpenFull, ours_half_open_full),
         Row::new(Breaker::Ours, Path::HalfOpenProbe, ours_half_open_probe),
+        Row::new(Breaker::Ours, Path::ClosedProber, |plan| ours_with_prober(plan, false)),
+        Row::new(Breaker::Ours, Path::OpenProber, |plan| ours_with_prober(plan, true)),
         // === keyed breakers ===
         row!(Ours, KeyedHot, || Ok(keyed_service(keyed_set()?))),
         row!(Ours, KeyedRotating, || Ok(keyed_rotating(keyed_set()?))),
@@ -591,6 +605,30 @@ fn ours_half_open(plan: &Plan<'_>) -> Result<CircuitBreakerLayer, String> {
     }
     plan.block_on(async { tokio::time::sleep(open * 10).await });
     Ok(layer)
+}
+
+/// The closed or open row, with a health prober for the breaker spawned on
+/// the plan's runtime for the whole measurement.
+fn ours_with_prober(plan: &Plan<'_>, open: bool) -> Result<f64, String> {
+    use tower_circuit_breaker::classify::HttpClassifier;
+    use tower_circuit_breaker::health::HealthProbe;
+    let layer = ours_layer(OPEN);
+    if open {
+        trip(layer.breaker())?;
+    }
+    let probed = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, Infallible>(http::Response::new(String::new()))
+    });
+    let prober = HealthProbe::builder(Duration::from_secs(60))
+        .build(probed, HttpClassifier, |_: &tower_circuit_breaker::Breaker| {
+            http::Request::new(String::new())
+        })
+        .map_err(|e| e.to_string())?;
+    let task = plan.rt.spawn(prober.run(layer.breaker().clone()));
+    let path = if open { Path::OpenProber } else { Path::ClosedProber };
+    let result = plan.drive(layer.layer(upstream::<Infallible>(StatusCode::OK)), path.expect());
+    task.abort();
+    result
 }
 
 fn ours_half_open_full(plan: &Plan<'_>) -> Result<f64, String> {
