@@ -66,7 +66,7 @@ fn trip(breaker: &Breaker, failures: usize) {
 async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
     let mut conn = connection(SHARED_URL).await;
     let all: Vec<(String, i64)> = conn
-        .hgetall(format!("{{{prefix}:{name}}}:win"))
+        .hgetall(format!("{{{prefix}:{name}}}:v2:win"))
         .await
         .unwrap();
     all.iter()
@@ -416,9 +416,9 @@ async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
 async fn garbage_in_the_keys_is_treated_as_absent() {
     let prefix = unique_prefix("garbage");
     let name = "upstream";
-    let state_key = format!("{{{prefix}:{name}}}:state");
-    let win_key = format!("{{{prefix}:{name}}}:win");
-    let probes_key = format!("{{{prefix}:{name}}}:probes");
+    let state_key = format!("{{{prefix}:{name}}}:v2:state");
+    let win_key = format!("{{{prefix}:{name}}}:v2:win");
+    let probes_key = format!("{{{prefix}:{name}}}:v2:probes");
     let mut conn = connection(SHARED_URL).await;
 
     // Wrong types in every key.
@@ -469,7 +469,7 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
         let _: () = conn.zadd(&probes_key, "squatter", 1e18).await.unwrap();
         let _: () = redis::cmd("PUBLISH")
             .arg(format!("{prefix}:events"))
-            .arg(format!("open 1 {name}"))
+            .arg(format!("v2 open 1 {name}"))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -616,7 +616,7 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
     .await;
     assert!(back);
     let conn = connection(&url).await;
-    let state_key = format!("{{{prefix}:upstream}}:state");
+    let state_key = format!("{{{prefix}:upstream}}:v2:state");
     let restored = eventually(WAIT, || {
         let (mut conn, key) = (conn.clone(), state_key.clone());
         async move {

@@ -115,25 +115,39 @@
 //! # Ok(()) }
 //! ```
 
+mod conn;
+mod control;
 mod script;
 mod supervise;
 mod worker;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::conn::Store;
 use self::worker::{Target, Worker};
 use crate::keyed::KeyedBreakers;
-use crate::Breaker;
+use crate::{Breaker, State};
 
+pub use self::control::{ControlError, Origin, SharedSnapshot};
 pub use ::redis::Client;
 
-/// Shares the state of breakers across replicas through one Redis server.
+/// The version of what replicas share in Redis: key names, the state script
+/// and the transition messages. It changes only with a release that says
+/// how to roll it out; replicas of two schemas keep apart and log it.
+pub const SCHEMA: u32 = script::SCHEMA;
+
+/// Who put each breaker in its state, as the sync task last applied it.
+pub(crate) type Origins = Arc<Mutex<HashMap<Arc<str>, (State, Origin)>>>;
+
+/// Shares the state of breakers across replicas through one Redis server or
+/// one Redis Cluster.
 ///
 /// Cheap to clone. See the [module docs](self).
 #[derive(Clone)]
@@ -142,25 +156,28 @@ pub struct Backend {
 }
 
 pub(crate) struct Settings {
-    client: Client,
+    store: Store,
     prefix: Arc<str>,
     window: Option<(Duration, u32)>,
     flush: Duration,
     resync: Duration,
     timeout: Duration,
     backoff: (Duration, Duration),
+    quorum: u32,
 }
 
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
+            .field("store", &self.store)
             .field("prefix", &self.prefix)
             .field("window", &self.window)
             .field("flush", &self.flush)
             .field("resync", &self.resync)
             .field("timeout", &self.timeout)
             .field("backoff", &self.backoff)
-            .finish_non_exhaustive()
+            .field("quorum", &self.quorum)
+            .finish()
     }
 }
 
@@ -173,19 +190,47 @@ impl fmt::Debug for Backend {
 }
 
 impl Backend {
-    /// A builder for a backend on `client`'s server.
+    /// A builder for a backend on `client`'s server (`redis://`, or
+    /// `rediss://` with the `redis-tls` feature).
     pub fn builder(client: Client) -> BackendBuilder {
-        BackendBuilder {
-            settings: Settings {
-                client,
-                prefix: "tcb".into(),
-                window: None,
-                flush: Duration::from_millis(50),
-                resync: Duration::from_secs(1),
-                timeout: Duration::from_millis(500),
-                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-            },
-        }
+        BackendBuilder::new(Ok(Store::Single(client)))
+    }
+
+    /// A builder for a backend on a Redis Cluster, reached through `nodes`
+    /// (several, so that losing one does not lose the cluster).
+    ///
+    /// Each breaker's keys live in one slot and its script runs on that
+    /// slot's master; transitions are published to the whole cluster, and
+    /// the subscription moves to another of `nodes` when its node goes away.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    ///
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/", "redis://10.0.0.3:7000/"];
+    /// let backend = Backend::cluster_builder(
+    ///     nodes.iter().map(|url| Client::open(*url)).collect::<Result<Vec<_>, _>>()?,
+    /// )
+    /// .prefix("checkout")
+    /// .build()?;
+    /// # let _ = backend;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn cluster_builder(nodes: impl IntoIterator<Item = Client>) -> BackendBuilder {
+        let nodes: Vec<Client> = nodes.into_iter().collect();
+        let store = if nodes.is_empty() {
+            Err("a cluster backend needs at least one node")
+        } else {
+            ::redis::cluster::ClusterClient::new(
+                nodes.iter().map(|c| c.get_connection_info().clone()),
+            )
+            .map(|client| Store::Cluster { client, nodes })
+            .map_err(|_| "the cluster nodes do not make a cluster client")
+        };
+        BackendBuilder::new(store)
     }
 
     /// Keeps `breaker` in step with the breakers of the same name on other
@@ -213,13 +258,33 @@ impl Backend {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| SetupError::NoRuntime)?;
         let (stop, stopped) = watch::channel(());
         let shared = Arc::new(AtomicBool::new(false));
-        let (settings, flag, rx) = (self.settings.clone(), shared.clone(), stopped.clone());
+        let origins = Origins::default();
+        let (settings, flag, rx, o) = (
+            self.settings.clone(),
+            shared.clone(),
+            stopped.clone(),
+            origins.clone(),
+        );
         // A fresh worker per run: one that died may have left its state
         // half-changed, and a new one resyncs everything from Redis.
-        let start =
-            move || Worker::new(settings.clone(), target.clone(), flag.clone(), rx.clone()).run();
+        let start = move || {
+            Worker::new(
+                settings.clone(),
+                target.clone(),
+                flag.clone(),
+                o.clone(),
+                rx.clone(),
+            )
+            .run()
+        };
         let task = runtime.spawn(supervise::supervise(start, stopped, self.settings.backoff));
-        Ok(Attachment { stop, task, shared })
+        Ok(Attachment {
+            stop,
+            task,
+            shared,
+            origins,
+            settings: self.settings.clone(),
+        })
     }
 }
 
@@ -241,17 +306,43 @@ impl Backend {
 /// ```
 pub struct BackendBuilder {
     settings: Settings,
+    /// Why the store given cannot work, found before `build`.
+    invalid: Option<&'static str>,
 }
 
 impl fmt::Debug for BackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackendBuilder")
             .field("settings", &self.settings)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl BackendBuilder {
+    fn new(store: Result<Store, &'static str>) -> BackendBuilder {
+        let (store, invalid) = match store {
+            Ok(store) => (store, None),
+            Err(why) => {
+                // A placeholder that is never connected to: `build` fails.
+                let client = Client::open("redis://127.0.0.1/").expect("a valid url");
+                (Store::Single(client), Some(why))
+            }
+        };
+        BackendBuilder {
+            settings: Settings {
+                store,
+                prefix: "tcb".into(),
+                window: None,
+                flush: Duration::from_millis(50),
+                resync: Duration::from_secs(1),
+                timeout: Duration::from_millis(500),
+                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+                quorum: 1,
+            },
+            invalid,
+        }
+    }
+
     /// The prefix of every key and of the channel (default `tcb`). Replicas
     /// share state when they use the same prefix and breaker name.
     pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
@@ -294,8 +385,42 @@ impl BackendBuilder {
         self
     }
 
+    /// Opens a shared circuit only when the failures behind it came from at
+    /// least `replicas` distinct replicas within the cluster window (default
+    /// 1: any replica's trip opens everyone's circuit).
+    ///
+    /// A replica whose own rules trip while the quorum is not met stays open
+    /// on its own (its path to the upstream may be the broken one) and opens
+    /// no one else's circuit. Replicas count as alive for three resync
+    /// intervals after their last heartbeat; when fewer than `replicas` are
+    /// alive, the quorum falls to the number alive, and a warning says so.
+    /// Every replica of a prefix should use the same quorum.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    ///
+    /// // Two replicas must see the upstream fail before anyone's circuit opens.
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .quorum(2)
+    ///     .build()?;
+    /// # let _ = backend;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quorum(mut self, replicas: u32) -> Self {
+        self.settings.quorum = replicas;
+        self
+    }
+
     /// Validates the settings.
     pub fn build(self) -> Result<Backend, SetupError> {
+        if let Some(why) = self.invalid {
+            return Err(SetupError::Invalid(why));
+        }
+        if self.settings.quorum == 0 {
+            return Err(SetupError::Invalid("quorum must be at least 1"));
+        }
         if self.settings.prefix.is_empty() || self.settings.prefix.contains(['{', '}']) {
             return Err(SetupError::Invalid(
                 "prefix must be non-empty and free of `{` and `}`",
@@ -335,6 +460,8 @@ pub struct Attachment {
     stop: watch::Sender<()>,
     task: JoinHandle<()>,
     shared: Arc<AtomicBool>,
+    origins: Origins,
+    settings: Arc<Settings>,
 }
 
 impl fmt::Debug for Attachment {
