@@ -121,7 +121,7 @@ mod script;
 mod supervise;
 mod worker;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -145,6 +145,9 @@ pub const SCHEMA: u32 = script::SCHEMA;
 
 /// Who put each breaker in its state, as the sync task last applied it.
 pub(crate) type Origins = Arc<Mutex<HashMap<Arc<str>, (State, Origin)>>>;
+
+/// Schemas other than [`SCHEMA`] seen on the prefix.
+pub(crate) type Schemas = Arc<Mutex<BTreeSet<u32>>>;
 
 /// Shares the state of breakers across replicas through one Redis server or
 /// one Redis Cluster.
@@ -259,11 +262,13 @@ impl Backend {
         let (stop, stopped) = watch::channel(());
         let shared = Arc::new(AtomicBool::new(false));
         let origins = Origins::default();
-        let (settings, flag, rx, o) = (
+        let schemas = Schemas::default();
+        let (settings, flag, rx, o, sc) = (
             self.settings.clone(),
             shared.clone(),
             stopped.clone(),
             origins.clone(),
+            schemas.clone(),
         );
         // A fresh worker per run: one that died may have left its state
         // half-changed, and a new one resyncs everything from Redis.
@@ -273,6 +278,7 @@ impl Backend {
                 target.clone(),
                 flag.clone(),
                 o.clone(),
+                sc.clone(),
                 rx.clone(),
             )
             .run()
@@ -283,6 +289,7 @@ impl Backend {
             task,
             shared,
             origins,
+            schemas,
             settings: self.settings.clone(),
         })
     }
@@ -461,6 +468,7 @@ pub struct Attachment {
     task: JoinHandle<()>,
     shared: Arc<AtomicBool>,
     origins: Origins,
+    schemas: Schemas,
     settings: Arc<Settings>,
 }
 
@@ -477,6 +485,36 @@ impl Attachment {
     /// before the first exchange and while they fall back to local state.
     pub fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
+    }
+
+    /// The shared-state schemas other than [`SCHEMA`] that replicas on this
+    /// prefix were seen to use (by their heartbeats, their messages, or a
+    /// single breaker's state key of the first schema), each also logged
+    /// once as a warning. Replicas of two schemas do not share state: during
+    /// a rolling upgrade this lists the old one until every replica runs the
+    /// new one (and the old one's heartbeats expire).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("doc-schemas")
+    ///     .build()?;
+    /// let breaker = Breaker::builder().name("rerank").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// if !attachment.other_schemas().is_empty() {
+    ///     eprintln!("a rollout is not finished: {:?}", attachment.other_schemas());
+    /// }
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn other_schemas(&self) -> Vec<u32> {
+        crate::sync::lock(&self.schemas).iter().copied().collect()
     }
 
     /// Stops sharing and waits for the background task to end; the breakers

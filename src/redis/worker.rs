@@ -17,7 +17,7 @@ use crate::rng::Rng;
 
 use super::conn::{Conn, Failure, Messages};
 use super::script::{self, Caller, Census, Cluster, Keys, Reply, Request, Rule, SCHEMA};
-use super::{Origin, Origins, Settings};
+use super::{Origin, Origins, Schemas, Settings};
 use crate::breaker::{Config, Counters};
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
@@ -117,6 +117,8 @@ pub(super) struct Worker {
     quorum: u32,
     /// Other schemas already reported.
     schemas: HashSet<u32>,
+    /// And where the attachment shows them.
+    seen_schemas: Schemas,
     /// The node to subscribe on next.
     node: usize,
 }
@@ -127,6 +129,7 @@ impl Worker {
         target: Target,
         shared: Arc<AtomicBool>,
         origins: Origins,
+        seen_schemas: Schemas,
         stop: watch::Receiver<()>,
     ) -> Worker {
         let seed = crate::rng::random_seed();
@@ -145,6 +148,7 @@ impl Worker {
             rng: Rng::new(seed),
             round: 0,
             schemas: HashSet::new(),
+            seen_schemas,
             node: seed as usize,
         };
         w.refresh(false);
@@ -332,6 +336,7 @@ impl Worker {
     /// Reports, once, that replicas of another schema share the prefix.
     fn other_schema(&mut self, schema: u32) {
         if schema != SCHEMA && self.schemas.insert(schema) {
+            lock(&self.seen_schemas).insert(schema);
             tracing::warn!(
                 target: "tower_circuit_breaker",
                 prefix = &*self.settings.prefix,

@@ -65,19 +65,63 @@ where
     .is_ok()
 }
 
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().unwrap().port()
+}
+
+/// A directory of its own under the system's temporary directory.
+pub fn scratch_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(unique_prefix(test));
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
 /// A `redis-server` of our own, as a child process, on a port that was free.
 pub struct Server {
     pub port: u16,
     child: Option<Child>,
+    /// Arguments after the port and the bind address.
+    args: Vec<String>,
+    /// Environment of the server process.
+    envs: Vec<(String, String)>,
+    /// How the test reaches it.
+    client: Client,
 }
 
 impl Server {
     pub async fn start() -> Server {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-            l.local_addr().unwrap().port()
+        Server::start_with(Vec::new(), Vec::new(), None).await
+    }
+
+    /// A server with extra arguments and environment; `client` (by default
+    /// a plain one on the port) tells when it is up.
+    pub async fn start_with(
+        args: Vec<String>,
+        envs: Vec<(String, String)>,
+        client: Option<Box<dyn FnOnce(u16) -> Client>>,
+    ) -> Server {
+        Server::start_on(free_port(), args, envs, client).await
+    }
+
+    pub async fn start_on(
+        port: u16,
+        args: Vec<String>,
+        envs: Vec<(String, String)>,
+        client: Option<Box<dyn FnOnce(u16) -> Client>>,
+    ) -> Server {
+        let client = match client {
+            Some(make) => make(port),
+            None => Client::open(format!("redis://127.0.0.1:{port}/")).unwrap(),
         };
-        let mut s = Server { port, child: None };
+        let mut s = Server {
+            port,
+            child: None,
+            args,
+            envs,
+            client,
+        };
         s.restart().await;
         s
     }
@@ -89,17 +133,21 @@ impl Server {
     /// Starts the server (again) on the same port and waits until it answers.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
+        let plain = !self.args.iter().any(|a| a == "--tls-port");
+        let mut cmd = Command::new("redis-server");
+        if plain {
+            cmd.args(["--port", &self.port.to_string()]);
+        }
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server is installed");
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("redis-server is installed");
         self.child = Some(child);
-        let client = Client::open(self.url()).unwrap();
+        let client = self.client.clone();
         let up = eventually(Duration::from_secs(10), || {
             let client = client.clone();
             async move {
@@ -121,5 +169,10 @@ impl Server {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 }
