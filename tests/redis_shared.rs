@@ -976,7 +976,10 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
 
     // A replica that starts later finds the circuit forced open.
     let late = crate::replicas(1, SHARED_URL, &prefix, config).await;
-    assert!(all_in(&late, State::ForcedOpen).await, "a late replica follows");
+    assert!(
+        all_in(&late, State::ForcedOpen).await,
+        "a late replica follows"
+    );
 
     // Disable from replica 1: failures trip no one.
     let began = Instant::now();
@@ -1009,7 +1012,10 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
     let began = Instant::now();
     replicas[1].1.reset_cluster("upstream").await.unwrap();
     assert!(all_in(&replicas, State::Closed).await);
-    eprintln!("reset of an open circuit reached 3 replicas in {:?}", began.elapsed());
+    eprintln!(
+        "reset of an open circuit reached 3 replicas in {:?}",
+        began.elapsed()
+    );
     assert!(replicas.iter().all(|(b, _)| b.admit().is_ok()));
 }
 
@@ -1060,7 +1066,11 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
         for (b, _) in &replicas[1..] {
-            assert_eq!(b.state(), State::Closed, "one replica alone opens no one else");
+            assert_eq!(
+                b.state(),
+                State::Closed,
+                "one replica alone opens no one else"
+            );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -1069,9 +1079,15 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
     // A second replica agrees: the circuit opens everywhere.
     let began = Instant::now();
     trip(&replicas[1].0, 3);
-    assert!(all_in(&replicas, State::Open).await, "two replicas make the quorum");
+    assert!(
+        all_in(&replicas, State::Open).await,
+        "two replicas make the quorum"
+    );
     eprintln!("quorum trip reached 3 replicas in {:?}", began.elapsed());
-    assert_eq!(replicas[2].1.snapshot(&replicas[2].0).origin, Origin::Cluster);
+    assert_eq!(
+        replicas[2].1.snapshot(&replicas[2].0).origin,
+        Origin::Cluster
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1095,7 +1111,11 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
 
     trip(&replicas[0].0, 2);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(replicas[1].0.state(), State::Closed, "two alive: a quorum of two");
+    assert_eq!(
+        replicas[1].0.state(),
+        State::Closed,
+        "two alive: a quorum of two"
+    );
     trip(&replicas[1].0, 2);
     assert!(
         all_in(&replicas, State::Open).await,
@@ -1110,7 +1130,10 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
 fn clock_step_shim() -> Option<std::path::PathBuf> {
     let dir = scratch_dir("clock-shim");
     let out = dir.join("libclockstep.so");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/redis_support/clock_step.c");
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/redis_support/clock_step.c"
+    );
     let built = std::process::Command::new("cc")
         .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(&out)
@@ -1150,7 +1173,10 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
     let before: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     std::fs::write(&step, "-3600").unwrap();
     let after: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    assert!(after.0 + 3500 < before.0, "the server's clock went back an hour");
+    assert!(
+        after.0 + 3500 < before.0,
+        "the server's clock went back an hour"
+    );
     std::fs::write(&step, "0").unwrap();
 
     let prefix = unique_prefix("clock");
@@ -1177,9 +1203,15 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
     let probe = tokio::time::timeout(open + Duration::from_secs(1), admit_probe(&replicas[1].0))
         .await
         .expect("no circuit stays open past its period plus a margin");
-    eprintln!("back 1 h: probe admitted {:?} after the trip", tripped.elapsed());
+    eprintln!(
+        "back 1 h: probe admitted {:?} after the trip",
+        tripped.elapsed()
+    );
     probe.record(Outcome::Success);
-    assert!(all_in(&replicas, State::Closed).await, "replicas re-converge");
+    assert!(
+        all_in(&replicas, State::Closed).await,
+        "replicas re-converge"
+    );
 
     // Forward an hour (back to the true time) while open: the period must
     // not end early by our clock.
@@ -1189,7 +1221,10 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
     std::fs::write(&step, "0").unwrap();
     while tripped.elapsed() < open - Duration::from_millis(150) {
         for (b, _) in &replicas {
-            assert!(b.admit().is_err(), "the period ends no earlier than it should");
+            assert!(
+                b.admit().is_err(),
+                "the period ends no earlier than it should"
+            );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -1197,7 +1232,10 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
         .await
         .expect("the period ends on time");
     probe.record(Outcome::Success);
-    assert!(all_in(&replicas, State::Closed).await, "replicas re-converge");
+    assert!(
+        all_in(&replicas, State::Closed).await,
+        "replicas re-converge"
+    );
     for (_, a) in &replicas {
         assert!(a.is_shared());
     }
@@ -1218,12 +1256,19 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
         .hset(format!("{{{prefix}:upstream}}:state"), "state", "open")
         .await
         .unwrap();
-    let replicas = replicas(1, SHARED_URL, &prefix, || Breaker::builder().name("upstream")).await;
+    let replicas = replicas(1, SHARED_URL, &prefix, || {
+        Breaker::builder().name("upstream")
+    })
+    .await;
     assert!(
         eventually(WAIT, || async { replicas[0].1.other_schemas() == [1] }).await,
         "a replica of schema 1 is reported"
     );
-    assert_eq!(replicas[0].0.state(), State::Closed, "its state is not taken as ours");
+    assert_eq!(
+        replicas[0].0.state(),
+        State::Closed,
+        "its state is not taken as ours"
+    );
 
     // A later schema's replica announces itself in the heartbeat hash.
     let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();

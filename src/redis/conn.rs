@@ -9,7 +9,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ::redis::aio::{MultiplexedConnection, PubSubStream};
-use ::redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisError, ScriptInvocation, Value,
+};
 use tokio::time::timeout;
 
 use super::script;

@@ -176,3 +176,183 @@ impl Server {
         self.child.is_some()
     }
 }
+
+/// Runs a command to completion within `limit`; its stdout, or a panic with
+/// its stderr.
+pub async fn run(program: &str, args: &[&str], limit: Duration) -> String {
+    let out = tokio::time::timeout(
+        limit,
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} took longer than {limit:?}"))
+    .unwrap_or_else(|e| panic!("{program} could not start: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A Redis Cluster of our own: `masters` masters with one replica each, on
+/// free ports, every node a child process.
+pub struct RedisCluster {
+    pub nodes: Vec<Server>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub async fn start(masters: usize) -> RedisCluster {
+        let dir = scratch_dir("cluster");
+        let mut nodes = Vec::new();
+        for _ in 0..masters * 2 {
+            let port = free_port();
+            // A directory per node: replication writes its snapshot there.
+            let own = dir.join(port.to_string());
+            std::fs::create_dir_all(&own).unwrap();
+            let args = vec![
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                "nodes.conf".into(),
+                "--cluster-node-timeout".into(),
+                "1000".into(),
+                "--dir".into(),
+                own.display().to_string(),
+                // Replicas sync at once, not after the default 5 s.
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+            ];
+            nodes.push(Server::start_on(port, args, Vec::new(), None).await);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        run("redis-cli", &args, Duration::from_secs(30)).await;
+        let cluster = RedisCluster { nodes, dir };
+        assert!(
+            cluster.healthy(Duration::from_secs(20)).await,
+            "the cluster did not come up"
+        );
+        // A replica that never synced cannot take over from its master.
+        let synced = eventually(Duration::from_secs(20), || async {
+            let mut replicas_up = 0;
+            for n in &cluster.nodes {
+                let mut c = connection(&n.url()).await;
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                if info.contains("master_link_status:up") {
+                    replicas_up += 1;
+                }
+            }
+            replicas_up == masters
+        })
+        .await;
+        assert!(synced, "the replicas did not sync with their masters");
+        cluster
+    }
+
+    /// A URL per node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    /// Whether, within `limit`, every running node says the cluster is ok
+    /// and every slot has a running master.
+    pub async fn healthy(&self, limit: Duration) -> bool {
+        eventually(limit, || async {
+            for n in self.nodes.iter().filter(|n| n.is_running()) {
+                let Ok(c) = Client::open(n.url()) else {
+                    return false;
+                };
+                let Ok(mut c) = c.get_multiplexed_async_connection().await else {
+                    return false;
+                };
+                let info: String = match redis::cmd("CLUSTER").arg("INFO").query_async(&mut c).await
+                {
+                    Ok(i) => i,
+                    Err(_) => return false,
+                };
+                if !info.contains("cluster_state:ok") {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+    }
+
+    /// The port of the running master that serves `slot`, as a running node
+    /// sees it.
+    pub async fn master_of(&self, slot: u16) -> Option<u16> {
+        let node = self.nodes.iter().find(|n| n.is_running())?;
+        let mut c = connection(&node.url()).await;
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port: u16 = fields[1].split(['@', ':']).nth(1)?.parse().ok()?;
+            for range in &fields[8..] {
+                let mut ends = range.split('-').map(|p| p.parse::<u16>());
+                let lo = match ends.next() {
+                    Some(Ok(lo)) => lo,
+                    _ => continue,
+                };
+                let hi = match ends.next() {
+                    Some(Ok(hi)) => hi,
+                    None => lo,
+                    _ => continue,
+                };
+                if (lo..=hi).contains(&slot) {
+                    return Some(port);
+                }
+            }
+        }
+        None
+    }
+
+    /// The slot of `key`.
+    pub async fn slot(&self, key: &str) -> u16 {
+        let node = self.nodes.iter().find(|n| n.is_running()).unwrap();
+        let mut c = connection(&node.url()).await;
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    /// Kills the node on `port`.
+    pub async fn kill(&mut self, port: u16) {
+        for n in &mut self.nodes {
+            if n.port == port {
+                n.kill().await;
+            }
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
