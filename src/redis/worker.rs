@@ -842,6 +842,62 @@ async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::conn::Store;
+
+    fn settings() -> Settings {
+        Settings {
+            store: Store::Single(::redis::Client::open("redis://127.0.0.1/").unwrap()),
+            prefix: "t".into(),
+            window: None,
+            flush: Duration::from_millis(50),
+            resync: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            quorum: 1,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_past_the_open_cap_is_capped_and_reported_overdue_by_the_local_clock() {
+        let breaker = Breaker::builder()
+            .name("b")
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(1))
+            .max_open_duration(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        breaker.remote().set_shared(true);
+        let mut t = Tracked::new(breaker.clone(), "b".into(), &settings());
+        let pending = |t: &Tracked| Pending {
+            name: t.name.clone(),
+            request: Request::default(),
+            local: t.breaker.state(),
+        };
+        // A server whose clock went back says the period lasts an hour more.
+        let reply = Reply {
+            cluster: Cluster::Open(Duration::from_secs(3600)),
+            epoch: 7,
+            granted: false,
+            reset: false,
+        };
+        let p = pending(&t);
+        let origins = Origins::default();
+        t.apply(reply, p, Instant::now(), Duration::from_millis(50), &origins);
+        let left = breaker.snapshot().retry_in.expect("open");
+        assert!(left <= Duration::from_secs(2) + MARGIN, "{left:?}");
+        assert!(left > Duration::from_millis(1900), "{left:?}");
+        assert_eq!(
+            lock(&origins).get("b").copied(),
+            Some((State::Open, Origin::Cluster))
+        );
+
+        // Not overdue yet; past the cap by this clock, the cluster is told.
+        let early = t.prepare(Instant::now(), false, true, || "x".into());
+        assert!(early.is_none_or(|(req, _)| !req.overdue));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (req, _) = t.prepare(Instant::now(), false, true, || "x".into()).unwrap();
+        assert!(req.overdue, "the period outlasted the open cap");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn lease_ends_saturate_instead_of_overflowing() {
