@@ -1129,7 +1129,10 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
         }
     })
     .await;
-    assert!(opened, "every live replica failing opens the shared circuit");
+    assert!(
+        opened,
+        "every live replica failing opens the shared circuit"
+    );
 }
 
 // === clock safety ===

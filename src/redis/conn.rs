@@ -54,6 +54,8 @@ pub(super) async fn bounded<T, E: Into<Failure>>(
 }
 
 /// Where the shared state lives.
+// One per backend, behind its `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Store {
     Single(Client),
     #[cfg(feature = "redis-cluster")]

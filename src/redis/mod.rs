@@ -25,10 +25,12 @@
 //! A call costs about the same whether its breaker is attached or not (the
 //! `redis_overhead` example measures both in one run).
 //!
-//! Every exchange is one Lua script call per breaker (pipelined), so every
-//! cluster transition is atomic. Deadlines come from the
-//! Redis server's clock and reach the replicas as remaining durations, so
-//! clock skew between replicas cannot split the cluster.
+//! Every exchange is one Lua script call per breaker (pipelined on one
+//! server; on a Redis Cluster, each to its breaker's slot), so every cluster
+//! transition is atomic. Deadlines come from the Redis server's clock and
+//! reach the replicas as remaining durations, so clock skew between replicas
+//! cannot split the cluster; see [Clocks](#clocks) for a server clock that
+//! steps.
 //!
 //! # How the cluster decides
 //!
@@ -50,11 +52,62 @@
 //!   that dies cannot wedge the cycle. Probe outcomes are reported, and the
 //!   cluster closes after `close_after` successes or reopens, with backoff,
 //!   as soon as closing is out of reach.
-//! - **Manual control** stays local: a forced-open or disabled breaker is
-//!   left alone and shares nothing. A [`reset`](Breaker::reset) closes one
-//!   replica, which the cluster opens again while it is open elsewhere.
+//! - **Manual control**, cluster-wide: [`Attachment::force_open_cluster`],
+//!   [`Attachment::disable_cluster`] and [`Attachment::reset_cluster`] act on
+//!   every replica (each applies them within a round trip of the message;
+//!   one that was away, when it is back), and [`Attachment::snapshot`] says
+//!   whether a replica's state came from itself, from the cluster, or from
+//!   such a control ([`Origin`]). The breaker's own controls stay local: a
+//!   breaker forced open or disabled on one replica is left alone and
+//!   shares nothing, and a [`reset`](Breaker::reset) closes one replica,
+//!   which the cluster opens again while it is open elsewhere.
 //! - A breaker in [metrics-only](Breaker::set_metrics_only) mode follows the
 //!   cluster but never trips it or adds to its window.
+//! - **Quorum** (off by default): with [`BackendBuilder::quorum`], the
+//!   cluster opens only on failures seen by that many distinct replicas, so
+//!   one replica with a broken path to the upstream opens only its own
+//!   circuit.
+//!
+//! # Redis Cluster and TLS
+//!
+//! With the `redis-cluster` feature, [`Backend::cluster_builder`] takes the
+//! nodes of a Redis Cluster. A breaker's keys share one hash tag, so its
+//! script runs on its slot's master; transitions are published cluster-wide
+//! and the subscription moves to another node when its node goes away. While
+//! a master fails over, the attachment falls back to local state like for
+//! any unreachable Redis, and returns to shared mode once the slot has a
+//! master again (two to three seconds with a node timeout of one second).
+//!
+//! With the `redis-tls` feature, `rediss://` URLs work, over rustls with the
+//! ring provider, verifying the server against the system's roots, or
+//! against a CA of your own given with [`Client::build_with_tls`]. (If your
+//! program also enables rustls's `aws-lc-rs` provider, install one as the
+//! process default before attaching.)
+//!
+//! # Clocks
+//!
+//! The server's clock is trusted only within bounds. A deadline further out
+//! than the open period it was set for means the server's clock went back:
+//! the period ends then, and probes decide. Each replica also caps what the
+//! cluster tells it by its own monotonic clock: no open period lasts longer
+//! than the breaker's [longest open duration](crate::Builder::max_open_duration)
+//! (plus a few milliseconds) from the moment the replica learned of it, and
+//! a replica whose clock says the period is over tells the cluster, which
+//! ends it. A server clock that jumps forward does not end a period early on
+//! replicas that already know it: they keep their own deadline.
+//!
+//! # Schema versions and rolling upgrades
+//!
+//! What replicas share (key names, the script, the messages) carries a
+//! version, [`SCHEMA`]. Replicas of different schemas keep separate state:
+//! their keys differ, and each ignores the other's messages. They do not
+//! split silently: every replica writes a heartbeat to `{p}:replicas`, a key
+//! every schema from 2 on shares, and one that sees replicas of another
+//! schema there, or their messages on the channel, or (for a single
+//! breaker) the state key of schema 1, logs a warning once and lists the
+//! schema in [`Attachment::other_schemas`]. During a rolling upgrade, the
+//! old and the new replicas each share state among themselves until the
+//! last old one is gone.
 //!
 //! # When Redis is down, slow or holds garbage
 //!
@@ -77,10 +130,12 @@
 //!
 //! # Keys
 //!
-//! A breaker named `name` under prefix `p` uses `{p:name}:state`,
-//! `{p:name}:win` and `{p:name}:probes` (the hash tag keeps them in one Redis
-//! Cluster slot), and transitions are published on `p:events` as
-//! `<state> <epoch> <name>`. Nothing else goes to Redis: no request data but
+//! A breaker named `name` under prefix `p` uses `{p:name}:v2:state`,
+//! `{p:name}:v2:win`, `{p:name}:v2:probes` and, with a quorum,
+//! `{p:name}:v2:votes` (the hash tag keeps them in one Redis Cluster slot);
+//! replicas write heartbeats to `{p}:replicas` (a random replica id, the
+//! schema and a time), and transitions are published on `p:events` as
+//! `v2 <state> <epoch> <name>`. Nothing else goes to Redis: no request data but
 //! the breaker key itself, which for a credential is already a keyed hash
 //! ([`Key::hashed`](crate::keyed::Key::hashed)). Replicas find one account's
 //! breaker by that hash, so every replica must hash with the same
@@ -150,7 +205,7 @@ pub(crate) type Origins = Arc<Mutex<HashMap<Arc<str>, (State, Origin)>>>;
 pub(crate) type Schemas = Arc<Mutex<BTreeSet<u32>>>;
 
 /// Shares the state of breakers across replicas through one Redis server or
-/// one Redis Cluster.
+/// one Redis Cluster (feature `redis-cluster`).
 ///
 /// Cheap to clone. See the [module docs](self).
 #[derive(Clone)]

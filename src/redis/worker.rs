@@ -882,7 +882,13 @@ mod tests {
         };
         let p = pending(&t);
         let origins = Origins::default();
-        t.apply(reply, p, Instant::now(), Duration::from_millis(50), &origins);
+        t.apply(
+            reply,
+            p,
+            Instant::now(),
+            Duration::from_millis(50),
+            &origins,
+        );
         let left = breaker.snapshot().retry_in.expect("open");
         assert!(left <= Duration::from_secs(2) + MARGIN, "{left:?}");
         assert!(left > Duration::from_millis(1900), "{left:?}");
@@ -895,7 +901,9 @@ mod tests {
         let early = t.prepare(Instant::now(), false, true, || "x".into());
         assert!(early.is_none_or(|(req, _)| !req.overdue));
         tokio::time::advance(Duration::from_secs(2)).await;
-        let (req, _) = t.prepare(Instant::now(), false, true, || "x".into()).unwrap();
+        let (req, _) = t
+            .prepare(Instant::now(), false, true, || "x".into())
+            .unwrap();
         assert!(req.overdue, "the period outlasted the open cap");
     }
 
