@@ -22,7 +22,7 @@ use tower_circuit_breaker::redis::{
 use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, State};
 
 use redis_support::{
-    backend, connection, eventually, scratch_dir, unique_prefix, Server, SHARED_URL,
+    backend, connection, eventually, scratch_dir, shared_url, unique_prefix, Server,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -79,7 +79,7 @@ fn trip(breaker: &Breaker, failures: usize) {
 
 /// Sums the cluster window's counts of `kind` (`c`, `f` or `s`).
 async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let all: Vec<(String, i64)> = conn
         .hgetall(format!("{{{prefix}:{name}}}:v2:win"))
         .await
@@ -93,7 +93,7 @@ async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trip_on_one_replica_opens_every_replica() {
     let prefix = unique_prefix("trip");
-    let replicas = replicas(3, SHARED_URL, &prefix, || {
+    let replicas = replicas(3, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(3)
@@ -121,7 +121,7 @@ async fn a_trip_on_one_replica_opens_every_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_under_the_threshold_on_their_own_trip_together() {
     let prefix = unique_prefix("aggregate");
-    let replicas = replicas(5, SHARED_URL, &prefix, || {
+    let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .count_window(20)
@@ -147,7 +147,7 @@ async fn replicas_under_the_threshold_on_their_own_trip_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_together_under_the_threshold_stay_closed() {
     let prefix = unique_prefix("under");
-    let replicas = replicas(5, SHARED_URL, &prefix, || {
+    let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .count_window(20)
@@ -190,7 +190,7 @@ async fn replicas_together_under_the_threshold_stay_closed() {
 async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes() {
     const PROBES: usize = 3;
     let prefix = unique_prefix("probes");
-    let replicas = replicas(8, SHARED_URL, &prefix, || {
+    let replicas = replicas(8, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(1)
@@ -270,7 +270,7 @@ async fn admit_probe(breaker: &Breaker) -> tower_circuit_breaker::Permit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_reopen_every_replica_with_backoff() {
     let prefix = unique_prefix("reopen");
-    let replicas = replicas(2, SHARED_URL, &prefix, || {
+    let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(1)
@@ -311,7 +311,7 @@ async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
             .close_after(1)
             .probe_lease(Duration::from_millis(800))
     };
-    let mut replicas = replicas(2, SHARED_URL, &prefix, config).await;
+    let mut replicas = replicas(2, shared_url(), &prefix, config).await;
     trip(&replicas[0].0, 1);
     assert!(all_in(&replicas, State::Open).await);
 
@@ -434,14 +434,14 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
     let state_key = format!("{{{prefix}:{name}}}:v2:state");
     let win_key = format!("{{{prefix}:{name}}}:v2:win");
     let probes_key = format!("{{{prefix}:{name}}}:v2:probes");
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
 
     // Wrong types in every key.
     let _: () = conn.rpush(&state_key, "open").await.unwrap();
     let _: () = conn.set(&win_key, "garbage").await.unwrap();
     let _: () = conn.hset(&probes_key, "x", "y").await.unwrap();
 
-    let replicas = replicas(2, SHARED_URL, &prefix, || {
+    let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
             .name(name)
             .consecutive_failures(2)
@@ -535,12 +535,12 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
             .unwrap()
     };
     let (a, b) = (config(), config());
-    let attach_a = backend(SHARED_URL, &prefix)
+    let attach_a = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&a)
         .unwrap();
-    let attach_b = backend(SHARED_URL, &prefix)
+    let attach_b = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&b)
@@ -566,7 +566,7 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
     assert!(b.admit("claude/us").is_ok(), "other keys are unaffected");
 
     // Only breaker keys appear in Redis key names.
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
     assert!(!keys.is_empty());
     for k in &keys {
@@ -581,7 +581,7 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
 
 #[tokio::test]
 async fn attaching_needs_a_name_and_sane_settings() {
-    let client = || Client::open(SHARED_URL).unwrap();
+    let client = || Client::open(shared_url()).unwrap();
     let backend = Backend::builder(client()).build().unwrap();
     let unnamed = Breaker::builder().build().unwrap();
     assert_eq!(backend.attach(&unnamed).unwrap_err(), SetupError::Unnamed);
@@ -599,7 +599,7 @@ async fn attaching_needs_a_name_and_sane_settings() {
 
 #[test]
 fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
-    let backend = Backend::builder(Client::open(SHARED_URL).unwrap())
+    let backend = Backend::builder(Client::open(shared_url()).unwrap())
         .build()
         .unwrap();
     let named = Breaker::builder().name("x").build().unwrap();
@@ -733,7 +733,7 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
     let breaker = Breaker::builder().name("upstream").build().unwrap();
     let prefix = unique_prefix("runtime");
     let attachment = rt.block_on(async {
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach(&breaker)
@@ -762,12 +762,12 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
             .unwrap()
     };
     let (a, b) = (config(), config());
-    let attach_a = backend(SHARED_URL, &prefix)
+    let attach_a = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&a)
         .unwrap();
-    let attach_b = backend(SHARED_URL, &prefix)
+    let attach_b = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&b)
@@ -832,7 +832,7 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
     let mut replicas = Vec::new();
     for listener in [false, true] {
         let b = config(listener).build().unwrap();
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach(&b)
@@ -888,7 +888,7 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
             .open_duration(Duration::from_secs(30))
             .build()
             .unwrap();
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach_keyed(&set)
@@ -941,7 +941,7 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
     let svc = &mut replicas[1].2;
     assert!(svc.ready().await.unwrap().call(req()).await.is_err());
 
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
     assert!(!keys.is_empty());
     for k in &keys {
@@ -962,7 +962,7 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))
     };
-    let replicas = replicas(3, SHARED_URL, &prefix, config).await;
+    let replicas = replicas(3, shared_url(), &prefix, config).await;
 
     // Force open from replica 0: every replica, and who did it is visible.
     let began = Instant::now();
@@ -975,7 +975,7 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
     }
 
     // A replica that starts later finds the circuit forced open.
-    let late = crate::replicas(1, SHARED_URL, &prefix, config).await;
+    let late = crate::replicas(1, shared_url(), &prefix, config).await;
     assert!(
         all_in(&late, State::ForcedOpen).await,
         "a late replica follows"
@@ -1045,7 +1045,7 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
     let prefix = unique_prefix("quorum");
     let replicas = replicas_with(
         3,
-        SHARED_URL,
+        shared_url(),
         &prefix,
         || {
             Breaker::builder()
@@ -1095,7 +1095,7 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
     let prefix = unique_prefix("quorum-fallback");
     let replicas = replicas_with(
         2,
-        SHARED_URL,
+        shared_url(),
         &prefix,
         || {
             Breaker::builder()
@@ -1119,7 +1119,7 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
     trip(&replicas[1].0, 2);
     // Both are open on their own rules either way: the cluster's state says
     // whether the quorum was met.
-    let conn = connection(SHARED_URL).await;
+    let conn = connection(shared_url()).await;
     let key = format!("{{{prefix}:upstream}}:v2:state");
     let opened = eventually(WAIT, || {
         let (mut conn, key) = (conn.clone(), key.clone());
@@ -1260,7 +1260,7 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_of_another_schema_are_detected_not_silently_split() {
     let prefix = unique_prefix("schema");
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     assert_eq!(SCHEMA, 2);
 
     // A 0.1 replica's state: an unversioned key for the breaker.
@@ -1268,7 +1268,7 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
         .hset(format!("{{{prefix}:upstream}}:state"), "state", "open")
         .await
         .unwrap();
-    let replicas = replicas(1, SHARED_URL, &prefix, || {
+    let replicas = replicas(1, shared_url(), &prefix, || {
         Breaker::builder().name("upstream")
     })
     .await;
@@ -1299,7 +1299,7 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
 
     // A keyed set learns of schema 1 from its messages.
     let set = KeyedBreakers::builder().build().unwrap();
-    let keyed = backend(SHARED_URL, &prefix)
+    let keyed = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&set)

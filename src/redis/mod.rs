@@ -80,7 +80,7 @@
 //!
 //! With the `redis-tls` feature, `rediss://` URLs work, over rustls with the
 //! ring provider, verifying the server against the system's roots, or
-//! against a CA of your own given with [`Client::build_with_tls`]. (If your
+//! against a CA of your own given with `Client::build_with_tls`. (If your
 //! program also enables rustls's `aws-lc-rs` provider, install one as the
 //! process default before attaching.)
 //!
@@ -266,7 +266,7 @@ impl Backend {
     /// ```
     /// use tower_circuit_breaker::redis::{Backend, Client};
     ///
-    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/", "redis://10.0.0.3:7000/"];
+    /// let nodes = ["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/", "redis://127.0.0.1:7002/"];
     /// let backend = Backend::cluster_builder(
     ///     nodes.iter().map(|url| Client::open(*url)).collect::<Result<Vec<_>, _>>()?,
     /// )

@@ -398,6 +398,9 @@ impl Worker {
             }
         }
         self.tracked.retain(|_, t| t.seen == round);
+        // Evicted keys take their origin with them.
+        let tracked = &self.tracked;
+        lock(&self.origins).retain(|name, _| tracked.contains_key(name));
     }
 
     /// One round trip: every breaker with something to say or learn, in one

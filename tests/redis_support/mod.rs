@@ -12,8 +12,14 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tower_circuit_breaker::redis::{Backend, BackendBuilder, Client};
 
-/// The server every test may share; tests keep apart by prefix.
-pub const SHARED_URL: &str = "redis://127.0.0.1:6379/";
+/// The server every test may share (`REDIS_URL`, by default the machine's
+/// one on 6379); tests keep apart by prefix.
+pub fn shared_url() -> &'static str {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+    })
+}
 
 /// A prefix no other test (or earlier run) uses.
 pub fn unique_prefix(test: &str) -> String {
