@@ -90,8 +90,9 @@
 //! than the open period it was set for means the server's clock went back:
 //! the period ends then, and probes decide. Each replica also caps what the
 //! cluster tells it by its own monotonic clock: no open period lasts longer
-//! than the breaker's [longest open duration](crate::Builder::max_open_duration)
-//! (plus a few milliseconds) from the moment the replica learned of it, and
+//! than the breaker's [longest open duration](crate::Builder::max_open_duration),
+//! plus the [timeout](BackendBuilder::timeout) of one exchange, from the
+//! moment the replica learned of it, and
 //! a replica whose clock says the period is over tells the cluster, which
 //! ends it. A server clock that jumps forward does not end a period early on
 //! replicas that already know it: they keep their own deadline.

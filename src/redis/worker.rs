@@ -87,6 +87,9 @@ struct Tracked {
     /// A local trip was sent in this open period (a trip the quorum has not
     /// confirmed stays local, and is not sent again at every scan).
     trip_sent: bool,
+    /// The longest an exchange may take: a reply's deadline is as old as
+    /// that when it arrives.
+    slack: Duration,
     /// Calls admitted and rejected at the last resync: a closed breaker
     /// without calls since has nothing to protect and skips the next one.
     activity: u64,
@@ -585,7 +588,19 @@ impl Tracked {
             activity: 0,
             opened: None,
             trip_sent: false,
+            slack: settings.timeout,
         }
+    }
+
+    /// How long after first learning of an open period this replica holds
+    /// it open at most, whatever the cluster's clock says: the open cap,
+    /// plus the age a reply can have, so the cap never cuts a period the
+    /// cluster's clock keeps honestly.
+    fn longest(&self) -> Duration {
+        self.rule
+            .open_max
+            .saturating_add(self.slack)
+            .saturating_add(MARGIN)
     }
 
     /// Whether the breaker tripped on its own since the cluster was last
@@ -666,7 +681,7 @@ impl Tracked {
         if let (Some(v), Some((epoch, at))) = (self.view, self.opened) {
             if matches!(v.cluster, Cluster::Open(_))
                 && v.epoch == epoch
-                && now >= later(at, self.rule.open_max)
+                && now >= later(at, self.longest())
             {
                 req.overdue = true;
             }
@@ -686,7 +701,9 @@ impl Tracked {
         let inconsistent = match (local, self.view) {
             (_, None) => true,
             (State::HalfOpen, Some(v)) => v.cluster.is_closed(),
-            (State::Closed, Some(v)) => !v.cluster.is_closed(),
+            // A replica whose operator overrode a cluster-wide control is
+            // left alone until the next cluster transition.
+            (State::Closed, Some(v)) => matches!(v.cluster, Cluster::Open(_) | Cluster::HalfOpen),
             _ => false,
         };
         let activity = c.admitted + c.rejected;
@@ -760,8 +777,7 @@ impl Tracked {
             _ => self.opened = None,
         }
         let cap = self.opened.map_or(Duration::ZERO, |(_, at)| {
-            later(at, self.rule.open_max.saturating_add(MARGIN))
-                .saturating_duration_since(Instant::now())
+            later(at, self.longest()).saturating_duration_since(Instant::now())
         });
         let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
         match (reply.cluster, local) {
@@ -892,9 +908,11 @@ mod tests {
             Duration::from_millis(50),
             &origins,
         );
+        // The cap, and the timeout of an exchange (500 ms) as slack.
+        let longest = Duration::from_millis(2500) + MARGIN;
         let left = breaker.snapshot().retry_in.expect("open");
-        assert!(left <= Duration::from_secs(2) + MARGIN, "{left:?}");
-        assert!(left > Duration::from_millis(1900), "{left:?}");
+        assert!(left <= longest, "{left:?}");
+        assert!(left > longest - Duration::from_millis(100), "{left:?}");
         assert_eq!(
             lock(&origins).get("b").copied(),
             Some((State::Open, Origin::Cluster))
@@ -903,7 +921,7 @@ mod tests {
         // Not overdue yet; past the cap by this clock, the cluster is told.
         let early = t.prepare(Instant::now(), false, true, || "x".into());
         assert!(early.is_none_or(|(req, _)| !req.overdue));
-        tokio::time::advance(Duration::from_secs(2)).await;
+        tokio::time::advance(longest).await;
         let (req, _) = t
             .prepare(Instant::now(), false, true, || "x".into())
             .unwrap();
