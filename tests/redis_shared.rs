@@ -1253,6 +1253,9 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
     }
     server.kill().await;
     let _ = std::fs::remove_dir_all(dir);
+    if let Some(shim_dir) = shim.parent() {
+        let _ = std::fs::remove_dir_all(shim_dir);
+    }
 }
 
 // === schema versions ===
