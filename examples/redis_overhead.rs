@@ -138,7 +138,7 @@ fn main() {
             .await
             .expect("redis answers");
         let all: Vec<(String, i64)> = redis::cmd("HGETALL")
-            .arg(format!("{{{prefix}:shared}}:win"))
+            .arg(format!("{{{prefix}:shared}}:v2:win"))
             .query_async(&mut conn)
             .await
             .unwrap_or_default();

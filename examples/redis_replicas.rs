@@ -1,8 +1,10 @@
 //! Measures how long a trip on one replica takes to reach the others through
 //! Redis: several replicas, each its own breaker with its own connections;
 //! one trips; each other replica's time until it rejects is recorded. Prints
-//! min / median / max over the trials, for a single named breaker and for a
-//! key of a keyed set.
+//! min / median / max over the trials, for a single named breaker, for a
+//! key of a keyed set, and for a cluster-wide force open made on one replica
+//! (timed from the call, which opens its own connection, to each replica
+//! rejecting, itself included).
 //!
 //! ```text
 //! cargo run --release --features redis --example redis_replicas -- [replicas] [trials]
@@ -84,6 +86,45 @@ async fn single(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     out
 }
 
+/// One trial of a cluster-wide force open: per-replica latencies, from the
+/// call on replica 0.
+async fn forced(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
+    let prefix = format!("propagation-forced-{}-{trial}", std::process::id());
+    let mut breakers = Vec::new();
+    let mut attachments = Vec::new();
+    for _ in 0..replicas {
+        let b = Breaker::builder().name("upstream").build().unwrap();
+        attachments.push(backend(url, &prefix).attach(&b).unwrap());
+        breakers.push(b);
+    }
+    until_shared(&attachments).await;
+    let watchers: Vec<_> = breakers
+        .iter()
+        .map(|b| tokio::spawn(until_rejecting(b.clone())))
+        .collect();
+    let start = Instant::now();
+    attachments[0]
+        .force_open_cluster("upstream")
+        .await
+        .expect("redis confirms the control");
+    let mut out = Vec::new();
+    for w in watchers {
+        let at = timeout(Duration::from_secs(5), w)
+            .await
+            .expect("the control arrives")
+            .unwrap();
+        out.push(at.saturating_duration_since(start));
+    }
+    attachments[0]
+        .reset_cluster("upstream")
+        .await
+        .expect("redis confirms the reset");
+    for a in attachments {
+        a.detach().await;
+    }
+    out
+}
+
 /// One trial with keyed sets: the trip of one key, seen or not elsewhere.
 async fn keyed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     let prefix = format!("propagation-keyed-{}-{trial}", std::process::id());
@@ -152,16 +193,17 @@ async fn main() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     println!("{replicas} replicas, {trials} trials, {url}");
 
-    for (what, keyed_mode) in [
-        ("single breaker (trip sent on the transition)", false),
-        ("keyed set (trip found by a state scan every 5 ms)", true),
+    for (what, mode) in [
+        ("single breaker (trip sent on the transition)", 0),
+        ("keyed set (trip found by a state scan every 5 ms)", 1),
+        ("cluster-wide force open (from the call on one replica)", 2),
     ] {
         let (mut each, mut all) = (Vec::new(), Vec::new());
         for trial in 0..trials {
-            let lat = if keyed_mode {
-                keyed(&url, replicas, trial).await
-            } else {
-                single(&url, replicas, trial).await
+            let lat = match mode {
+                0 => single(&url, replicas, trial).await,
+                1 => keyed(&url, replicas, trial).await,
+                _ => forced(&url, replicas, trial).await,
             };
             all.push(*lat.iter().max().unwrap());
             each.extend(lat);

@@ -16,10 +16,14 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_circuit_breaker::keyed::KeyedBreakers;
-use tower_circuit_breaker::redis::{Attachment, Backend, Client, SetupError};
+use tower_circuit_breaker::redis::{
+    Attachment, Backend, BackendBuilder, Client, Origin, SetupError, SCHEMA,
+};
 use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, State};
 
-use redis_support::{backend, connection, eventually, unique_prefix, Server, SHARED_URL};
+use redis_support::{
+    backend, connection, eventually, scratch_dir, shared_url, unique_prefix, Server,
+};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -30,10 +34,21 @@ async fn replicas(
     prefix: &str,
     config: impl Fn() -> Builder<Breaker>,
 ) -> Vec<(Breaker, Attachment)> {
+    replicas_with(n, url, prefix, config, |b| b).await
+}
+
+/// `replicas`, with `tweak` applied to every backend.
+async fn replicas_with(
+    n: usize,
+    url: &str,
+    prefix: &str,
+    config: impl Fn() -> Builder<Breaker>,
+    tweak: impl Fn(BackendBuilder) -> BackendBuilder,
+) -> Vec<(Breaker, Attachment)> {
     let mut out = Vec::new();
     for _ in 0..n {
         let breaker = config().build().expect("valid configuration");
-        let attachment = backend(url, prefix)
+        let attachment = tweak(backend(url, prefix))
             .build()
             .unwrap()
             .attach(&breaker)
@@ -64,9 +79,9 @@ fn trip(breaker: &Breaker, failures: usize) {
 
 /// Sums the cluster window's counts of `kind` (`c`, `f` or `s`).
 async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let all: Vec<(String, i64)> = conn
-        .hgetall(format!("{{{prefix}:{name}}}:win"))
+        .hgetall(format!("{{{prefix}:{name}}}:v2:win"))
         .await
         .unwrap();
     all.iter()
@@ -78,7 +93,7 @@ async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trip_on_one_replica_opens_every_replica() {
     let prefix = unique_prefix("trip");
-    let replicas = replicas(3, SHARED_URL, &prefix, || {
+    let replicas = replicas(3, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(3)
@@ -106,7 +121,7 @@ async fn a_trip_on_one_replica_opens_every_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_under_the_threshold_on_their_own_trip_together() {
     let prefix = unique_prefix("aggregate");
-    let replicas = replicas(5, SHARED_URL, &prefix, || {
+    let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .count_window(20)
@@ -132,7 +147,7 @@ async fn replicas_under_the_threshold_on_their_own_trip_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_together_under_the_threshold_stay_closed() {
     let prefix = unique_prefix("under");
-    let replicas = replicas(5, SHARED_URL, &prefix, || {
+    let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .count_window(20)
@@ -175,7 +190,7 @@ async fn replicas_together_under_the_threshold_stay_closed() {
 async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes() {
     const PROBES: usize = 3;
     let prefix = unique_prefix("probes");
-    let replicas = replicas(8, SHARED_URL, &prefix, || {
+    let replicas = replicas(8, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(1)
@@ -255,7 +270,7 @@ async fn admit_probe(breaker: &Breaker) -> tower_circuit_breaker::Permit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_reopen_every_replica_with_backoff() {
     let prefix = unique_prefix("reopen");
-    let replicas = replicas(2, SHARED_URL, &prefix, || {
+    let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
             .name("upstream")
             .consecutive_failures(1)
@@ -296,7 +311,7 @@ async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
             .close_after(1)
             .probe_lease(Duration::from_millis(800))
     };
-    let mut replicas = replicas(2, SHARED_URL, &prefix, config).await;
+    let mut replicas = replicas(2, shared_url(), &prefix, config).await;
     trip(&replicas[0].0, 1);
     assert!(all_in(&replicas, State::Open).await);
 
@@ -416,17 +431,17 @@ async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
 async fn garbage_in_the_keys_is_treated_as_absent() {
     let prefix = unique_prefix("garbage");
     let name = "upstream";
-    let state_key = format!("{{{prefix}:{name}}}:state");
-    let win_key = format!("{{{prefix}:{name}}}:win");
-    let probes_key = format!("{{{prefix}:{name}}}:probes");
-    let mut conn = connection(SHARED_URL).await;
+    let state_key = format!("{{{prefix}:{name}}}:v2:state");
+    let win_key = format!("{{{prefix}:{name}}}:v2:win");
+    let probes_key = format!("{{{prefix}:{name}}}:v2:probes");
+    let mut conn = connection(shared_url()).await;
 
     // Wrong types in every key.
     let _: () = conn.rpush(&state_key, "open").await.unwrap();
     let _: () = conn.set(&win_key, "garbage").await.unwrap();
     let _: () = conn.hset(&probes_key, "x", "y").await.unwrap();
 
-    let replicas = replicas(2, SHARED_URL, &prefix, || {
+    let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
             .name(name)
             .consecutive_failures(2)
@@ -469,7 +484,7 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
         let _: () = conn.zadd(&probes_key, "squatter", 1e18).await.unwrap();
         let _: () = redis::cmd("PUBLISH")
             .arg(format!("{prefix}:events"))
-            .arg(format!("open 1 {name}"))
+            .arg(format!("v2 open 1 {name}"))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -520,12 +535,12 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
             .unwrap()
     };
     let (a, b) = (config(), config());
-    let attach_a = backend(SHARED_URL, &prefix)
+    let attach_a = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&a)
         .unwrap();
-    let attach_b = backend(SHARED_URL, &prefix)
+    let attach_b = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&b)
@@ -551,14 +566,14 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
     assert!(b.admit("claude/us").is_ok(), "other keys are unaffected");
 
     // Only breaker keys appear in Redis key names.
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
     assert!(!keys.is_empty());
     for k in &keys {
         let ok = ["gpt-4o/eu", "claude/us"].iter().any(|name| {
             ["state", "win", "probes"]
                 .iter()
-                .any(|kind| *k == format!("{{{prefix}:{name}}}:{kind}"))
+                .any(|kind| *k == format!("{{{prefix}:{name}}}:v2:{kind}"))
         });
         assert!(ok, "unexpected key {k}");
     }
@@ -566,7 +581,7 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
 
 #[tokio::test]
 async fn attaching_needs_a_name_and_sane_settings() {
-    let client = || Client::open(SHARED_URL).unwrap();
+    let client = || Client::open(shared_url()).unwrap();
     let backend = Backend::builder(client()).build().unwrap();
     let unnamed = Breaker::builder().build().unwrap();
     assert_eq!(backend.attach(&unnamed).unwrap_err(), SetupError::Unnamed);
@@ -584,7 +599,7 @@ async fn attaching_needs_a_name_and_sane_settings() {
 
 #[test]
 fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
-    let backend = Backend::builder(Client::open(SHARED_URL).unwrap())
+    let backend = Backend::builder(Client::open(shared_url()).unwrap())
         .build()
         .unwrap();
     let named = Breaker::builder().name("x").build().unwrap();
@@ -616,7 +631,7 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
     .await;
     assert!(back);
     let conn = connection(&url).await;
-    let state_key = format!("{{{prefix}:upstream}}:state");
+    let state_key = format!("{{{prefix}:upstream}}:v2:state");
     let restored = eventually(WAIT, || {
         let (mut conn, key) = (conn.clone(), state_key.clone());
         async move {
@@ -718,7 +733,7 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
     let breaker = Breaker::builder().name("upstream").build().unwrap();
     let prefix = unique_prefix("runtime");
     let attachment = rt.block_on(async {
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach(&breaker)
@@ -747,12 +762,12 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
             .unwrap()
     };
     let (a, b) = (config(), config());
-    let attach_a = backend(SHARED_URL, &prefix)
+    let attach_a = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&a)
         .unwrap();
-    let attach_b = backend(SHARED_URL, &prefix)
+    let attach_b = backend(shared_url(), &prefix)
         .build()
         .unwrap()
         .attach_keyed(&b)
@@ -817,7 +832,7 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
     let mut replicas = Vec::new();
     for listener in [false, true] {
         let b = config(listener).build().unwrap();
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach(&b)
@@ -873,7 +888,7 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
             .open_duration(Duration::from_secs(30))
             .build()
             .unwrap();
-        let a = backend(SHARED_URL, &prefix)
+        let a = backend(shared_url(), &prefix)
             .build()
             .unwrap()
             .attach_keyed(&set)
@@ -926,11 +941,382 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
     let svc = &mut replicas[1].2;
     assert!(svc.ready().await.unwrap().call(req()).await.is_err());
 
-    let mut conn = connection(SHARED_URL).await;
+    let mut conn = connection(shared_url()).await;
     let keys: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
     assert!(!keys.is_empty());
     for k in &keys {
         assert!(!k.contains("sk-live"), "{k}");
         assert!(k.starts_with(&format!("{{{prefix}:#")), "{k}");
     }
+}
+
+// === cluster-wide operator controls ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
+    let prefix = unique_prefix("control");
+    let config = || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(3)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    };
+    let replicas = replicas(3, shared_url(), &prefix, config).await;
+
+    // Force open from replica 0: every replica, and who did it is visible.
+    let began = Instant::now();
+    replicas[0].1.force_open_cluster("upstream").await.unwrap();
+    assert!(all_in(&replicas, State::ForcedOpen).await);
+    eprintln!("force open reached 3 replicas in {:?}", began.elapsed());
+    for (b, a) in &replicas {
+        assert!(b.admit().is_err());
+        assert_eq!(a.snapshot(b).origin, Origin::ClusterControl);
+    }
+
+    // A replica that starts later finds the circuit forced open.
+    let late = crate::replicas(1, shared_url(), &prefix, config).await;
+    assert!(
+        all_in(&late, State::ForcedOpen).await,
+        "a late replica follows"
+    );
+
+    // Disable from replica 1: failures trip no one.
+    let began = Instant::now();
+    replicas[1].1.disable_cluster("upstream").await.unwrap();
+    assert!(all_in(&replicas, State::Disabled).await);
+    eprintln!("disable reached 3 replicas in {:?}", began.elapsed());
+    trip(&replicas[2].0, 5);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(replicas.iter().all(|(b, _)| b.state() == State::Disabled));
+
+    // Reset from replica 2 lifts it everywhere.
+    let began = Instant::now();
+    replicas[2].1.reset_cluster("upstream").await.unwrap();
+    assert!(all_in(&replicas, State::Closed).await);
+    assert!(all_in(&late, State::Closed).await);
+    eprintln!("reset reached 4 replicas in {:?}", began.elapsed());
+
+    // A trip is the cluster's on the others, local on the one that tripped.
+    trip(&replicas[0].0, 3);
+    assert!(all_in(&replicas, State::Open).await);
+    assert_eq!(replicas[0].1.snapshot(&replicas[0].0).origin, Origin::Local);
+    for (b, a) in &replicas[1..] {
+        assert_eq!(a.snapshot(b).origin, Origin::Cluster);
+    }
+
+    // A reset closes an open cluster, and a replica forced open by its own
+    // operator, everywhere.
+    replicas[1].0.force_open();
+    assert_eq!(replicas[1].1.snapshot(&replicas[1].0).origin, Origin::Local);
+    let began = Instant::now();
+    replicas[1].1.reset_cluster("upstream").await.unwrap();
+    assert!(all_in(&replicas, State::Closed).await);
+    eprintln!(
+        "reset of an open circuit reached 3 replicas in {:?}",
+        began.elapsed()
+    );
+    assert!(replicas.iter().all(|(b, _)| b.admit().is_ok()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
+    let mut server = Server::start().await;
+    let prefix = unique_prefix("control-down");
+    let replicas = replicas(1, &server.url(), &prefix, || {
+        Breaker::builder().name("upstream")
+    })
+    .await;
+    server.kill().await;
+    let err = replicas[0]
+        .1
+        .force_open_cluster("upstream")
+        .await
+        .expect_err("no redis, no control");
+    assert!(err.to_string().starts_with("cluster control not applied"));
+    assert_eq!(replicas[0].0.state(), State::Closed);
+    assert!(replicas[0].1.reset_cluster("").await.is_err());
+}
+
+// === quorum ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
+    let prefix = unique_prefix("quorum");
+    let replicas = replicas_with(
+        3,
+        shared_url(),
+        &prefix,
+        || {
+            Breaker::builder()
+                .name("upstream")
+                .consecutive_failures(3)
+                .jitter(0.0)
+                .open_duration(Duration::from_secs(30))
+        },
+        |b| b.quorum(2),
+    )
+    .await;
+    // Every replica has seen the others' heartbeats.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Replica 0's path to the upstream is broken: it opens, alone.
+    trip(&replicas[0].0, 3);
+    assert_eq!(replicas[0].0.state(), State::Open);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        for (b, _) in &replicas[1..] {
+            assert_eq!(
+                b.state(),
+                State::Closed,
+                "one replica alone opens no one else"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(replicas[1..].iter().all(|(b, _)| b.admit().is_ok()));
+
+    // A second replica agrees: the circuit opens everywhere.
+    let began = Instant::now();
+    trip(&replicas[1].0, 3);
+    assert!(
+        all_in(&replicas, State::Open).await,
+        "two replicas make the quorum"
+    );
+    eprintln!("quorum trip reached 3 replicas in {:?}", began.elapsed());
+    assert_eq!(
+        replicas[2].1.snapshot(&replicas[2].0).origin,
+        Origin::Cluster
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() {
+    let prefix = unique_prefix("quorum-fallback");
+    let replicas = replicas_with(
+        2,
+        shared_url(),
+        &prefix,
+        || {
+            Breaker::builder()
+                .name("upstream")
+                .consecutive_failures(2)
+                .jitter(0.0)
+                .open_duration(Duration::from_secs(30))
+        },
+        |b| b.quorum(5),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    trip(&replicas[0].0, 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        replicas[1].0.state(),
+        State::Closed,
+        "two alive: a quorum of two"
+    );
+    trip(&replicas[1].0, 2);
+    // Both are open on their own rules either way: the cluster's state says
+    // whether the quorum was met.
+    let conn = connection(shared_url()).await;
+    let key = format!("{{{prefix}:upstream}}:v2:state");
+    let opened = eventually(WAIT, || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            let s: Option<String> = conn.hget(key, "state").await.unwrap();
+            s.as_deref() == Some("open")
+        }
+    })
+    .await;
+    assert!(
+        opened,
+        "every live replica failing opens the shared circuit"
+    );
+}
+
+// === clock safety ===
+
+/// Builds the shim that steps a process's wall clock; `None` (and a message,
+/// or a failure on CI) when this machine has no C compiler.
+fn clock_step_shim() -> Option<std::path::PathBuf> {
+    let dir = scratch_dir("clock-shim");
+    let out = dir.join("libclockstep.so");
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/redis_support/clock_step.c"
+    );
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(source)
+        .status()
+        .is_ok_and(|s| s.success());
+    if built {
+        return Some(out);
+    }
+    let why = "no C compiler (`cc`) to build the clock-step shim for redis-server";
+    if std::env::var_os("CI").is_some() {
+        panic!("{why}: install gcc");
+    }
+    eprintln!("skipping the clock-step test: {why}");
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early() {
+    let Some(shim) = clock_step_shim() else {
+        return;
+    };
+    let dir = scratch_dir("clock-step");
+    let step = dir.join("step");
+    std::fs::write(&step, "0").unwrap();
+    let mut server = Server::start_with(
+        Vec::new(),
+        vec![
+            ("LD_PRELOAD".into(), shim.display().to_string()),
+            ("CLOCK_STEP_FILE".into(), step.display().to_string()),
+        ],
+        None,
+    )
+    .await;
+    // Redis's clock really moves: the shim is in force.
+    let mut conn = connection(&server.url()).await;
+    let before: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    std::fs::write(&step, "-3600").unwrap();
+    let after: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    assert!(
+        after.0 + 3500 < before.0,
+        "the server's clock went back an hour"
+    );
+    std::fs::write(&step, "0").unwrap();
+
+    let prefix = unique_prefix("clock");
+    let open = Duration::from_secs(1);
+    let replicas = replicas(3, &server.url(), &prefix, || {
+        Breaker::builder()
+            .name("upstream")
+            .consecutive_failures(3)
+            .jitter(0.0)
+            .open_duration(open)
+            // By the server's arithmetic alone, a period may last an hour.
+            .max_open_duration(Duration::from_secs(3600))
+            .probes(1)
+            .close_after(1)
+    })
+    .await;
+
+    // Back an hour while open: the period must still end on time by our
+    // clock, and the cluster must grant the probe then.
+    let tripped = Instant::now();
+    trip(&replicas[0].0, 3);
+    assert!(all_in(&replicas, State::Open).await);
+    std::fs::write(&step, "-3600").unwrap();
+    let probe = tokio::time::timeout(open + Duration::from_secs(1), admit_probe(&replicas[1].0))
+        .await
+        .expect("no circuit stays open past its period plus a margin");
+    eprintln!(
+        "back 1 h: probe admitted {:?} after the trip",
+        tripped.elapsed()
+    );
+    probe.record(Outcome::Success);
+    assert!(
+        all_in(&replicas, State::Closed).await,
+        "replicas re-converge"
+    );
+
+    // Forward an hour (back to the true time) while open: the period must
+    // not end early by our clock.
+    let tripped = Instant::now();
+    trip(&replicas[2].0, 3);
+    assert!(all_in(&replicas, State::Open).await);
+    std::fs::write(&step, "0").unwrap();
+    while tripped.elapsed() < open - Duration::from_millis(150) {
+        for (b, _) in &replicas {
+            assert!(
+                b.admit().is_err(),
+                "the period ends no earlier than it should"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let probe = tokio::time::timeout(open + Duration::from_secs(1), admit_probe(&replicas[0].0))
+        .await
+        .expect("the period ends on time");
+    probe.record(Outcome::Success);
+    assert!(
+        all_in(&replicas, State::Closed).await,
+        "replicas re-converge"
+    );
+    for (_, a) in &replicas {
+        assert!(a.is_shared());
+    }
+    server.kill().await;
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(shim_dir) = shim.parent() {
+        let _ = std::fs::remove_dir_all(shim_dir);
+    }
+}
+
+// === schema versions ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_of_another_schema_are_detected_not_silently_split() {
+    let prefix = unique_prefix("schema");
+    let mut conn = connection(shared_url()).await;
+    assert_eq!(SCHEMA, 2);
+
+    // A 0.1 replica's state: an unversioned key for the breaker.
+    let _: () = conn
+        .hset(format!("{{{prefix}:upstream}}:state"), "state", "open")
+        .await
+        .unwrap();
+    let replicas = replicas(1, shared_url(), &prefix, || {
+        Breaker::builder().name("upstream")
+    })
+    .await;
+    assert!(
+        eventually(WAIT, || async { replicas[0].1.other_schemas() == [1] }).await,
+        "a replica of schema 1 is reported"
+    );
+    assert_eq!(
+        replicas[0].0.state(),
+        State::Closed,
+        "its state is not taken as ours"
+    );
+
+    // A later schema's replica announces itself in the heartbeat hash.
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let _: () = conn
+        .hset(
+            format!("{{{prefix}}}:replicas"),
+            "from-the-future",
+            format!("3 {}", now.0 * 1000),
+        )
+        .await
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async { replicas[0].1.other_schemas() == [1, 3] }).await,
+        "a replica of schema 3 is reported"
+    );
+
+    // A keyed set learns of schema 1 from its messages.
+    let set = KeyedBreakers::builder().build().unwrap();
+    let keyed = backend(shared_url(), &prefix)
+        .build()
+        .unwrap()
+        .attach_keyed(&set)
+        .unwrap();
+    assert!(eventually(WAIT, || async { keyed.is_shared() }).await);
+    let _: () = redis::cmd("PUBLISH")
+        .arg(format!("{prefix}:events"))
+        .arg("open 1796117941000000 gpt-4o")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async { keyed.other_schemas().contains(&1) }).await,
+        "a message of schema 1 is reported"
+    );
+    assert!(set.get("gpt-4o").is_none(), "and not acted on");
 }

@@ -25,10 +25,12 @@
 //! A call costs about the same whether its breaker is attached or not (the
 //! `redis_overhead` example measures both in one run).
 //!
-//! Every exchange is one Lua script call per breaker (pipelined), so every
-//! cluster transition is atomic. Deadlines come from the
-//! Redis server's clock and reach the replicas as remaining durations, so
-//! clock skew between replicas cannot split the cluster.
+//! Every exchange is one Lua script call per breaker (pipelined on one
+//! server; on a Redis Cluster, each to its breaker's slot), so every cluster
+//! transition is atomic. Deadlines come from the Redis server's clock and
+//! reach the replicas as remaining durations, so clock skew between replicas
+//! cannot split the cluster; see [Clocks](#clocks) for a server clock that
+//! steps.
 //!
 //! # How the cluster decides
 //!
@@ -50,11 +52,63 @@
 //!   that dies cannot wedge the cycle. Probe outcomes are reported, and the
 //!   cluster closes after `close_after` successes or reopens, with backoff,
 //!   as soon as closing is out of reach.
-//! - **Manual control** stays local: a forced-open or disabled breaker is
-//!   left alone and shares nothing. A [`reset`](Breaker::reset) closes one
-//!   replica, which the cluster opens again while it is open elsewhere.
+//! - **Manual control**, cluster-wide: [`Attachment::force_open_cluster`],
+//!   [`Attachment::disable_cluster`] and [`Attachment::reset_cluster`] act on
+//!   every replica (each applies them within a round trip of the message;
+//!   one that was away, when it is back), and [`Attachment::snapshot`] says
+//!   whether a replica's state came from itself, from the cluster, or from
+//!   such a control ([`Origin`]). The breaker's own controls stay local: a
+//!   breaker forced open or disabled on one replica is left alone and
+//!   shares nothing, and a [`reset`](Breaker::reset) closes one replica,
+//!   which the cluster opens again while it is open elsewhere.
 //! - A breaker in [metrics-only](Breaker::set_metrics_only) mode follows the
 //!   cluster but never trips it or adds to its window.
+//! - **Quorum** (off by default): with [`BackendBuilder::quorum`], the
+//!   cluster opens only on failures seen by that many distinct replicas, so
+//!   one replica with a broken path to the upstream opens only its own
+//!   circuit.
+//!
+//! # Redis Cluster and TLS
+//!
+//! With the `redis-cluster` feature, [`Backend::cluster_builder`] takes the
+//! nodes of a Redis Cluster. A breaker's keys share one hash tag, so its
+//! script runs on its slot's master; transitions are published cluster-wide
+//! and the subscription moves to another node when its node goes away. While
+//! a master fails over, the attachment falls back to local state like for
+//! any unreachable Redis, and returns to shared mode once the slot has a
+//! master again (two to three seconds with a node timeout of one second).
+//!
+//! With the `redis-tls` feature, `rediss://` URLs work, over rustls with the
+//! ring provider, verifying the server against the system's roots, or
+//! against a CA of your own given with `Client::build_with_tls`. (If your
+//! program also enables rustls's `aws-lc-rs` provider, install one as the
+//! process default before attaching.)
+//!
+//! # Clocks
+//!
+//! The server's clock is trusted only within bounds. A deadline further out
+//! than the open period it was set for means the server's clock went back:
+//! the period ends then, and probes decide. Each replica also caps what the
+//! cluster tells it by its own monotonic clock: no open period lasts longer
+//! than the breaker's [longest open duration](crate::Builder::max_open_duration),
+//! plus the [timeout](BackendBuilder::timeout) of one exchange, from the
+//! moment the replica learned of it, and
+//! a replica whose clock says the period is over tells the cluster, which
+//! ends it. A server clock that jumps forward does not end a period early on
+//! replicas that already know it: they keep their own deadline.
+//!
+//! # Schema versions and rolling upgrades
+//!
+//! What replicas share (key names, the script, the messages) carries a
+//! version, [`SCHEMA`]. Replicas of different schemas keep separate state:
+//! their keys differ, and each ignores the other's messages. They do not
+//! split silently: every replica writes a heartbeat to `{p}:replicas`, a key
+//! every schema from 2 on shares, and one that sees replicas of another
+//! schema there, or their messages on the channel, or (for a single
+//! breaker) the state key of schema 1, logs a warning once and lists the
+//! schema in [`Attachment::other_schemas`]. During a rolling upgrade, the
+//! old and the new replicas each share state among themselves until the
+//! last old one is gone.
 //!
 //! # When Redis is down, slow or holds garbage
 //!
@@ -77,10 +131,12 @@
 //!
 //! # Keys
 //!
-//! A breaker named `name` under prefix `p` uses `{p:name}:state`,
-//! `{p:name}:win` and `{p:name}:probes` (the hash tag keeps them in one Redis
-//! Cluster slot), and transitions are published on `p:events` as
-//! `<state> <epoch> <name>`. Nothing else goes to Redis: no request data but
+//! A breaker named `name` under prefix `p` uses `{p:name}:v2:state`,
+//! `{p:name}:v2:win`, `{p:name}:v2:probes` and, with a quorum,
+//! `{p:name}:v2:votes` (the hash tag keeps them in one Redis Cluster slot);
+//! replicas write heartbeats to `{p}:replicas` (a random replica id, the
+//! schema and a time), and transitions are published on `p:events` as
+//! `v2 <state> <epoch> <name>`. Nothing else goes to Redis: no request data but
 //! the breaker key itself, which for a credential is already a keyed hash
 //! ([`Key::hashed`](crate::keyed::Key::hashed)). Replicas find one account's
 //! breaker by that hash, so every replica must hash with the same
@@ -115,25 +171,42 @@
 //! # Ok(()) }
 //! ```
 
+mod conn;
+mod control;
 mod script;
 mod supervise;
 mod worker;
 
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::conn::Store;
 use self::worker::{Target, Worker};
 use crate::keyed::KeyedBreakers;
-use crate::Breaker;
+use crate::{Breaker, State};
 
+pub use self::control::{ControlError, Origin, SharedSnapshot};
 pub use ::redis::Client;
 
-/// Shares the state of breakers across replicas through one Redis server.
+/// The version of what replicas share in Redis: key names, the state script
+/// and the transition messages. It changes only with a release that says
+/// how to roll it out; replicas of two schemas keep apart and log it.
+pub const SCHEMA: u32 = script::SCHEMA;
+
+/// Who put each breaker in its state, as the sync task last applied it.
+pub(crate) type Origins = Arc<Mutex<HashMap<Arc<str>, (State, Origin)>>>;
+
+/// Schemas other than [`SCHEMA`] seen on the prefix.
+pub(crate) type Schemas = Arc<Mutex<BTreeSet<u32>>>;
+
+/// Shares the state of breakers across replicas through one Redis server or
+/// one Redis Cluster (feature `redis-cluster`).
 ///
 /// Cheap to clone. See the [module docs](self).
 #[derive(Clone)]
@@ -142,25 +215,28 @@ pub struct Backend {
 }
 
 pub(crate) struct Settings {
-    client: Client,
+    store: Store,
     prefix: Arc<str>,
     window: Option<(Duration, u32)>,
     flush: Duration,
     resync: Duration,
     timeout: Duration,
     backoff: (Duration, Duration),
+    quorum: u32,
 }
 
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
+            .field("store", &self.store)
             .field("prefix", &self.prefix)
             .field("window", &self.window)
             .field("flush", &self.flush)
             .field("resync", &self.resync)
             .field("timeout", &self.timeout)
             .field("backoff", &self.backoff)
-            .finish_non_exhaustive()
+            .field("quorum", &self.quorum)
+            .finish()
     }
 }
 
@@ -173,19 +249,47 @@ impl fmt::Debug for Backend {
 }
 
 impl Backend {
-    /// A builder for a backend on `client`'s server.
+    /// A builder for a backend on `client`'s server (`redis://`, or
+    /// `rediss://` with the `redis-tls` feature).
     pub fn builder(client: Client) -> BackendBuilder {
-        BackendBuilder {
-            settings: Settings {
-                client,
-                prefix: "tcb".into(),
-                window: None,
-                flush: Duration::from_millis(50),
-                resync: Duration::from_secs(1),
-                timeout: Duration::from_millis(500),
-                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-            },
-        }
+        BackendBuilder::new(Ok(Store::Single(client)))
+    }
+
+    /// A builder for a backend on a Redis Cluster, reached through `nodes`
+    /// (several, so that losing one does not lose the cluster).
+    ///
+    /// Each breaker's keys live in one slot and its script runs on that
+    /// slot's master; transitions are published to the whole cluster, and
+    /// the subscription moves to another of `nodes` when its node goes away.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    ///
+    /// let nodes = ["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/", "redis://127.0.0.1:7002/"];
+    /// let backend = Backend::cluster_builder(
+    ///     nodes.iter().map(|url| Client::open(*url)).collect::<Result<Vec<_>, _>>()?,
+    /// )
+    /// .prefix("checkout")
+    /// .build()?;
+    /// # let _ = backend;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn cluster_builder(nodes: impl IntoIterator<Item = Client>) -> BackendBuilder {
+        let nodes: Vec<Client> = nodes.into_iter().collect();
+        let store = if nodes.is_empty() {
+            Err("a cluster backend needs at least one node")
+        } else {
+            ::redis::cluster::ClusterClient::new(
+                nodes.iter().map(|c| c.get_connection_info().clone()),
+            )
+            .map(|client| Store::Cluster { client, nodes })
+            .map_err(|_| "the cluster nodes do not make a cluster client")
+        };
+        BackendBuilder::new(store)
     }
 
     /// Keeps `breaker` in step with the breakers of the same name on other
@@ -213,13 +317,37 @@ impl Backend {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| SetupError::NoRuntime)?;
         let (stop, stopped) = watch::channel(());
         let shared = Arc::new(AtomicBool::new(false));
-        let (settings, flag, rx) = (self.settings.clone(), shared.clone(), stopped.clone());
+        let origins = Origins::default();
+        let schemas = Schemas::default();
+        let (settings, flag, rx, o, sc) = (
+            self.settings.clone(),
+            shared.clone(),
+            stopped.clone(),
+            origins.clone(),
+            schemas.clone(),
+        );
         // A fresh worker per run: one that died may have left its state
         // half-changed, and a new one resyncs everything from Redis.
-        let start =
-            move || Worker::new(settings.clone(), target.clone(), flag.clone(), rx.clone()).run();
+        let start = move || {
+            Worker::new(
+                settings.clone(),
+                target.clone(),
+                flag.clone(),
+                o.clone(),
+                sc.clone(),
+                rx.clone(),
+            )
+            .run()
+        };
         let task = runtime.spawn(supervise::supervise(start, stopped, self.settings.backoff));
-        Ok(Attachment { stop, task, shared })
+        Ok(Attachment {
+            stop,
+            task,
+            shared,
+            origins,
+            schemas,
+            settings: self.settings.clone(),
+        })
     }
 }
 
@@ -241,17 +369,43 @@ impl Backend {
 /// ```
 pub struct BackendBuilder {
     settings: Settings,
+    /// Why the store given cannot work, found before `build`.
+    invalid: Option<&'static str>,
 }
 
 impl fmt::Debug for BackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackendBuilder")
             .field("settings", &self.settings)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl BackendBuilder {
+    fn new(store: Result<Store, &'static str>) -> BackendBuilder {
+        let (store, invalid) = match store {
+            Ok(store) => (store, None),
+            Err(why) => {
+                // A placeholder that is never connected to: `build` fails.
+                let client = Client::open("redis://127.0.0.1/").expect("a valid url");
+                (Store::Single(client), Some(why))
+            }
+        };
+        BackendBuilder {
+            settings: Settings {
+                store,
+                prefix: "tcb".into(),
+                window: None,
+                flush: Duration::from_millis(50),
+                resync: Duration::from_secs(1),
+                timeout: Duration::from_millis(500),
+                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+                quorum: 1,
+            },
+            invalid,
+        }
+    }
+
     /// The prefix of every key and of the channel (default `tcb`). Replicas
     /// share state when they use the same prefix and breaker name.
     pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
@@ -294,8 +448,42 @@ impl BackendBuilder {
         self
     }
 
+    /// Opens a shared circuit only when the failures behind it came from at
+    /// least `replicas` distinct replicas within the cluster window (default
+    /// 1: any replica's trip opens everyone's circuit).
+    ///
+    /// A replica whose own rules trip while the quorum is not met stays open
+    /// on its own (its path to the upstream may be the broken one) and opens
+    /// no one else's circuit. Replicas count as alive for three resync
+    /// intervals after their last heartbeat; when fewer than `replicas` are
+    /// alive, the quorum falls to the number alive, and a warning says so.
+    /// Every replica of a prefix should use the same quorum.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    ///
+    /// // Two replicas must see the upstream fail before anyone's circuit opens.
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .quorum(2)
+    ///     .build()?;
+    /// # let _ = backend;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quorum(mut self, replicas: u32) -> Self {
+        self.settings.quorum = replicas;
+        self
+    }
+
     /// Validates the settings.
     pub fn build(self) -> Result<Backend, SetupError> {
+        if let Some(why) = self.invalid {
+            return Err(SetupError::Invalid(why));
+        }
+        if self.settings.quorum == 0 {
+            return Err(SetupError::Invalid("quorum must be at least 1"));
+        }
         if self.settings.prefix.is_empty() || self.settings.prefix.contains(['{', '}']) {
             return Err(SetupError::Invalid(
                 "prefix must be non-empty and free of `{` and `}`",
@@ -335,6 +523,9 @@ pub struct Attachment {
     stop: watch::Sender<()>,
     task: JoinHandle<()>,
     shared: Arc<AtomicBool>,
+    origins: Origins,
+    schemas: Schemas,
+    settings: Arc<Settings>,
 }
 
 impl fmt::Debug for Attachment {
@@ -350,6 +541,36 @@ impl Attachment {
     /// before the first exchange and while they fall back to local state.
     pub fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
+    }
+
+    /// The shared-state schemas other than [`SCHEMA`] that replicas on this
+    /// prefix were seen to use (by their heartbeats, their messages, or a
+    /// single breaker's state key of the first schema), each also logged
+    /// once as a warning. Replicas of two schemas do not share state: during
+    /// a rolling upgrade this lists the old one until every replica runs the
+    /// new one (and the old one's heartbeats expire).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("doc-schemas")
+    ///     .build()?;
+    /// let breaker = Breaker::builder().name("rerank").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// if !attachment.other_schemas().is_empty() {
+    ///     eprintln!("a rollout is not finished: {:?}", attachment.other_schemas());
+    /// }
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn other_schemas(&self) -> Vec<u32> {
+        crate::sync::lock(&self.schemas).iter().copied().collect()
     }
 
     /// Stops sharing and waits for the background task to end; the breakers

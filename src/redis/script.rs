@@ -1,17 +1,22 @@
-//! The one Lua script every exchange with Redis goes through, its arguments
-//! and its reply.
+//! The Lua scripts every exchange with Redis goes through, their arguments
+//! and their replies.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use ::redis::{Pipeline, Script, Value};
+use ::redis::{Script, ScriptInvocation, Value};
 
 use crate::breaker::{Config, Window};
 
-/// Source of the script; see the comments at its top for its contract.
+/// Source of the state script; see the comments at its top for its contract.
 const SOURCE: &str = include_str!("sync.lua");
 
+/// Source of the heartbeat script.
+const HEARTBEAT_SOURCE: &str = include_str!("heartbeat.lua");
+
 pub(super) static SYNC: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+
+pub(super) static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SOURCE));
 
 /// The cluster-wide rules of one breaker, taken from its configuration.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +33,8 @@ pub(super) struct Rule {
     pub(super) probes: u32,
     close_after: u32,
     pub(super) lease: Duration,
+    /// The longest open period the cluster may set.
+    pub(super) open_max: Duration,
 }
 
 impl Rule {
@@ -58,12 +65,31 @@ impl Rule {
             // What the cluster will hold a slot for, so the replica stops
             // using it no later.
             lease: config.lease().min(Duration::from_millis(MAX_MS)),
+            open_max: config.open_max().min(Duration::from_millis(MAX_MS)),
         }
     }
 
     /// Whether outcomes are worth aggregating at all.
     pub(super) fn aggregates(&self) -> bool {
         self.failure_rate > 0.0 || self.slow_rate > 0.0
+    }
+}
+
+/// An operator's decision for every replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Control {
+    ForceOpen,
+    Disable,
+    Reset,
+}
+
+impl Control {
+    fn as_arg(self) -> &'static str {
+        match self {
+            Control::ForceOpen => "force",
+            Control::Disable => "disable",
+            Control::Reset => "reset",
+        }
     }
 }
 
@@ -76,6 +102,10 @@ pub(super) struct Request {
     pub(super) calls: u64,
     pub(super) failures: u64,
     pub(super) slow: u64,
+    /// An operator's control to apply for every replica.
+    pub(super) control: Option<Control>,
+    /// This replica's clock says the open period outlasted the open cap.
+    pub(super) overdue: bool,
     /// A probe lease id to claim.
     pub(super) claim: Option<String>,
     /// Probe lease ids with `s` (succeeded), `f` (failed) or `r` (unused).
@@ -85,44 +115,74 @@ pub(super) struct Request {
 impl Request {
     /// Whether this request only reads.
     pub(super) fn is_read(&self) -> bool {
-        !self.trip && self.calls == 0 && self.claim.is_none() && self.reports.is_empty()
+        !self.trip
+            && self.calls == 0
+            && self.claim.is_none()
+            && self.reports.is_empty()
+            && self.control.is_none()
+            && !self.overdue
     }
 }
 
-/// Keys and channel of one breaker.
+/// The version of the keys, the state script and the messages. Replicas of
+/// different schemas keep apart (their keys differ) and tell each other
+/// apart (see the module docs).
+pub(super) const SCHEMA: u32 = 2;
+
+/// Keys of one breaker.
 pub(super) struct Keys {
     pub(super) state: String,
     pub(super) window: String,
     pub(super) probes: String,
+    pub(super) votes: String,
 }
 
 impl Keys {
-    /// `{prefix:name}:state` and so on: the hash tag keeps one breaker's keys
-    /// in one Redis Cluster slot, so one script may touch them all.
+    /// `{prefix:name}:v2:state` and so on: the hash tag keeps one breaker's
+    /// keys in one Redis Cluster slot, so one script may touch them all.
     pub(super) fn new(prefix: &str, name: &str) -> Keys {
+        let v = SCHEMA;
         Keys {
-            state: format!("{{{prefix}:{name}}}:state"),
-            window: format!("{{{prefix}:{name}}}:win"),
-            probes: format!("{{{prefix}:{name}}}:probes"),
+            state: format!("{{{prefix}:{name}}}:v{v}:state"),
+            window: format!("{{{prefix}:{name}}}:v{v}:win"),
+            probes: format!("{{{prefix}:{name}}}:v{v}:probes"),
+            votes: format!("{{{prefix}:{name}}}:v{v}:votes"),
         }
+    }
+
+    /// The state key of the first schema (0.1), which had no version.
+    pub(super) fn unversioned_state(prefix: &str, name: &str) -> String {
+        format!("{{{prefix}:{name}}}:state")
     }
 }
 
-/// Adds one script call to `pipe`.
-pub(super) fn push(
-    pipe: &mut Pipeline,
-    channel: &str,
+/// The key every replica of every schema from 2 on writes its heartbeat to.
+pub(super) fn replicas_key(prefix: &str) -> String {
+    format!("{{{prefix}}}:replicas")
+}
+
+/// Who calls, and with what quorum.
+pub(super) struct Caller<'a> {
+    pub(super) channel: &'a str,
+    pub(super) replica: &'a str,
+    pub(super) quorum: u32,
+}
+
+/// One call of the state script.
+pub(super) fn invocation(
+    caller: &Caller<'_>,
     name: &str,
     keys: &Keys,
     rule: &Rule,
     jitter_unit: f64,
     req: &Request,
-) {
+) -> ScriptInvocation<'static> {
     let mut inv = SYNC.prepare_invoke();
     inv.key(&keys.state)
         .key(&keys.window)
         .key(&keys.probes)
-        .arg(channel)
+        .key(&keys.votes)
+        .arg(caller.channel)
         .arg(name)
         .arg(req.epoch)
         .arg(u8::from(req.trip))
@@ -141,11 +201,48 @@ pub(super) fn push(
         .arg(rule.probes)
         .arg(rule.close_after)
         .arg(lease_ms(rule))
+        .arg(caller.replica)
+        .arg(caller.quorum.max(1))
+        .arg(req.control.map_or("", Control::as_arg))
+        .arg(u8::from(req.overdue))
         .arg(req.claim.as_deref().unwrap_or(""));
     for (id, code) in &req.reports {
         inv.arg(id.as_str()).arg(*code);
     }
-    pipe.invoke_script(&inv);
+    inv
+}
+
+/// What the heartbeat answered: live replicas of this schema, and the other
+/// schemas among live replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Census {
+    pub(super) live: u32,
+    pub(super) others: Vec<u32>,
+}
+
+impl Census {
+    pub(super) fn parse(value: &Value) -> Option<Census> {
+        let Value::Array(items) = value else {
+            return None;
+        };
+        let mut ints = items.iter().map(|v| match v {
+            Value::Int(n) => u32::try_from(*n).ok(),
+            _ => None,
+        });
+        let live = ints.next()??;
+        let others = ints.collect::<Option<Vec<u32>>>()?;
+        Some(Census { live, others })
+    }
+}
+
+/// The heartbeat of one replica.
+pub(super) fn heartbeat(prefix: &str, replica: &str, ttl: Duration) -> ScriptInvocation<'static> {
+    let mut inv = HEARTBEAT.prepare_invoke();
+    inv.key(replicas_key(prefix))
+        .arg(replica)
+        .arg(SCHEMA)
+        .arg(ms(ttl).max(1));
+    inv
 }
 
 /// The cluster state of one breaker.
@@ -156,6 +253,10 @@ pub(super) enum Cluster {
     Open(Duration),
     /// Open, with its open duration elapsed: probes decide.
     HalfOpen,
+    /// Forced open by an operator, for every replica.
+    ForcedOpen,
+    /// Disabled by an operator, for every replica.
+    Disabled,
 }
 
 impl Cluster {
@@ -170,6 +271,8 @@ pub(super) struct Reply {
     pub(super) cluster: Cluster,
     pub(super) epoch: u64,
     pub(super) granted: bool,
+    /// The cluster is closed because an operator reset it.
+    pub(super) reset: bool,
 }
 
 impl Reply {
@@ -186,12 +289,15 @@ impl Reply {
             0 => Cluster::Closed,
             1 => Cluster::Open(Duration::from_millis(u64::try_from(int(1)?).ok()?)),
             2 => Cluster::HalfOpen,
+            3 => Cluster::ForcedOpen,
+            4 => Cluster::Disabled,
             _ => return None,
         };
         Some(Reply {
             cluster,
             epoch: u64::try_from(int(2)?).ok()?,
             granted: int(3)? == 1,
+            reset: int(4)? == 1,
         })
     }
 }
@@ -240,9 +346,10 @@ mod tests {
     #[test]
     fn keys_of_one_breaker_share_a_hash_tag() {
         let k = Keys::new("svc", "gpt-4o/eu");
-        assert_eq!(k.state, "{svc:gpt-4o/eu}:state");
-        assert_eq!(k.window, "{svc:gpt-4o/eu}:win");
-        assert_eq!(k.probes, "{svc:gpt-4o/eu}:probes");
+        assert_eq!(k.state, "{svc:gpt-4o/eu}:v2:state");
+        assert_eq!(k.window, "{svc:gpt-4o/eu}:v2:win");
+        assert_eq!(k.probes, "{svc:gpt-4o/eu}:v2:probes");
+        assert_eq!(k.votes, "{svc:gpt-4o/eu}:v2:votes");
     }
 
     #[test]
@@ -251,6 +358,7 @@ mod tests {
             Value::Int(1),
             Value::Int(250),
             Value::Int(7),
+            Value::Int(0),
             Value::Int(0),
         ]);
         let r = Reply::parse(&good).unwrap();

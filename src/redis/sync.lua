@@ -1,13 +1,17 @@
--- One replica's exchange with the cluster state of one breaker, atomically.
+-- Schema 2. One replica's exchange with the cluster state of one breaker,
+-- atomically. Replicas of another schema use other keys (the `v2` below) and
+-- another message format; see `mod.rs` for how they are told apart.
 --
--- KEYS[1]  state   hash: state ("closed" | "open"), until (ms), reopens,
---                  epoch, ok, failed
+-- KEYS[1]  state   hash: state ("closed" | "open" | "forced" | "disabled"),
+--                  until (ms), len (ms the open period was set for), reopens,
+--                  epoch, ok, failed, cause ("reset" after an operator reset)
 -- KEYS[2]  window  hash: "c:<bucket>", "f:<bucket>", "s:<bucket>" counts
 -- KEYS[3]  probes  sorted set: probe lease id -> lease deadline (ms)
+-- KEYS[4]  votes   sorted set: replica id -> last failure or trip (ms)
 --
 -- ARGV[1]  channel for transition messages
 -- ARGV[2]  breaker name (named in messages)
--- ARGV[3]  epoch the probe reports below belong to
+-- ARGV[3]  epoch the probe reports and the overdue flag below belong to
 -- ARGV[4]  1 if the replica's breaker tripped on its own
 -- ARGV[5..7]   closed-state calls, failures and slow calls since last time
 -- ARGV[8..9]   window span (ms) and bucket count
@@ -15,18 +19,27 @@
 -- ARGV[11..12] failure rate and slow-call rate thresholds (0 = off)
 -- ARGV[13..16] open (ms), open cap (ms), backoff multiplier, jitter fraction
 -- ARGV[17..19] probes, close_after, probe lease (ms)
--- ARGV[20]     probe lease id to claim ("" = none)
--- ARGV[21..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
+-- ARGV[20]     replica id
+-- ARGV[21]     quorum: distinct replicas whose failures must agree (1 = off)
+-- ARGV[22]     operator control: "" | "force" | "disable" | "reset"
+-- ARGV[23]     1 if the replica's own clock says the open period is over
+-- ARGV[24]     probe lease id to claim ("" = none)
+-- ARGV[25..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
 --              "r" (released unused)
 --
--- Returns { state (0 closed, 1 open, 2 half-open), ms until half-open,
---           epoch, 1 if the claim was granted }.
+-- Returns { state (0 closed, 1 open, 2 half-open, 3 forced open,
+--           4 disabled), ms until half-open, epoch, 1 if the claim was
+--           granted, 1 if the state is an operator's reset }.
 --
--- Time comes from this server's clock only. Anything unreadable in the keys
--- (wrong type, non-numeric field, unknown state, absurd deadline) is treated
--- as absent and overwritten on the next write, never raised as an error.
+-- Time comes from this server's clock, and is trusted only within bounds: a
+-- deadline further out than the period it was set for means the clock went
+-- back, and the period ends now; a replica whose own clock says a period
+-- outlasted the open cap ends it too (ARGV[23]). Anything unreadable in the
+-- keys (wrong type, non-numeric field, unknown state, a deadline past the
+-- year 2286) is treated as absent and overwritten on the next write, never
+-- raised as an error.
 
-local S, W, P = KEYS[1], KEYS[2], KEYS[3]
+local S, W, P, V = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local function num(v)
   local n = tonumber(v)
@@ -95,7 +108,12 @@ end
 local probes = int(ARGV[17], 1, 1e6, 1)
 local close_after = int(ARGV[18], 1, probes, 1)
 local lease = int(ARGV[19], 1, 1e10, open_ms)
-local claim = ARGV[20] or ''
+local replica = ARGV[20] or ''
+local quorum = int(ARGV[21], 1, 1e6, 1)
+local control = ARGV[22] or ''
+local overdue = ARGV[23] == '1'
+local claim = ARGV[24] or ''
+local FIRST_REPORT = 25
 
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -105,24 +123,36 @@ local now_us = sec * 1000000 + usec
 own(S, 'hash')
 own(W, 'hash')
 own(P, 'zset')
+own(V, 'zset')
 
 -- === read the state ===
 
-local f = redis.call('HMGET', S, 'state', 'until', 'reopens', 'epoch', 'ok', 'failed')
+local f = redis.call('HMGET', S, 'state', 'until', 'reopens', 'epoch', 'ok', 'failed',
+  'len', 'cause')
 local state, untl, reopens = 'closed', 0, 0
 local epoch = int(f[4], 0, 1e17, 0)
 local ok, failed = 0, 0
+local cause = ''
 if f[1] == 'open' then
   local u = num(f[2])
-  -- A deadline further out than any backoff could set is not ours.
-  if u ~= nil and u - now <= 2 * open_max + 60000 then
+  if u ~= nil and u > 0 and u <= 1e13 then
     state, untl = 'open', math.floor(u)
     reopens = int(f[3], 0, 1000, 0)
     ok = int(f[5], 0, probes, 0)
     failed = int(f[6], 0, probes, 0)
+    local len = int(f[7], 1, 1e10, open_max)
+    -- Further out than the period was set for: this clock went back. The
+    -- period ends now rather than outlast its length by the step.
+    if untl - now > len + 1000 then
+      untl = now
+      redis.call('HSET', S, 'until', str(untl))
+    end
   end
+elseif f[1] == 'forced' or f[1] == 'disabled' then
+  state = f[1]
+elseif f[1] == 'closed' and f[8] == 'reset' then
+  cause = 'reset'
 end
-
 local changed = false
 
 local function set_open(reopen)
@@ -135,30 +165,75 @@ local function set_open(reopen)
   d = math.max(math.floor(d * (1 - jitter)), 1)
   state, untl, ok, failed = 'open', now + d, 0, 0
   epoch = math.max(epoch + 1, now_us)
-  redis.call('DEL', W, P)
-  redis.call('HSET', S, 'state', 'open', 'until', str(untl), 'reopens', str(reopens),
-    'epoch', str(epoch), 'ok', '0', 'failed', '0')
+  cause = ''
+  redis.call('DEL', W, P, V)
+  redis.call('HSET', S, 'state', 'open', 'until', str(untl), 'len', str(d),
+    'reopens', str(reopens), 'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '')
   redis.call('PEXPIRE', S, str(d + 2 * lease + 86400000))
   changed = true
 end
 
-local function set_closed()
-  state, untl, reopens, ok, failed = 'closed', 0, 0, 0, 0
+local function set_closed(why)
+  state, untl, reopens, ok, failed, cause = 'closed', 0, 0, 0, 0, why
   epoch = math.max(epoch + 1, now_us)
-  redis.call('DEL', W, P)
-  redis.call('HSET', S, 'state', 'closed', 'until', '0', 'reopens', '0',
-    'epoch', str(epoch), 'ok', '0', 'failed', '0')
+  redis.call('DEL', W, P, V)
+  redis.call('HSET', S, 'state', 'closed', 'until', '0', 'len', '0', 'reopens', '0',
+    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', why)
   redis.call('PEXPIRE', S, '86400000')
   changed = true
+end
+
+-- An operator's state holds until an operator changes it: no expiry.
+local function set_control(to)
+  state, untl, reopens, ok, failed, cause = to, 0, 0, 0, 0, ''
+  epoch = math.max(epoch + 1, now_us)
+  redis.call('DEL', W, P, V)
+  redis.call('HSET', S, 'state', to, 'until', '0', 'len', '0', 'reopens', '0',
+    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '')
+  redis.call('PERSIST', S)
+  changed = true
+end
+
+-- Whether failures came from enough distinct replicas to open the circuit;
+-- records this replica's vote first when it brings failures.
+local function quorate(voting)
+  if quorum <= 1 then
+    return true
+  end
+  if voting and replica ~= '' then
+    redis.call('ZADD', V, str(now), replica)
+    redis.call('PEXPIRE', V, str(2 * span))
+  end
+  redis.call('ZREMRANGEBYSCORE', V, '-inf', '(' .. str(now - span))
+  -- Votes from ahead of this clock (it went back) last one span at most.
+  redis.call('ZREMRANGEBYSCORE', V, '(' .. str(now + span), '+inf')
+  return redis.call('ZCARD', V) >= quorum
+end
+
+-- === an operator's control ===
+
+if control == 'force' then
+  set_control('forced')
+elseif control == 'disable' then
+  set_control('disabled')
+elseif control == 'reset' then
+  set_closed('reset')
+end
+
+-- === a replica's clock says the period is over ===
+
+if overdue and state == 'open' and now < untl and num(known) == epoch then
+  untl = now
+  redis.call('HSET', S, 'until', str(untl))
 end
 
 local half_open = state == 'open' and now >= untl
 
 -- === probe outcomes ===
 
-if #ARGV > 20 and half_open and num(known) == epoch then
+if #ARGV >= FIRST_REPORT and half_open and num(known) == epoch then
   local counted = false
-  for i = 21, #ARGV - 1, 2 do
+  for i = FIRST_REPORT, #ARGV - 1, 2 do
     local id, code = ARGV[i], ARGV[i + 1]
     -- A lease that expired was taken back: its late outcome is dropped.
     if redis.call('ZREM', P, id) == 1 then
@@ -172,7 +247,7 @@ if #ARGV > 20 and half_open and num(known) == epoch then
     end
   end
   if ok >= close_after then
-    set_closed()
+    set_closed('probes')
   elseif probes - math.min(failed, probes) < close_after then
     set_open(true)
   elseif counted then
@@ -182,7 +257,11 @@ end
 
 -- === a replica's own trip ===
 
-if state == 'closed' and trip then
+if state == 'closed' and (trip or df > 0) and quorum > 1 then
+  -- A vote is cast whether or not the window below trips on this call.
+  quorate(true)
+end
+if state == 'closed' and trip and quorate(false) then
   set_open(false)
 end
 
@@ -229,7 +308,9 @@ if state == 'closed' and dc > 0 and (fail_rate > 0 or slow_rate > 0) then
   if calls >= min_calls and calls > 0 then
     if (fail_rate > 0 and fails / calls >= fail_rate)
         or (slow_rate > 0 and slows / calls >= slow_rate) then
-      set_open(false)
+      if quorate(false) then
+        set_open(false)
+      end
     end
   end
 end
@@ -250,7 +331,7 @@ if half_open and claim ~= '' then
 end
 
 if changed then
-  redis.call('PUBLISH', channel, state .. ' ' .. str(epoch) .. ' ' .. name)
+  redis.call('PUBLISH', channel, 'v2 ' .. state .. ' ' .. str(epoch) .. ' ' .. name)
 end
 
 local code, remaining = 0, 0
@@ -260,5 +341,13 @@ if state == 'open' then
   else
     code, remaining = 1, untl - now
   end
+elseif state == 'forced' then
+  code = 3
+elseif state == 'disabled' then
+  code = 4
 end
-return { code, remaining, epoch, granted }
+local was_reset = 0
+if state == 'closed' and cause == 'reset' then
+  was_reset = 1
+end
+return { code, remaining, epoch, granted, was_reset }

@@ -1,27 +1,26 @@
 //! The background task of one attachment. All Redis I/O happens here; the
 //! breakers it serves never wait for it.
 
-use std::collections::{HashMap, VecDeque};
-use std::fmt;
-use std::future::Future;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ::redis::aio::{MultiplexedConnection, PubSubStream};
-use ::redis::{AsyncConnectionConfig, Msg, RedisError, Value};
+use ::redis::{Msg, Value};
 use futures_core::Stream;
 use tokio::sync::watch;
-use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::rng::Rng;
 
-use super::script::{self, Cluster, Keys, Reply, Request, Rule};
-use super::Settings;
+use super::conn::{Conn, Failure, Messages};
+use super::script::{self, Caller, Census, Cluster, Keys, Reply, Request, Rule, SCHEMA};
+use super::{Origin, Origins, Schemas, Settings};
 use crate::breaker::{Config, Counters};
 use crate::keyed::KeyedBreakers;
+use crate::sync::lock;
 use crate::{Breaker, Changed, State};
 
 /// Applied open durations run this much past the cluster's deadline, so a
@@ -43,43 +42,6 @@ const MAX_KEY_LEN: usize = 1024;
 pub(super) enum Target {
     One(Breaker),
     Keyed(KeyedBreakers),
-}
-
-/// Why a session with Redis ended.
-#[derive(Debug)]
-enum Failure {
-    Redis(RedisError),
-    Timeout,
-    SubscriptionClosed,
-    Reply,
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Redis(e) => fmt::Display::fmt(e, f),
-            Failure::Timeout => f.write_str("timed out"),
-            Failure::SubscriptionClosed => f.write_str("subscription connection closed"),
-            Failure::Reply => f.write_str("unexpected reply from the state script"),
-        }
-    }
-}
-
-impl From<RedisError> for Failure {
-    fn from(e: RedisError) -> Self {
-        Failure::Redis(e)
-    }
-}
-
-/// Runs `fut` with the backend's timeout.
-async fn bounded<T, E: Into<Failure>>(
-    limit: Duration,
-    fut: impl Future<Output = Result<T, E>>,
-) -> Result<T, Failure> {
-    match timeout(limit, fut).await {
-        Ok(r) => r.map_err(Into::into),
-        Err(_) => Err(Failure::Timeout),
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +81,15 @@ struct Tracked {
     releases: Vec<String>,
     /// Marks breakers still in a keyed set.
     seen: u64,
+    /// The open epoch this replica knows of, and when it first learned of
+    /// it, by its own clock: no period lasts past that plus the open cap.
+    opened: Option<(u64, Instant)>,
+    /// A local trip was sent in this open period (a trip the quorum has not
+    /// confirmed stays local, and is not sent again at every scan).
+    trip_sent: bool,
+    /// The longest an exchange may take: a reply's deadline is as old as
+    /// that when it arrives.
+    slack: Duration,
     /// Calls admitted and rejected at the last resync: a closed breaker
     /// without calls since has nothing to protect and skips the next one.
     activity: u64,
@@ -137,12 +108,22 @@ pub(super) struct Worker {
     target: Target,
     tracked: HashMap<Arc<str>, Tracked>,
     shared: Arc<AtomicBool>,
+    origins: Origins,
     stop: watch::Receiver<()>,
     channel: String,
     replica: String,
     next_lease: u64,
     rng: Rng,
     round: u64,
+    /// The quorum in force: the one configured, or the live replicas when
+    /// fewer are alive.
+    quorum: u32,
+    /// Other schemas already reported.
+    schemas: HashSet<u32>,
+    /// And where the attachment shows them.
+    seen_schemas: Schemas,
+    /// The node to subscribe on next.
+    node: usize,
 }
 
 impl Worker {
@@ -150,21 +131,28 @@ impl Worker {
         settings: Arc<Settings>,
         target: Target,
         shared: Arc<AtomicBool>,
+        origins: Origins,
+        seen_schemas: Schemas,
         stop: watch::Receiver<()>,
     ) -> Worker {
         let seed = crate::rng::random_seed();
         let channel = format!("{}:events", settings.prefix);
         let mut w = Worker {
+            quorum: settings.quorum,
             settings,
             target,
             tracked: HashMap::new(),
             shared,
+            origins,
             stop,
             channel,
             replica: format!("{seed:016x}"),
             next_lease: 0,
             rng: Rng::new(seed),
             round: 0,
+            schemas: HashSet::new(),
+            seen_schemas,
+            node: seed as usize,
         };
         w.refresh(false);
         w
@@ -208,19 +196,14 @@ impl Worker {
     /// until stopped (`Ok`) or until Redis fails (`Err`).
     async fn session(&mut self, warned: &mut bool, backoff: &mut Duration) -> Result<(), Failure> {
         let limit = self.settings.timeout;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(limit))
-            .set_response_timeout(Some(limit));
-        let client = &self.settings.client;
-        let mut conn = bounded(
-            limit,
-            client.get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        let mut pubsub = bounded(limit, client.get_async_pubsub()).await?;
-        bounded(limit, pubsub.subscribe(&self.channel)).await?;
-        let mut messages: Pin<Box<PubSubStream>> = Box::pin(pubsub.into_on_message());
-        bounded(limit, script::SYNC.load_async(&mut conn)).await?;
+        let store = &self.settings.store;
+        let mut conn = store.connect(limit).await?;
+        let mut messages = store
+            .subscribe(&self.channel, limit, &mut self.node)
+            .await?;
+        conn.load(limit).await?;
+        self.heartbeat(&mut conn).await?;
+        self.look_for_schema_1(&mut conn).await?;
 
         // Whatever happened while away: outcomes of that time are not sent,
         // and the cluster state is applied even where the epoch is known.
@@ -261,6 +244,16 @@ impl Worker {
                 _ = self.stop.changed() => return Ok(()),
                 msg = next(&mut messages) => match msg {
                     Some(msg) => self.on_message(&mut conn, &msg).await?,
+                    // A cluster node went away: listen on another one, and
+                    // read everything again for what was missed meanwhile.
+                    None if self.settings.store.is_cluster() => {
+                        messages = self
+                            .settings
+                            .store
+                            .subscribe(&self.channel, limit, &mut self.node)
+                            .await?;
+                        self.exchange(&mut conn, Pass::All).await?;
+                    }
                     None => return Err(Failure::SubscriptionClosed),
                 },
                 _ = wait(&mut changed) => {
@@ -268,13 +261,93 @@ impl Worker {
                     self.exchange(&mut conn, Pass::Changes).await?;
                 }
                 _ = flush.tick() => self.exchange(&mut conn, Pass::Changes).await?,
-                _ = resync.tick() => self.exchange(&mut conn, Pass::All).await?,
+                _ = resync.tick() => {
+                    self.heartbeat(&mut conn).await?;
+                    self.exchange(&mut conn, Pass::All).await?;
+                }
                 _ = scan.tick(), if keyed => {
                     if self.tracked.values().any(Tracked::tripped) {
                         self.exchange(&mut conn, Pass::Trips).await?;
                     }
                 }
             }
+        }
+    }
+
+    /// Says this replica is alive, learns how many of its schema are, and
+    /// of replicas of other schemas on the same prefix.
+    async fn heartbeat(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let ttl = self
+            .settings
+            .resync
+            .saturating_mul(3)
+            .saturating_add(self.settings.timeout);
+        let inv = script::heartbeat(&self.settings.prefix, &self.replica, ttl);
+        let values = conn
+            .invoke(std::slice::from_ref(&inv), self.settings.timeout)
+            .await?;
+        let census = values
+            .first()
+            .and_then(Census::parse)
+            .ok_or(Failure::Reply)?;
+        for other in census.others {
+            self.other_schema(other);
+        }
+        let wanted = self.settings.quorum;
+        let quorum = wanted.min(census.live).max(1);
+        if quorum != self.quorum {
+            if quorum < wanted {
+                tracing::warn!(
+                    target: "tower_circuit_breaker",
+                    prefix = &*self.settings.prefix,
+                    quorum = wanted,
+                    live = census.live,
+                    "fewer replicas alive than the quorum; a circuit opens on failures from {quorum}"
+                );
+            } else {
+                tracing::info!(
+                    target: "tower_circuit_breaker",
+                    prefix = &*self.settings.prefix,
+                    quorum,
+                    "enough replicas alive for the quorum again"
+                );
+            }
+            self.quorum = quorum;
+        }
+        Ok(())
+    }
+
+    /// A single breaker whose state key of the first schema exists: a
+    /// replica of 0.1 may be sharing that state apart from this one.
+    async fn look_for_schema_1(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let Target::One(b) = &self.target else {
+            return Ok(());
+        };
+        let Some(name) = b.name() else {
+            return Ok(());
+        };
+        let key = Keys::unversioned_state(&self.settings.prefix, name);
+        let found: bool = conn
+            .query(::redis::cmd("EXISTS").arg(key), self.settings.timeout)
+            .await?;
+        if found {
+            self.other_schema(1);
+        }
+        Ok(())
+    }
+
+    /// Reports, once, that replicas of another schema share the prefix.
+    fn other_schema(&mut self, schema: u32) {
+        if schema != SCHEMA && self.schemas.insert(schema) {
+            lock(&self.seen_schemas).insert(schema);
+            tracing::warn!(
+                target: "tower_circuit_breaker",
+                prefix = &*self.settings.prefix,
+                schema = SCHEMA,
+                other = schema,
+                "replicas of another shared-state schema use this prefix; \
+                 the two keep separate state until every replica runs one version"
+            );
         }
     }
 
@@ -328,15 +401,14 @@ impl Worker {
             }
         }
         self.tracked.retain(|_, t| t.seen == round);
+        // Evicted keys take their origin with them.
+        let tracked = &self.tracked;
+        lock(&self.origins).retain(|name, _| tracked.contains_key(name));
     }
 
     /// One round trip: every breaker with something to say or learn, in one
     /// pipeline of script calls.
-    async fn exchange(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-        pass: Pass,
-    ) -> Result<(), Failure> {
+    async fn exchange(&mut self, conn: &mut Conn, pass: Pass) -> Result<(), Failure> {
         let shared = self.shared.load(Ordering::Acquire);
         self.refresh(shared);
         let now = Instant::now();
@@ -360,11 +432,9 @@ impl Worker {
         if pending.is_empty() {
             if pass == Pass::All {
                 // Nothing to resync: still make sure Redis answers in time.
-                let pong: Value = bounded(
-                    self.settings.timeout,
-                    ::redis::cmd("PING").query_async(conn),
-                )
-                .await?;
+                let pong: Value = conn
+                    .query(&::redis::cmd("PING"), self.settings.timeout)
+                    .await?;
                 drop(pong);
             }
             return Ok(());
@@ -373,29 +443,28 @@ impl Worker {
         // huge pipeline nor runs one round trip past the timeout.
         while !pending.is_empty() {
             let rest = pending.split_off(pending.len().min(CHUNK));
-            let mut pipe = ::redis::pipe();
-            for p in &pending {
-                let t = &self.tracked[&p.name];
-                let unit = self.rng.unit();
-                script::push(
-                    &mut pipe,
-                    &self.channel,
-                    &t.name,
-                    &t.keys,
-                    &t.rule,
-                    unit,
-                    &p.request,
-                );
-            }
+            let caller = Caller {
+                channel: &self.channel,
+                replica: &self.replica,
+                quorum: self.quorum,
+            };
+            let calls: Vec<_> = pending
+                .iter()
+                .map(|p| {
+                    let t = &self.tracked[&p.name];
+                    let unit = self.rng.unit();
+                    script::invocation(&caller, &t.name, &t.keys, &t.rule, unit, &p.request)
+                })
+                .collect();
             let sent = Instant::now();
-            let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
+            let values = conn.invoke(&calls, self.settings.timeout).await?;
             if values.len() != pending.len() {
                 return Err(Failure::Reply);
             }
             for (p, value) in pending.into_iter().zip(&values) {
                 let reply = Reply::parse(value).ok_or(Failure::Reply)?;
                 if let Some(t) = self.tracked.get_mut(&p.name) {
-                    t.apply(reply, p, sent, self.settings.flush);
+                    t.apply(reply, p, sent, self.settings.flush, &self.origins);
                 }
             }
             pending = rest;
@@ -403,16 +472,19 @@ impl Worker {
         Ok(())
     }
 
-    async fn on_message(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-        msg: &Msg,
-    ) -> Result<(), Failure> {
-        // `<state> <epoch> <key>`; anything else is not ours and is ignored.
+    async fn on_message(&mut self, conn: &mut Conn, msg: &Msg) -> Result<(), Failure> {
+        // `v2 <state> <epoch> <key>`; anything else is not ours and is
+        // ignored, but a message of another schema is reported.
         let Ok(text) = std::str::from_utf8(msg.get_payload_bytes()) else {
             return Ok(());
         };
-        let mut parts = text.splitn(3, ' ');
+        let Some(rest) = text.strip_prefix("v2 ") else {
+            if let Some(other) = schema_of(text) {
+                self.other_schema(other);
+            }
+            return Ok(());
+        };
+        let mut parts = rest.splitn(3, ' ');
         let (Some(state), Some(epoch), Some(name)) = (parts.next(), parts.next(), parts.next())
         else {
             return Ok(());
@@ -438,28 +510,22 @@ impl Worker {
 
     /// A key this replica has not seen opened elsewhere: read its state, and
     /// only if Redis really holds it open, create the key's breaker here.
-    async fn discover(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-        name: &str,
-    ) -> Result<(), Failure> {
+    async fn discover(&mut self, conn: &mut Conn, name: &str) -> Result<(), Failure> {
         let Target::Keyed(set) = &self.target else {
             return Ok(());
         };
         let keys = Keys::new(&self.settings.prefix, name);
         let rule = Rule::new(&Config::default(), self.settings.window);
-        let mut pipe = ::redis::pipe();
-        script::push(
-            &mut pipe,
-            &self.channel,
-            name,
-            &keys,
-            &rule,
-            0.0,
-            &Request::default(),
-        );
+        let caller = Caller {
+            channel: &self.channel,
+            replica: &self.replica,
+            quorum: self.quorum,
+        };
+        let inv = script::invocation(&caller, name, &keys, &rule, 0.0, &Request::default());
         let sent = Instant::now();
-        let values: Vec<Value> = bounded(self.settings.timeout, pipe.query_async(conn)).await?;
+        let values = conn
+            .invoke(std::slice::from_ref(&inv), self.settings.timeout)
+            .await?;
         let reply = values
             .first()
             .and_then(Reply::parse)
@@ -486,6 +552,7 @@ impl Worker {
             },
             sent,
             self.settings.flush,
+            &self.origins,
         );
         t.breaker.remote().set_shared(true);
         self.tracked.insert(t.name.clone(), t);
@@ -519,13 +586,29 @@ impl Tracked {
             releases: Vec::new(),
             seen: 0,
             activity: 0,
+            opened: None,
+            trip_sent: false,
+            slack: settings.timeout,
         }
+    }
+
+    /// How long after first learning of an open period this replica holds
+    /// it open at most, whatever the cluster's clock says: the open cap,
+    /// plus the age a reply can have, so the cap never cuts a period the
+    /// cluster's clock keeps honestly.
+    fn longest(&self) -> Duration {
+        self.rule
+            .open_max
+            .saturating_add(self.slack)
+            .saturating_add(MARGIN)
     }
 
     /// Whether the breaker tripped on its own since the cluster was last
     /// known closed.
     fn tripped(&self) -> bool {
-        self.view.is_some_and(|v| v.cluster.is_closed()) && self.breaker.state() == State::Open
+        !self.trip_sent
+            && self.view.is_some_and(|v| v.cluster.is_closed())
+            && self.breaker.state() == State::Open
     }
 
     /// What to tell the cluster, if anything; with the breaker's state at
@@ -586,8 +669,22 @@ impl Tracked {
         }
         req.reports
             .extend(self.releases.drain(..).map(|id| (id, "r")));
+        if local != State::Open {
+            self.trip_sent = false;
+        }
         if active && local == State::Open && view_closed {
             req.trip = true;
+            self.trip_sent = true;
+        }
+        // By this replica's clock the cluster's open period has outlasted
+        // the open cap (the server's clock went back): end it.
+        if let (Some(v), Some((epoch, at))) = (self.view, self.opened) {
+            if matches!(v.cluster, Cluster::Open(_))
+                && v.epoch == epoch
+                && now >= later(at, self.longest())
+            {
+                req.overdue = true;
+            }
         }
         if active && local == State::Closed && view_closed && self.rule.aggregates() {
             req.calls = successes + failures;
@@ -604,7 +701,9 @@ impl Tracked {
         let inconsistent = match (local, self.view) {
             (_, None) => true,
             (State::HalfOpen, Some(v)) => v.cluster.is_closed(),
-            (State::Closed, Some(v)) => !v.cluster.is_closed(),
+            // A replica whose operator overrode a cluster-wide control is
+            // left alone until the next cluster transition.
+            (State::Closed, Some(v)) => matches!(v.cluster, Cluster::Open(_) | Cluster::HalfOpen),
             _ => false,
         };
         let activity = c.admitted + c.rejected;
@@ -617,9 +716,16 @@ impl Tracked {
     }
 
     /// Applies the cluster's answer to the local breaker.
-    fn apply(&mut self, reply: Reply, pending: Pending, sent: Instant, flush: Duration) {
+    fn apply(
+        &mut self,
+        reply: Reply,
+        pending: Pending,
+        sent: Instant,
+        flush: Duration,
+        origins: &Origins,
+    ) {
         let remote = self.breaker.remote();
-        let local = self.breaker.state();
+        let mut local = self.breaker.state();
         if local != pending.local {
             // It moved on while we asked (a fresh local trip, say): ask
             // again rather than act on a stale picture.
@@ -629,6 +735,7 @@ impl Tracked {
             }
             return;
         }
+        let new_epoch = self.view.is_some_and(|v| v.epoch != reply.epoch);
         let changed =
             std::mem::take(&mut self.force) || self.view.is_none_or(|v| v.epoch != reply.epoch);
         self.dirty = false;
@@ -636,22 +743,64 @@ impl Tracked {
             // The cluster cleared its probe slots with the transition.
             self.leases.clear();
         }
+        let before = local;
+        let controlled = lock(origins)
+            .get(&self.name)
+            .is_some_and(|&(s, o)| s == local && o == Origin::ClusterControl);
+        let mut by_control = false;
+        match reply.cluster {
+            Cluster::ForcedOpen if changed && local != State::ForcedOpen => {
+                self.breaker.force_open();
+                by_control = true;
+            }
+            Cluster::Disabled if changed && local != State::Disabled => {
+                self.breaker.disable();
+                by_control = true;
+            }
+            Cluster::ForcedOpen | Cluster::Disabled => {}
+            _ => {
+                // An operator reset every replica, or lifted the cluster's
+                // own forced state: so does this replica.
+                if (reply.reset && new_epoch) || (changed && controlled) {
+                    self.breaker.reset();
+                    local = self.breaker.state();
+                }
+            }
+        }
+        // When this replica first learned of the open period: the deadline
+        // the cluster gives is trusted up to the open cap from then.
+        match reply.cluster {
+            Cluster::Open(_) | Cluster::HalfOpen => match self.opened {
+                Some((e, _)) if e == reply.epoch => {}
+                _ => self.opened = Some((reply.epoch, sent)),
+            },
+            _ => self.opened = None,
+        }
+        let cap = self.opened.map_or(Duration::ZERO, |(_, at)| {
+            later(at, self.longest()).saturating_duration_since(Instant::now())
+        });
+        let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
         match (reply.cluster, local) {
             (Cluster::Closed, State::HalfOpen) => remote.close(),
             // Epoch 0: Redis holds no state (it restarted empty, say). An
             // open breaker here trips the cluster again rather than close.
             (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
-            (Cluster::Open(left), State::Closed | State::HalfOpen) => {
-                remote.open_for(left.saturating_add(MARGIN))
-            }
-            (Cluster::Open(left), State::Open) if changed => {
-                remote.open_for(left.saturating_add(MARGIN))
-            }
+            (Cluster::Open(left), State::Closed | State::HalfOpen) => open(left),
+            (Cluster::Open(left), State::Open) if changed => open(left),
             (Cluster::HalfOpen, State::Closed) => remote.open_for(Duration::ZERO),
             (Cluster::HalfOpen, State::Open | State::HalfOpen) if changed => {
                 remote.open_for(Duration::ZERO)
             }
             _ => {}
+        }
+        let after = self.breaker.state();
+        if after != before || by_control {
+            let origin = if by_control {
+                Origin::ClusterControl
+            } else {
+                Origin::Cluster
+            };
+            lock(origins).insert(self.name.clone(), (after, origin));
         }
         self.view = Some(View {
             cluster: reply.cluster,
@@ -685,7 +834,20 @@ fn later(at: Instant, d: Duration) -> Instant {
     at.checked_add(d).unwrap_or_else(|| at + FAR)
 }
 
-async fn next(stream: &mut Pin<Box<PubSubStream>>) -> Option<Msg> {
+/// The schema of a message that is not of this one's format: `vN ...`, or
+/// the first schema's `<state> <epoch> <key>`.
+fn schema_of(text: &str) -> Option<u32> {
+    let mut parts = text.splitn(3, ' ');
+    let first = parts.next()?;
+    if let Some(n) = first.strip_prefix('v').and_then(|n| n.parse::<u32>().ok()) {
+        return Some(n);
+    }
+    let epoch = parts.next()?.parse::<u64>().ok()?;
+    let named = parts.next().is_some_and(|n| !n.is_empty());
+    (matches!(first, "open" | "closed") && epoch > 0 && named).then_some(1)
+}
+
+async fn next(stream: &mut Messages) -> Option<Msg> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
 }
 
@@ -699,6 +861,72 @@ async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::conn::Store;
+
+    fn settings() -> Settings {
+        Settings {
+            store: Store::Single(::redis::Client::open("redis://127.0.0.1/").unwrap()),
+            prefix: "t".into(),
+            window: None,
+            flush: Duration::from_millis(50),
+            resync: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            quorum: 1,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_past_the_open_cap_is_capped_and_reported_overdue_by_the_local_clock() {
+        let breaker = Breaker::builder()
+            .name("b")
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(1))
+            .max_open_duration(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        breaker.remote().set_shared(true);
+        let mut t = Tracked::new(breaker.clone(), "b".into(), &settings());
+        let pending = |t: &Tracked| Pending {
+            name: t.name.clone(),
+            request: Request::default(),
+            local: t.breaker.state(),
+        };
+        // A server whose clock went back says the period lasts an hour more.
+        let reply = Reply {
+            cluster: Cluster::Open(Duration::from_secs(3600)),
+            epoch: 7,
+            granted: false,
+            reset: false,
+        };
+        let p = pending(&t);
+        let origins = Origins::default();
+        t.apply(
+            reply,
+            p,
+            Instant::now(),
+            Duration::from_millis(50),
+            &origins,
+        );
+        // The cap, and the timeout of an exchange (500 ms) as slack.
+        let longest = Duration::from_millis(2500) + MARGIN;
+        let left = breaker.snapshot().retry_in.expect("open");
+        assert!(left <= longest, "{left:?}");
+        assert!(left > longest - Duration::from_millis(100), "{left:?}");
+        assert_eq!(
+            lock(&origins).get("b").copied(),
+            Some((State::Open, Origin::Cluster))
+        );
+
+        // Not overdue yet; past the cap by this clock, the cluster is told.
+        let early = t.prepare(Instant::now(), false, true, || "x".into());
+        assert!(early.is_none_or(|(req, _)| !req.overdue));
+        tokio::time::advance(longest).await;
+        let (req, _) = t
+            .prepare(Instant::now(), false, true, || "x".into())
+            .unwrap();
+        assert!(req.overdue, "the period outlasted the open cap");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn lease_ends_saturate_instead_of_overflowing() {

@@ -12,8 +12,14 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tower_circuit_breaker::redis::{Backend, BackendBuilder, Client};
 
-/// The server every test may share; tests keep apart by prefix.
-pub const SHARED_URL: &str = "redis://127.0.0.1:6379/";
+/// The server every test may share (`REDIS_URL`, by default the machine's
+/// one on 6379); tests keep apart by prefix.
+pub fn shared_url() -> &'static str {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+    })
+}
 
 /// A prefix no other test (or earlier run) uses.
 pub fn unique_prefix(test: &str) -> String {
@@ -65,19 +71,63 @@ where
     .is_ok()
 }
 
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().unwrap().port()
+}
+
+/// A directory of its own under the system's temporary directory.
+pub fn scratch_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(unique_prefix(test));
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
 /// A `redis-server` of our own, as a child process, on a port that was free.
 pub struct Server {
     pub port: u16,
     child: Option<Child>,
+    /// Arguments after the port and the bind address.
+    args: Vec<String>,
+    /// Environment of the server process.
+    envs: Vec<(String, String)>,
+    /// How the test reaches it.
+    client: Client,
 }
 
 impl Server {
     pub async fn start() -> Server {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-            l.local_addr().unwrap().port()
+        Server::start_with(Vec::new(), Vec::new(), None).await
+    }
+
+    /// A server with extra arguments and environment; `client` (by default
+    /// a plain one on the port) tells when it is up.
+    pub async fn start_with(
+        args: Vec<String>,
+        envs: Vec<(String, String)>,
+        client: Option<Box<dyn FnOnce(u16) -> Client>>,
+    ) -> Server {
+        Server::start_on(free_port(), args, envs, client).await
+    }
+
+    pub async fn start_on(
+        port: u16,
+        args: Vec<String>,
+        envs: Vec<(String, String)>,
+        client: Option<Box<dyn FnOnce(u16) -> Client>>,
+    ) -> Server {
+        let client = match client {
+            Some(make) => make(port),
+            None => Client::open(format!("redis://127.0.0.1:{port}/")).unwrap(),
         };
-        let mut s = Server { port, child: None };
+        let mut s = Server {
+            port,
+            child: None,
+            args,
+            envs,
+            client,
+        };
         s.restart().await;
         s
     }
@@ -89,17 +139,21 @@ impl Server {
     /// Starts the server (again) on the same port and waits until it answers.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
+        let plain = !self.args.iter().any(|a| a == "--tls-port");
+        let mut cmd = Command::new("redis-server");
+        if plain {
+            cmd.args(["--port", &self.port.to_string()]);
+        }
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server is installed");
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("redis-server is installed");
         self.child = Some(child);
-        let client = Client::open(self.url()).unwrap();
+        let client = self.client.clone();
         let up = eventually(Duration::from_secs(10), || {
             let client = client.clone();
             async move {
@@ -121,5 +175,190 @@ impl Server {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// Runs a command to completion within `limit`; its stdout, or a panic with
+/// its stderr.
+pub async fn run(program: &str, args: &[&str], limit: Duration) -> String {
+    let out = tokio::time::timeout(
+        limit,
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} took longer than {limit:?}"))
+    .unwrap_or_else(|e| panic!("{program} could not start: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A Redis Cluster of our own: `masters` masters with one replica each, on
+/// free ports, every node a child process.
+pub struct RedisCluster {
+    pub nodes: Vec<Server>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub async fn start(masters: usize) -> RedisCluster {
+        let dir = scratch_dir("cluster");
+        let mut nodes = Vec::new();
+        for _ in 0..masters * 2 {
+            let port = free_port();
+            // A directory per node: replication writes its snapshot there.
+            let own = dir.join(port.to_string());
+            std::fs::create_dir_all(&own).unwrap();
+            let args = vec![
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                "nodes.conf".into(),
+                "--cluster-node-timeout".into(),
+                "1000".into(),
+                "--dir".into(),
+                own.display().to_string(),
+                // Replicas sync at once, not after the default 5 s.
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+            ];
+            nodes.push(Server::start_on(port, args, Vec::new(), None).await);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        run("redis-cli", &args, Duration::from_secs(30)).await;
+        let cluster = RedisCluster { nodes, dir };
+        assert!(
+            cluster.healthy(Duration::from_secs(20)).await,
+            "the cluster did not come up"
+        );
+        // A replica that never synced cannot take over from its master.
+        let synced = eventually(Duration::from_secs(20), || async {
+            let mut replicas_up = 0;
+            for n in &cluster.nodes {
+                let mut c = connection(&n.url()).await;
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                if info.contains("master_link_status:up") {
+                    replicas_up += 1;
+                }
+            }
+            replicas_up == masters
+        })
+        .await;
+        assert!(synced, "the replicas did not sync with their masters");
+        cluster
+    }
+
+    /// A URL per node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    /// Whether, within `limit`, every running node says the cluster is ok
+    /// and every slot has a running master.
+    pub async fn healthy(&self, limit: Duration) -> bool {
+        eventually(limit, || async {
+            for n in self.nodes.iter().filter(|n| n.is_running()) {
+                let Ok(c) = Client::open(n.url()) else {
+                    return false;
+                };
+                let Ok(mut c) = c.get_multiplexed_async_connection().await else {
+                    return false;
+                };
+                let info: String = match redis::cmd("CLUSTER").arg("INFO").query_async(&mut c).await
+                {
+                    Ok(i) => i,
+                    Err(_) => return false,
+                };
+                if !info.contains("cluster_state:ok") {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+    }
+
+    /// The port of the running master that serves `slot`, as a running node
+    /// sees it.
+    pub async fn master_of(&self, slot: u16) -> Option<u16> {
+        let node = self.nodes.iter().find(|n| n.is_running())?;
+        let mut c = connection(&node.url()).await;
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port: u16 = fields[1].split(['@', ':']).nth(1)?.parse().ok()?;
+            for range in &fields[8..] {
+                let mut ends = range.split('-').map(|p| p.parse::<u16>());
+                let lo = match ends.next() {
+                    Some(Ok(lo)) => lo,
+                    _ => continue,
+                };
+                let hi = match ends.next() {
+                    Some(Ok(hi)) => hi,
+                    None => lo,
+                    _ => continue,
+                };
+                if (lo..=hi).contains(&slot) {
+                    return Some(port);
+                }
+            }
+        }
+        None
+    }
+
+    /// The slot of `key`.
+    pub async fn slot(&self, key: &str) -> u16 {
+        let node = self.nodes.iter().find(|n| n.is_running()).unwrap();
+        let mut c = connection(&node.url()).await;
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    /// Kills the node on `port`.
+    pub async fn kill(&mut self, port: u16) {
+        for n in &mut self.nodes {
+            if n.port == port {
+                n.kill().await;
+            }
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
