@@ -315,8 +315,12 @@ pub fn all() -> Vec<Row> {
         row!(Ours, StackOpen, stack_open),
         Row::new(Breaker::Ours, Path::HalfOpenFull, ours_half_open_full),
         Row::new(Breaker::Ours, Path::HalfOpenProbe, ours_half_open_probe),
-        Row::new(Breaker::Ours, Path::ClosedProber, |plan| ours_with_prober(plan, false)),
-        Row::new(Breaker::Ours, Path::OpenProber, |plan| ours_with_prober(plan, true)),
+        Row::new(Breaker::Ours, Path::ClosedProber, |plan| {
+            ours_with_prober(plan, false)
+        }),
+        Row::new(Breaker::Ours, Path::OpenProber, |plan| {
+            ours_with_prober(plan, true)
+        }),
         // === keyed breakers ===
         row!(Ours, KeyedHot, || Ok(keyed_service(keyed_set()?))),
         row!(Ours, KeyedRotating, || Ok(keyed_rotating(keyed_set()?))),
@@ -620,13 +624,22 @@ fn ours_with_prober(plan: &Plan<'_>, open: bool) -> Result<f64, String> {
         Ok::<_, Infallible>(http::Response::new(String::new()))
     });
     let prober = HealthProbe::builder(Duration::from_secs(60))
-        .build(probed, HttpClassifier, |_: &tower_circuit_breaker::Breaker| {
-            http::Request::new(String::new())
-        })
+        .build(
+            probed,
+            HttpClassifier,
+            |_: &tower_circuit_breaker::Breaker| http::Request::new(String::new()),
+        )
         .map_err(|e| e.to_string())?;
     let task = plan.rt.spawn(prober.run(layer.breaker().clone()));
-    let path = if open { Path::OpenProber } else { Path::ClosedProber };
-    let result = plan.drive(layer.layer(upstream::<Infallible>(StatusCode::OK)), path.expect());
+    let path = if open {
+        Path::OpenProber
+    } else {
+        Path::ClosedProber
+    };
+    let result = plan.drive(
+        layer.layer(upstream::<Infallible>(StatusCode::OK)),
+        path.expect(),
+    );
     task.abort();
     result
 }

@@ -64,7 +64,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
-pub(crate) use self::config::{sealed, Config};
+pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, Window};
 pub use self::outcome::Outcome;
 pub use self::permit::Permit;
@@ -437,11 +437,10 @@ impl Breaker {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    /// The validated configuration, for backends that apply the same rules
-    /// elsewhere.
+    /// The rules a shared-state backend applies across replicas.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn config(&self) -> &Config {
-        &self.shared.config
+    pub(crate) fn shared_rules(&self) -> SharedRules {
+        self.shared.config.shared_rules()
     }
 }
 

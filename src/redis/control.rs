@@ -6,7 +6,7 @@ use std::fmt;
 use super::conn::Failure;
 use super::script::{self, Caller, Control, Keys, Reply, Request, Rule};
 use super::Attachment;
-use crate::breaker::{Config, Snapshot};
+use crate::breaker::{SharedRules, Snapshot};
 use crate::sync::lock;
 use crate::Breaker;
 
@@ -212,7 +212,7 @@ impl Attachment {
             quorum: 1,
         };
         let keys = Keys::new(&settings.prefix, name);
-        let rule = Rule::new(&Config::default(), settings.window);
+        let rule = Rule::new(&SharedRules::default(), settings.window);
         let req = Request {
             control: Some(control),
             ..Request::default()

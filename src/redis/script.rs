@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ::redis::{Script, ScriptInvocation, Value};
 
-use crate::breaker::{Config, Window};
+use crate::breaker::SharedRules;
 
 /// Source of the state script; see the comments at its top for its contract.
 const SOURCE: &str = include_str!("sync.lua");
@@ -40,32 +40,28 @@ pub(super) struct Rule {
 impl Rule {
     /// The breaker's own rules over a time window in Redis: the breaker's
     /// time window when it has one, else `window`.
-    pub(super) fn new(config: &Config, window: Option<(Duration, u32)>) -> Rule {
-        let (span, buckets) = match (window, config.window) {
+    pub(super) fn new(rules: &SharedRules, window: Option<(Duration, u32)>) -> Rule {
+        let (span, buckets) = match (window, rules.time_window) {
             (Some(w), _) => w,
-            (None, Window::Time { span, buckets }) => (span, buckets.min(1000)),
-            (None, _) => (Duration::from_secs(10), 10),
+            (None, Some((span, buckets))) => (span, buckets.min(1000)),
+            (None, None) => (Duration::from_secs(10), 10),
         };
-        let windowed = !matches!(config.window, Window::None);
         Rule {
             span_ms: ms(span).max(1),
             buckets: buckets.max(1),
-            min_calls: config.min_calls,
-            failure_rate: config.failure_rate.filter(|_| windowed).unwrap_or(0.0),
-            slow_rate: config
-                .slow_call
-                .filter(|_| windowed)
-                .map_or(0.0, |(_, r)| r),
-            open_ms: ms(config.open).max(1),
-            open_max_ms: ms(config.open_max()).max(1),
-            multiplier: config.backoff_multiplier,
-            jitter: config.jitter,
-            probes: config.probes,
-            close_after: config.close_after,
+            min_calls: rules.min_calls,
+            failure_rate: rules.failure_rate.unwrap_or(0.0),
+            slow_rate: rules.slow_call_rate.unwrap_or(0.0),
+            open_ms: ms(rules.open).max(1),
+            open_max_ms: ms(rules.open_max).max(1),
+            multiplier: rules.backoff_multiplier,
+            jitter: rules.jitter,
+            probes: rules.probes,
+            close_after: rules.close_after,
             // What the cluster will hold a slot for, so the replica stops
             // using it no later.
-            lease: config.lease().min(Duration::from_millis(MAX_MS)),
-            open_max: config.open_max().min(Duration::from_millis(MAX_MS)),
+            lease: rules.lease.min(Duration::from_millis(MAX_MS)),
+            open_max: rules.open_max.min(Duration::from_millis(MAX_MS)),
         }
     }
 
@@ -319,6 +315,7 @@ fn ms(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::breaker::{Config, Window};
 
     #[test]
     fn a_lease_that_never_expires_saturates_at_the_scripts_longest() {
@@ -328,7 +325,7 @@ mod tests {
             open_max: Some(Duration::MAX),
             ..Config::default()
         };
-        let rule = Rule::new(&config, Some((Duration::MAX, 10)));
+        let rule = Rule::new(&config.shared_rules(), Some((Duration::MAX, 10)));
         let longest = Duration::from_millis(MAX_MS);
         // What the replica holds a granted slot for is what the cluster
         // grants it for: not `Duration::MAX` here and the script's fallback
@@ -402,14 +399,15 @@ mod tests {
             close_after: 2,
             ..Config::default()
         };
-        let r = Rule::new(&c, None);
+        let r = Rule::new(&c.shared_rules(), None);
         assert_eq!((r.span_ms, r.buckets, r.min_calls), (10_000, 10, 10));
         assert!(r.aggregates());
         let off = Rule::new(
             &Config {
                 window: Window::None,
                 ..c.clone()
-            },
+            }
+            .shared_rules(),
             None,
         );
         assert!(!off.aggregates());
@@ -420,7 +418,8 @@ mod tests {
                     buckets: 6,
                 },
                 ..c
-            },
+            }
+            .shared_rules(),
             None,
         );
         assert_eq!((timed.span_ms, timed.buckets), (30_000, 6));

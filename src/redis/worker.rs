@@ -18,7 +18,7 @@ use crate::rng::Rng;
 use super::conn::{Conn, Failure, Messages};
 use super::script::{self, Caller, Census, Cluster, Keys, Reply, Request, Rule, SCHEMA};
 use super::{Origin, Origins, Schemas, Settings};
-use crate::breaker::{Config, Counters};
+use crate::breaker::{Counters, SharedRules};
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
 use crate::{Breaker, Changed, State};
@@ -515,7 +515,7 @@ impl Worker {
             return Ok(());
         };
         let keys = Keys::new(&self.settings.prefix, name);
-        let rule = Rule::new(&Config::default(), self.settings.window);
+        let rule = Rule::new(&SharedRules::default(), self.settings.window);
         let caller = Caller {
             channel: &self.channel,
             replica: &self.replica,
@@ -572,7 +572,7 @@ impl Drop for Worker {
 
 impl Tracked {
     fn new(breaker: Breaker, name: Arc<str>, settings: &Settings) -> Tracked {
-        let rule = Rule::new(breaker.config(), settings.window);
+        let rule = Rule::new(&breaker.shared_rules(), settings.window);
         Tracked {
             keys: Keys::new(&settings.prefix, &name),
             base: breaker.snapshot().counters,

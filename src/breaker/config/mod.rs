@@ -112,6 +112,34 @@ impl Default for Config {
     }
 }
 
+/// The rules a shared-state backend applies across replicas: the one view of
+/// a breaker's settings it reads.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct SharedRules {
+    /// The breaker's time window (span, buckets), if it has one.
+    pub(crate) time_window: Option<(Duration, u32)>,
+    pub(crate) min_calls: u32,
+    /// Only when a window is configured.
+    pub(crate) failure_rate: Option<f64>,
+    /// Only when a window is configured.
+    pub(crate) slow_call_rate: Option<f64>,
+    pub(crate) open: Duration,
+    pub(crate) open_max: Duration,
+    pub(crate) backoff_multiplier: f64,
+    pub(crate) jitter: f64,
+    pub(crate) probes: u32,
+    pub(crate) close_after: u32,
+    /// How long a probe slot is held at most.
+    pub(crate) lease: Duration,
+}
+
+impl Default for SharedRules {
+    fn default() -> Self {
+        Config::default().shared_rules()
+    }
+}
+
 impl Config {
     /// How long a half-open probe's slot is held at most: its lease, or
     /// else its deadline.
@@ -129,6 +157,29 @@ impl Config {
             (Some(t), None) => t,
             (None, Some((slow, _))) => slow,
             (None, None) => self.open,
+        }
+    }
+
+    /// What a shared-state backend needs to apply the same rules across
+    /// replicas, and nothing else.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn shared_rules(&self) -> SharedRules {
+        let windowed = !matches!(self.window, Window::None);
+        SharedRules {
+            time_window: match self.window {
+                Window::Time { span, buckets } => Some((span, buckets)),
+                _ => None,
+            },
+            min_calls: self.min_calls,
+            failure_rate: self.failure_rate.filter(|_| windowed),
+            slow_call_rate: self.slow_call.filter(|_| windowed).map(|(_, r)| r),
+            open: self.open,
+            open_max: self.open_max(),
+            backoff_multiplier: self.backoff_multiplier,
+            jitter: self.jitter,
+            probes: self.probes,
+            close_after: self.close_after,
+            lease: self.lease(),
         }
     }
 
