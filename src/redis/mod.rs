@@ -175,6 +175,7 @@ mod conn;
 mod control;
 mod script;
 mod supervise;
+mod tracked;
 mod worker;
 
 use std::collections::{BTreeSet, HashMap};

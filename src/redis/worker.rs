@@ -1,7 +1,7 @@
 //! The background task of one attachment. All Redis I/O happens here; the
 //! breakers it serves never wait for it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,16 +16,17 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use crate::rng::Rng;
 
 use super::conn::{Conn, Failure, Messages};
-use super::script::{self, Caller, Census, Cluster, Keys, Reply, Request, Rule, SCHEMA};
-use super::{Origin, Origins, Schemas, Settings};
-use crate::breaker::{Counters, SharedRules};
+use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
+use super::tracked::{later, Pending, Tracked};
+use super::{Origins, Schemas, Settings};
+use crate::breaker::SharedRules;
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
-use crate::{Breaker, Changed, State};
+use crate::{Breaker, Changed};
 
 /// Applied open durations run this much past the cluster's deadline, so a
 /// replica never turns half-open before the cluster does.
-const MARGIN: Duration = Duration::from_millis(2);
+pub(super) const MARGIN: Duration = Duration::from_millis(2);
 
 /// How often the breakers of a keyed set are checked for a local trip (one
 /// atomic load each), so a trip is sent before the next flush.
@@ -45,62 +46,13 @@ pub(super) enum Target {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+pub(super) enum Pass {
     /// Every breaker, whether or not anything changed (resync).
     All,
     /// Breakers with something to tell or to learn.
     Changes,
     /// Breakers that tripped locally since the last exchange.
     Trips,
-}
-
-/// The cluster state of a breaker as this replica last learned it.
-#[derive(Debug, Clone, Copy)]
-struct View {
-    cluster: Cluster,
-    epoch: u64,
-}
-
-/// One breaker kept in step.
-struct Tracked {
-    breaker: Breaker,
-    name: Arc<str>,
-    keys: Keys,
-    rule: Rule,
-    /// Lifetime counters at the last exchange.
-    base: Counters,
-    view: Option<View>,
-    /// Apply the next reply even if its epoch is known.
-    force: bool,
-    /// A message said the cluster state changed.
-    dirty: bool,
-    /// Probe slots granted to this replica in the current cycle, with the
-    /// instant they must stop being used.
-    leases: VecDeque<(String, Instant)>,
-    /// Granted slots the breaker could not take.
-    releases: Vec<String>,
-    /// Marks breakers still in a keyed set.
-    seen: u64,
-    /// The open epoch this replica knows of, and when it first learned of
-    /// it, by its own clock: no period lasts past that plus the open cap.
-    opened: Option<(u64, Instant)>,
-    /// A local trip was sent in this open period (a trip the quorum has not
-    /// confirmed stays local, and is not sent again at every scan).
-    trip_sent: bool,
-    /// The longest an exchange may take: a reply's deadline is as old as
-    /// that when it arrives.
-    slack: Duration,
-    /// Calls admitted and rejected at the last resync: a closed breaker
-    /// without calls since has nothing to protect and skips the next one.
-    activity: u64,
-}
-
-/// A request in flight, and what applying its reply needs.
-struct Pending {
-    name: Arc<str>,
-    request: Request,
-    /// The breaker's state when the request was made.
-    local: State,
 }
 
 pub(super) struct Worker {
@@ -568,271 +520,7 @@ impl Drop for Worker {
     }
 }
 
-// === impl Tracked ===
-
-impl Tracked {
-    fn new(breaker: Breaker, name: Arc<str>, settings: &Settings) -> Tracked {
-        let rule = Rule::new(&breaker.shared_rules(), settings.window);
-        Tracked {
-            keys: Keys::new(&settings.prefix, &name),
-            base: breaker.snapshot().counters,
-            breaker,
-            name,
-            rule,
-            view: None,
-            force: true,
-            dirty: false,
-            leases: VecDeque::new(),
-            releases: Vec::new(),
-            seen: 0,
-            activity: 0,
-            opened: None,
-            trip_sent: false,
-            slack: settings.timeout,
-        }
-    }
-
-    /// How long after first learning of an open period this replica holds
-    /// it open at most, whatever the cluster's clock says: the open cap,
-    /// plus the age a reply can have, so the cap never cuts a period the
-    /// cluster's clock keeps honestly.
-    fn longest(&self) -> Duration {
-        self.rule
-            .open_max
-            .saturating_add(self.slack)
-            .saturating_add(MARGIN)
-    }
-
-    /// Whether the breaker tripped on its own since the cluster was last
-    /// known closed.
-    fn tripped(&self) -> bool {
-        !self.trip_sent
-            && self.view.is_some_and(|v| v.cluster.is_closed())
-            && self.breaker.state() == State::Open
-    }
-
-    /// What to tell the cluster, if anything; with the breaker's state at
-    /// this moment.
-    fn prepare(
-        &mut self,
-        now: Instant,
-        all: bool,
-        shared: bool,
-        claim: impl FnOnce() -> String,
-    ) -> Option<(Request, State)> {
-        let snap = self.breaker.snapshot();
-        let (c, b) = (
-            snap.counters,
-            std::mem::replace(&mut self.base, snap.counters),
-        );
-        let probe_ok = c.probe_successes.saturating_sub(b.probe_successes);
-        let probe_failed = c.probe_failures.saturating_sub(b.probe_failures);
-        // Closed-state outcomes: the lifetime counters less the probes'.
-        let successes = c
-            .successes
-            .saturating_sub(b.successes)
-            .saturating_sub(probe_ok);
-        let failures = c
-            .failures
-            .saturating_sub(b.failures)
-            .saturating_sub(probe_failed);
-        let slow = c.slow.saturating_sub(b.slow);
-        let rejected = c.rejected.saturating_sub(b.rejected);
-        let local = snap.state;
-        // A shadow-mode breaker listens but never opens anyone else's.
-        let active = !snap.metrics_only;
-        let view_closed = self.view.is_none_or(|v| v.cluster.is_closed());
-
-        let mut req = Request {
-            epoch: self.view.map_or(0, |v| v.epoch),
-            ..Request::default()
-        };
-        if self.leases.front().is_some_and(|&(_, until)| until <= now) {
-            // The cluster takes an unreported slot back when its lease runs
-            // out; stop using it first by starting a fresh local cycle.
-            self.leases.clear();
-            if local == State::HalfOpen {
-                self.breaker.remote().open_for(Duration::ZERO);
-            }
-        }
-        let outcomes = std::iter::repeat_n("s", probe_ok as usize)
-            .chain(std::iter::repeat_n("f", probe_failed as usize));
-        for code in outcomes {
-            match self.leases.pop_front() {
-                Some((id, _)) => req.reports.push((id, code)),
-                None => break,
-            }
-        }
-        if local != State::HalfOpen {
-            req.reports
-                .extend(self.leases.drain(..).map(|(id, _)| (id, "r")));
-        }
-        req.reports
-            .extend(self.releases.drain(..).map(|id| (id, "r")));
-        if local != State::Open {
-            self.trip_sent = false;
-        }
-        if active && local == State::Open && view_closed {
-            req.trip = true;
-            self.trip_sent = true;
-        }
-        // By this replica's clock the cluster's open period has outlasted
-        // the open cap (the server's clock went back): end it.
-        if let (Some(v), Some((epoch, at))) = (self.view, self.opened) {
-            if matches!(v.cluster, Cluster::Open(_))
-                && v.epoch == epoch
-                && now >= later(at, self.longest())
-            {
-                req.overdue = true;
-            }
-        }
-        if active && local == State::Closed && view_closed && self.rule.aggregates() {
-            req.calls = successes + failures;
-            req.failures = failures;
-            req.slow = slow.min(req.calls);
-        }
-        if shared
-            && local == State::HalfOpen
-            && rejected > 0
-            && self.leases.len() < self.rule.probes as usize
-        {
-            req.claim = Some(claim());
-        }
-        let inconsistent = match (local, self.view) {
-            (_, None) => true,
-            (State::HalfOpen, Some(v)) => v.cluster.is_closed(),
-            // A replica whose operator overrode a cluster-wide control is
-            // left alone until the next cluster transition.
-            (State::Closed, Some(v)) => matches!(v.cluster, Cluster::Open(_) | Cluster::HalfOpen),
-            _ => false,
-        };
-        let activity = c.admitted + c.rejected;
-        let resync = all
-            && (activity != std::mem::replace(&mut self.activity, activity)
-                || local != State::Closed
-                || !view_closed);
-        let needed = resync || self.force || self.dirty || inconsistent || !req.is_read();
-        needed.then_some((req, local))
-    }
-
-    /// Applies the cluster's answer to the local breaker.
-    fn apply(
-        &mut self,
-        reply: Reply,
-        pending: Pending,
-        sent: Instant,
-        flush: Duration,
-        origins: &Origins,
-    ) {
-        let remote = self.breaker.remote();
-        let mut local = self.breaker.state();
-        if local != pending.local {
-            // It moved on while we asked (a fresh local trip, say): ask
-            // again rather than act on a stale picture.
-            self.force = true;
-            if reply.granted {
-                self.releases.extend(pending.request.claim);
-            }
-            return;
-        }
-        let new_epoch = self.view.is_some_and(|v| v.epoch != reply.epoch);
-        let changed =
-            std::mem::take(&mut self.force) || self.view.is_none_or(|v| v.epoch != reply.epoch);
-        self.dirty = false;
-        if changed {
-            // The cluster cleared its probe slots with the transition.
-            self.leases.clear();
-        }
-        let before = local;
-        let controlled = lock(origins)
-            .get(&self.name)
-            .is_some_and(|&(s, o)| s == local && o == Origin::ClusterControl);
-        let mut by_control = false;
-        match reply.cluster {
-            Cluster::ForcedOpen if changed && local != State::ForcedOpen => {
-                self.breaker.force_open();
-                by_control = true;
-            }
-            Cluster::Disabled if changed && local != State::Disabled => {
-                self.breaker.disable();
-                by_control = true;
-            }
-            Cluster::ForcedOpen | Cluster::Disabled => {}
-            _ => {
-                // An operator reset every replica, or lifted the cluster's
-                // own forced state: so does this replica.
-                if (reply.reset && new_epoch) || (changed && controlled) {
-                    self.breaker.reset();
-                    local = self.breaker.state();
-                }
-            }
-        }
-        // When this replica first learned of the open period: the deadline
-        // the cluster gives is trusted up to the open cap from then.
-        match reply.cluster {
-            Cluster::Open(_) | Cluster::HalfOpen => match self.opened {
-                Some((e, _)) if e == reply.epoch => {}
-                _ => self.opened = Some((reply.epoch, sent)),
-            },
-            _ => self.opened = None,
-        }
-        let cap = self.opened.map_or(Duration::ZERO, |(_, at)| {
-            later(at, self.longest()).saturating_duration_since(Instant::now())
-        });
-        let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
-        match (reply.cluster, local) {
-            (Cluster::Closed, State::HalfOpen) => remote.close(),
-            // Epoch 0: Redis holds no state (it restarted empty, say). An
-            // open breaker here trips the cluster again rather than close.
-            (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
-            (Cluster::Open(left), State::Closed | State::HalfOpen) => open(left),
-            (Cluster::Open(left), State::Open) if changed => open(left),
-            (Cluster::HalfOpen, State::Closed) => remote.open_for(Duration::ZERO),
-            (Cluster::HalfOpen, State::Open | State::HalfOpen) if changed => {
-                remote.open_for(Duration::ZERO)
-            }
-            _ => {}
-        }
-        let after = self.breaker.state();
-        if after != before || by_control {
-            let origin = if by_control {
-                Origin::ClusterControl
-            } else {
-                Origin::Cluster
-            };
-            lock(origins).insert(self.name.clone(), (after, origin));
-        }
-        self.view = Some(View {
-            cluster: reply.cluster,
-            epoch: reply.epoch,
-        });
-        if let Some(id) = pending.request.claim.filter(|_| reply.granted) {
-            if self.breaker.state() == State::HalfOpen && remote.is_shared() {
-                remote.grant_probes(1);
-                let until = lease_end(sent, self.rule.lease, flush);
-                self.leases.push_back((id, until));
-            } else {
-                self.releases.push(id);
-            }
-        }
-    }
-}
-
 // === helpers ===
-
-/// The instant a slot granted at `sent` must stop being used: a little before
-/// the cluster takes it back, so an outcome is never reported on a slot the
-/// cluster already counts as free.
-fn lease_end(sent: Instant, lease: Duration, flush: Duration) -> Instant {
-    later(sent, lease.saturating_sub(flush.saturating_mul(2)))
-}
-
-/// `at + d`, saturating at about thirty years from `at` (as tokio's own far
-/// future), where `at + d` would overflow.
-fn later(at: Instant, d: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
-    at.checked_add(d).unwrap_or_else(|| at + FAR)
-}
 
 /// The schema of a message that is not of this one's format: `vN ...`, or
 /// the first schema's `<state> <epoch> <key>`.
@@ -862,6 +550,10 @@ async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
 mod tests {
     use super::*;
     use crate::redis::conn::Store;
+    use crate::redis::script::Cluster;
+    use crate::redis::tracked::lease_end;
+    use crate::redis::Origin;
+    use crate::State;
 
     fn settings() -> Settings {
         Settings {
