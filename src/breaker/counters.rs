@@ -38,9 +38,11 @@ pub(crate) enum Counter {
     HealthProbeSuccesses,
     HealthProbeFailures,
     ListenerPanics,
+    QuotaRejected,
+    Paced,
 }
 
-const COUNTERS: usize = 16;
+const COUNTERS: usize = 18;
 
 /// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
 /// 128 bytes the unit of false sharing on x86).
@@ -212,6 +214,8 @@ impl Striped {
             health_probe_successes: get(Counter::HealthProbeSuccesses),
             health_probe_failures: get(Counter::HealthProbeFailures),
             listener_panics: get(Counter::ListenerPanics),
+            quota_rejected: get(Counter::QuotaRejected),
+            paced: get(Counter::Paced),
         }
     }
 }

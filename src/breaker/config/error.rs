@@ -35,6 +35,8 @@ pub enum ConfigError {
     ZeroProbeLease,
     /// The probe timeout is zero.
     ZeroProbeTimeout,
+    /// The quota gate's open time is zero, so a quota answer would gate nothing.
+    ZeroQuotaGate,
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -118,6 +120,7 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroProbeLease => f.write_str("probe lease must be greater than zero"),
             ConfigError::ZeroProbeTimeout => f.write_str("probe timeout must be greater than zero"),
+            ConfigError::ZeroQuotaGate => f.write_str("quota gate must be greater than zero"),
             ConfigError::LeaseBelowProbeTimeout {
                 lease,
                 probe_timeout,
