@@ -75,6 +75,7 @@
 pub mod body;
 pub mod breaker;
 pub mod classify;
+pub mod deadline;
 pub mod error;
 pub mod failover;
 pub mod future;

@@ -73,14 +73,16 @@ use tower_service::Service;
 
 use crate::breaker::{Breaker, Builder, ConfigError, Window};
 use crate::classify::HttpClassifier;
+use crate::deadline::StreamDeadlines;
 use crate::retry::RetryPolicy;
 use crate::{BoxError, CircuitBreaker, Error};
 
 /// The retry and everything inside it.
-type Retried<S, C> = Retry<RetryPolicy<C>, CircuitBreaker<Timeout<S>, C>>;
+type Retried<S, C, D> = Retry<RetryPolicy<C>, CircuitBreaker<Timeout<S>, C, Breaker, D>>;
 
 /// With or without a total timeout, the error is a [`BoxError`].
-type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error) -> BoxError>>;
+type Outer<S, C, D> =
+    Either<Timeout<Retried<S, C, D>>, MapErr<Retried<S, C, D>, fn(Error) -> BoxError>>;
 
 /// Builds a [`StackLayer`]; see the [module docs](self).
 ///
@@ -93,7 +95,11 @@ type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error
 /// A half-open probe is failed if its response head has not come by its
 /// probe deadline (see [`Builder::probe_timeout`]); the stack refuses a probe
 /// timeout longer than the attempt timeout, and caps the default one there.
-pub struct StackBuilder<C = HttpClassifier> {
+///
+/// With [`stream_deadlines`](Self::stream_deadlines) (the `D` parameter is
+/// then [`StreamDeadlines`]), response bodies keep them; see
+/// [`deadline`](crate::deadline) for every deadline in one table.
+pub struct StackBuilder<C = HttpClassifier, D = ()> {
     attempt_timeout: Duration,
     total_timeout: Option<Duration>,
     breaker: Builder<Breaker>,
@@ -102,9 +108,10 @@ pub struct StackBuilder<C = HttpClassifier> {
     backoff: (Duration, Duration),
     retry_after_cap: Duration,
     seed: Option<u64>,
+    deadlines: D,
 }
 
-impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
+impl<C: fmt::Debug, D: fmt::Debug> fmt::Debug for StackBuilder<C, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StackBuilder")
             .field("attempt_timeout", &self.attempt_timeout)
@@ -114,6 +121,7 @@ impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
             .field("max_retries", &self.max_retries)
             .field("backoff", &self.backoff)
             .field("retry_after_cap", &self.retry_after_cap)
+            .field("deadlines", &self.deadlines)
             .finish()
     }
 }
@@ -129,6 +137,7 @@ impl Default for StackBuilder {
             backoff: (Duration::from_millis(500), Duration::from_secs(10)),
             retry_after_cap: Duration::from_secs(20),
             seed: None,
+            deadlines: (),
         }
     }
 }
@@ -141,6 +150,41 @@ impl StackBuilder {
 }
 
 impl<C> StackBuilder<C> {
+    /// Keeps `deadlines` on every response body: the first frame, stalls
+    /// and the total stream time (see [`deadline`](crate::deadline)).
+    /// [`build`](Self::build) refuses deadlines that cannot work, and a
+    /// stall or first-frame deadline longer than the total timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    /// use tower_circuit_breaker::stack::Stack;
+    /// use tower_circuit_breaker::ConfigError;
+    ///
+    /// let err = Stack::builder()
+    ///     .attempt_timeout(Duration::from_secs(30))
+    ///     .total_timeout(Duration::from_secs(60))
+    ///     .stream_deadlines(StreamDeadlines::new().stall(Duration::from_secs(90)))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, ConfigError::Stack(_)));
+    /// ```
+    pub fn stream_deadlines(self, deadlines: StreamDeadlines) -> StackBuilder<C, StreamDeadlines> {
+        StackBuilder {
+            attempt_timeout: self.attempt_timeout,
+            total_timeout: self.total_timeout,
+            breaker: self.breaker,
+            classifier: self.classifier,
+            max_retries: self.max_retries,
+            backoff: self.backoff,
+            retry_after_cap: self.retry_after_cap,
+            seed: self.seed,
+            deadlines,
+        }
+    }
+}
+
+impl<C, D> StackBuilder<C, D> {
     /// How long one attempt may take (to the response head). Default 60 s.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
@@ -187,7 +231,7 @@ impl<C> StackBuilder<C> {
     }
 
     /// Classifies attempts (for the breaker and the retry) with `classifier`.
-    pub fn classifier<C2>(self, classifier: C2) -> StackBuilder<C2> {
+    pub fn classifier<C2>(self, classifier: C2) -> StackBuilder<C2, D> {
         StackBuilder {
             attempt_timeout: self.attempt_timeout,
             total_timeout: self.total_timeout,
@@ -197,13 +241,14 @@ impl<C> StackBuilder<C> {
             backoff: self.backoff,
             retry_after_cap: self.retry_after_cap,
             seed: self.seed,
+            deadlines: self.deadlines,
         }
     }
 }
 
-impl<C: Clone> StackBuilder<C> {
+impl<C: Clone, D: StackDeadlines> StackBuilder<C, D> {
     /// Checks that the pieces fit and builds the layer.
-    pub fn build(self) -> Result<StackLayer<C>, ConfigError> {
+    pub fn build(self) -> Result<StackLayer<C, D>, ConfigError> {
         let attempt = self.attempt_timeout;
         if attempt.is_zero() {
             return Err(ConfigError::Stack("the attempt timeout is zero"));
@@ -217,6 +262,20 @@ impl<C: Clone> StackBuilder<C> {
             if self.max_retries > 0 && self.retry_after_cap >= total {
                 return Err(ConfigError::Stack(
                     "the Retry-After cap is not below the total timeout",
+                ));
+            }
+        }
+        if let Some(deadlines) = self.deadlines.get() {
+            deadlines.validate()?;
+            let total = self.total_timeout.unwrap_or(Duration::MAX);
+            if deadlines.stall_timeout().is_some_and(|s| s > total) {
+                return Err(ConfigError::Stack(
+                    "the stall deadline is longer than the total timeout",
+                ));
+            }
+            if deadlines.first_frame_timeout().is_some_and(|f| f > total) {
+                return Err(ConfigError::Stack(
+                    "the first-frame deadline is longer than the total timeout",
                 ));
             }
         }
@@ -274,23 +333,50 @@ impl<C: Clone> StackBuilder<C> {
             retry: retry.with_classifier(self.classifier.clone()),
             classifier: self.classifier,
             breaker,
+            deadlines: self.deadlines,
         })
     }
+}
+
+/// The stream deadlines a [`StackBuilder`] may carry: none (`()`), or
+/// [`StreamDeadlines`]. Sealed.
+pub trait StackDeadlines: Clone + sealed::Sealed {
+    #[doc(hidden)]
+    fn get(&self) -> Option<&StreamDeadlines>;
+}
+
+impl StackDeadlines for () {
+    fn get(&self) -> Option<&StreamDeadlines> {
+        None
+    }
+}
+
+impl StackDeadlines for StreamDeadlines {
+    fn get(&self) -> Option<&StreamDeadlines> {
+        Some(self)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for () {}
+    impl Sealed for crate::deadline::StreamDeadlines {}
 }
 
 /// Wraps a client in the whole stack; built by [`StackBuilder`].
 ///
 /// Every service it makes shares its one breaker.
 #[derive(Clone, Debug)]
-pub struct StackLayer<C = HttpClassifier> {
+pub struct StackLayer<C = HttpClassifier, D = ()> {
     attempt_timeout: Duration,
     total_timeout: Option<Duration>,
     breaker: Breaker,
     classifier: C,
     retry: RetryPolicy<C>,
+    deadlines: D,
 }
 
-impl<C> StackLayer<C> {
+impl<C, D> StackLayer<C, D> {
     /// The shared breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
@@ -307,13 +393,17 @@ impl<C> StackLayer<C> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for StackLayer<C> {
-    type Service = Stack<S, C>;
+impl<S, C: Clone, D: Clone> Layer<S> for StackLayer<C, D> {
+    type Service = Stack<S, C, D>;
 
-    fn layer(&self, client: S) -> Stack<S, C> {
+    fn layer(&self, client: S) -> Stack<S, C, D> {
         let attempt = Timeout::new(client, self.attempt_timeout);
-        let breaker =
-            CircuitBreaker::with_classifier(attempt, self.breaker.clone(), self.classifier.clone());
+        let breaker = CircuitBreaker::from_parts(
+            attempt,
+            self.breaker.clone(),
+            self.classifier.clone(),
+            self.deadlines.clone(),
+        );
         let retried = Retry::new(self.retry.clone(), breaker);
         let inner = match self.total_timeout {
             Some(total) => Either::Left(Timeout::new(retried, total)),
@@ -336,8 +426,8 @@ impl<S, C: Clone> Layer<S> for StackLayer<C> {
 /// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
 /// the client's own error.
 #[derive(Clone, Debug)]
-pub struct Stack<S, C = HttpClassifier> {
-    inner: Outer<S, C>,
+pub struct Stack<S, C = HttpClassifier, D = ()> {
+    inner: Outer<S, C, D>,
     breaker: Breaker,
 }
 
@@ -348,20 +438,20 @@ impl Stack<(), HttpClassifier> {
     }
 }
 
-impl<S, C> Stack<S, C> {
+impl<S, C, D> Stack<S, C, D> {
     /// The breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
     }
 }
 
-impl<S, C, Req> Service<Req> for Stack<S, C>
+impl<S, C, D, Req> Service<Req> for Stack<S, C, D>
 where
-    Outer<S, C>: Service<Req, Error = BoxError>,
+    Outer<S, C, D>: Service<Req, Error = BoxError>,
 {
-    type Response = <Outer<S, C> as Service<Req>>::Response;
+    type Response = <Outer<S, C, D> as Service<Req>>::Response;
     type Error = BoxError;
-    type Future = <Outer<S, C> as Service<Req>>::Future;
+    type Future = <Outer<S, C, D> as Service<Req>>::Future;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

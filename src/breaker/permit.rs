@@ -151,6 +151,15 @@ impl Permit {
         }
     }
 
+    /// With pacing on: a known rate limit is used up for `wait`.
+    pub(crate) fn pace_for(&self, wait: Duration) {
+        if let Some(shared) = &self.shared {
+            if shared.pace && self.ticket.kind != Kind::Passive {
+                shared.pace_for(wait);
+            }
+        }
+    }
+
     /// Records the call's outcome.
     ///
     /// ```

@@ -37,6 +37,9 @@ pub enum ConfigError {
     ZeroProbeTimeout,
     /// The quota gate's open time is zero, so a quota answer would gate nothing.
     ZeroQuotaGate,
+    /// Stream deadlines that cannot work (see
+    /// [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate)).
+    StreamDeadline(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -162,6 +165,7 @@ impl fmt::Display for ConfigError {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
             ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
+            ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }
