@@ -40,6 +40,9 @@ pub enum ConfigError {
     /// Stream deadlines that cannot work (see
     /// [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate)).
     StreamDeadline(&'static str),
+    /// A retry budget that cannot work (see
+    /// [`RetryBudget`](crate::retry::RetryBudget)).
+    RetryBudget(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -166,6 +169,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Stack(why) => write!(f, "stack does not fit: {why}"),
             ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
+            ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }
