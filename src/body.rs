@@ -120,7 +120,7 @@ pin_project! {
     /// runs in the task that polls it.
     ///
     /// It is `Send` and `Sync` whenever `B`, its data and the stream
-    /// classifier are. See [`deadline`](crate::deadline) for an example.
+    /// classifier are, and `Unpin` whenever `B` is. See [`deadline`](crate::deadline) for an example.
     pub struct TimedBody<B: Body, S: ClassifyStream = NeverDefer> {
         #[pin]
         inner: B,
@@ -131,8 +131,9 @@ pin_project! {
         total_at: Option<Instant>,
         // Which deadline `sleep` is set to.
         next: StreamDeadline,
-        #[pin]
-        sleep: Option<Sleep>,
+        // Boxed, so that the body is `Unpin` whenever `B` is (one
+        // allocation per body, only with a stall or total deadline).
+        sleep: Option<Pin<Box<Sleep>>>,
         ended: bool,
     }
 }
@@ -160,7 +161,7 @@ impl<B: Body, S: ClassifyStream> TimedBody<B, S> {
         if !body.ended {
             if let Some((at, next)) = body.deadline_after(Instant::now()) {
                 body.next = next;
-                body.sleep = Some(tokio::time::sleep_until(at));
+                body.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
             }
         }
         body
@@ -224,10 +225,10 @@ where
                     frame
                 }
                 Poll::Pending => {
-                    let Some(sleep) = this.sleep.as_mut().as_pin_mut() else {
+                    let Some(sleep) = this.sleep.as_mut() else {
                         return Poll::Pending;
                     };
-                    ready!(sleep.poll(cx));
+                    ready!(sleep.as_mut().poll(cx));
                     this.pending.on_deadline();
                     *this.ended = true;
                     let elapsed: BoxError = Box::new(StreamElapsed::new(*this.next));
@@ -247,9 +248,9 @@ where
                         (None, None) => unreachable!("a timer is set only for a deadline"),
                     };
                     *this.next = next;
-                    if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+                    if let Some(sleep) = this.sleep.as_mut() {
                         if sleep.deadline() != at {
-                            sleep.reset(at);
+                            sleep.as_mut().reset(at);
                         }
                     }
                 }
