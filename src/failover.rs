@@ -457,7 +457,8 @@ where
                             if let Some(i) = this
                                 .last_resort
                                 .take()
-                                .and_then(|b| grant(&b[..b.len().min(this.routes.len())])) {
+                                .and_then(|b| grant(&b[..b.len().min(this.routes.len())]))
+                            {
                                 *this.next = this.routes.len() + i;
                                 this.state.set(Step::Start);
                                 continue;

@@ -269,8 +269,14 @@ where
                             });
                         }
                         _ => {
-                            let body =
-                                TimedBody::new(body, pending, None, ended, this.deadlines, *this.start);
+                            let body = TimedBody::new(
+                                body,
+                                pending,
+                                None,
+                                ended,
+                                this.deadlines,
+                                *this.start,
+                            );
                             return Poll::Ready(Ok(Response::from_parts(head, body)));
                         }
                     }
@@ -298,10 +304,13 @@ where
                     let pending = std::mem::replace(pending, BodyGuard::decided());
                     let (held, ended) = match frame {
                         Some(Ok(frame)) => (Some(frame), false),
-                        Some(Err(error)) => return Poll::Ready(Err(Error::from_inner(error.into()))),
+                        Some(Err(error)) => {
+                            return Poll::Ready(Err(Error::from_inner(error.into())))
+                        }
                         None => (None, true),
                     };
-                    let body = TimedBody::new(inner, pending, held, ended, this.deadlines, *this.start);
+                    let body =
+                        TimedBody::new(inner, pending, held, ended, this.deadlines, *this.start);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 TimedProj::Rejected { error } => {

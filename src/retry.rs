@@ -469,7 +469,9 @@ impl RetryBudget {
 
     /// Retries refused so far.
     pub fn denied(&self) -> u64 {
-        self.shared.denied.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared
+            .denied
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The ring, with the slots that ended since it was last touched cleared.

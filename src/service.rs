@@ -6,8 +6,8 @@ use tower_service::Service;
 
 use crate::body::{ResponseBody, TimedBody};
 use crate::breaker::{Breaker, ConfigError, Permit};
-use crate::deadline::StreamDeadlines;
 use crate::classify::{Classify, HttpClassifier};
+use crate::deadline::StreamDeadlines;
 use crate::error::CircuitOpen;
 use crate::future::{ResponseFuture, TimedResponseFuture};
 use crate::guard::Guard;

@@ -39,7 +39,11 @@ async fn metrics_only_counts_quota_and_pacing_rejections_it_would_make_but_admit
     // circuit: wait for the pacing to end.
     tokio::time::advance(Duration::from_secs(5)).await;
     b.admit().unwrap().record(Outcome::QuotaExhausted);
-    assert_eq!(b.state(), State::Open, "the transition it would make is made");
+    assert_eq!(
+        b.state(),
+        State::Open,
+        "the transition it would make is made"
+    );
     assert!(b.admit().is_ok());
     let c = b.snapshot().counters;
     assert_eq!((c.rejected, c.would_reject), (0, 2));
@@ -88,14 +92,24 @@ async fn a_quota_reset_the_answer_announces_wins_over_the_configured_time() {
         .build()
         .unwrap();
     let mut svc = CircuitBreaker::with_classifier(upstream, b.clone(), LlmClassifier::new());
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), 402);
     let open = b.admit().unwrap_err();
     assert_eq!(open.reason(), Rejection::Quota);
     assert_eq!(open.retry_after(), Some(Duration::from_secs(7)));
     tokio::time::advance(Duration::from_secs(7)).await;
     assert_eq!(b.state(), State::HalfOpen);
-    assert_eq!(b.snapshot().reopens, 0, "a quota does not advance the backoff");
+    assert_eq!(
+        b.snapshot().reopens,
+        0,
+        "a quota does not advance the backoff"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -113,13 +127,31 @@ async fn a_remaining_count_of_zero_paces_until_its_reset() {
     });
     let b = Breaker::builder().pace_rate_limits(true).build().unwrap();
     let mut svc = CircuitBreaker::new(upstream, b.clone());
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
-    let err = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap_err();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap_err();
     assert_eq!(err.circuit_open().unwrap().reason(), Rejection::RateLimited);
     assert_eq!(b.snapshot().paced_for, Some(Duration::from_secs(2)));
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert!(svc.ready().await.unwrap().call(Request::new(String::new())).await.is_ok());
+    assert!(svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .is_ok());
 }
 
 fn opened(after: Duration) -> Breaker {
@@ -134,11 +166,20 @@ fn opened(after: Duration) -> Breaker {
     b
 }
 
-fn counting(hits: Arc<AtomicUsize>, status: u16) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future = impl Send> + Clone {
+fn counting(
+    hits: Arc<AtomicUsize>,
+    status: u16,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future = impl Send>
+       + Clone {
     tower::service_fn(move |_req: Request<String>| {
         hits.fetch_add(1, Ordering::SeqCst);
         async move {
-            Ok::<_, Infallible>(Response::builder().status(status).body(String::new()).unwrap())
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .body(String::new())
+                    .unwrap(),
+            )
         }
     })
 }
@@ -152,7 +193,13 @@ async fn every_upstream_open_fails_fast_with_the_soonest_retry_time() {
     // `b` is tried last, but `a` admits a call sooner.
     let mut svc = Failover::new(CircuitBreaker::new(counting(hits.clone(), 200), a.clone()))
         .fallback(CircuitBreaker::new(counting(hits.clone(), 200), b.clone()));
-    let err = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap_err();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap_err();
     let open = err.circuit_open().unwrap();
     assert_eq!(open.retry_after(), Some(Duration::from_secs(20)));
     assert_eq!(hits.load(Ordering::SeqCst), 0);
@@ -170,19 +217,46 @@ async fn every_upstream_open_lets_one_call_per_open_period_through_to_the_oldest
         .jitter(Duration::ZERO, Duration::ZERO);
 
     // `a` opened longest ago: it gets the one call; a failure changes nothing.
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), 503);
-    assert_eq!((ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)), (1, 0));
+    assert_eq!(
+        (ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)),
+        (1, 0)
+    );
     assert_eq!(a.state(), State::Open);
     assert_eq!(a.snapshot().reopens, 0);
 
     // Then `b`'s one call; then no more in these open periods.
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), 503);
-    assert_eq!((ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)), (1, 1));
-    let err = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap_err();
+    assert_eq!(
+        (ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)),
+        (1, 1)
+    );
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap_err();
     assert!(err.is_circuit_open());
-    assert_eq!((ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)), (1, 1));
+    assert_eq!(
+        (ha.load(Ordering::SeqCst), hb.load(Ordering::SeqCst)),
+        (1, 1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -191,7 +265,13 @@ async fn a_last_resort_success_ends_that_open_period() {
     let hits = Arc::new(AtomicUsize::new(0));
     let mut svc = Failover::new(CircuitBreaker::new(counting(hits.clone(), 200), a.clone()))
         .when_all_open(AllOpen::last_resort([a.clone()]));
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(a.state(), State::HalfOpen);
     assert_eq!(a.snapshot().reason, Some(Reason::LastResort));
@@ -210,7 +290,13 @@ async fn a_retry_budget_of_20_percent_caps_attempts_at_1_2_times_the_requests() 
         .layer(RetryLayer::new(policy))
         .service(counting(hits.clone(), 503));
     for _ in 0..100 {
-        let res = client.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+        let res = client
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(String::new()))
+            .await
+            .unwrap();
         assert_eq!(res.status(), 503, "over budget, the original answer");
     }
     let attempts = hits.load(Ordering::SeqCst);
@@ -231,7 +317,10 @@ async fn a_retry_budget_refills_as_the_window_slides() {
     budget.deposit();
     budget.deposit();
     assert!(budget.withdraw());
-    assert!(matches!(RetryBudget::new(1001.0), Err(ConfigError::RetryBudget(_))));
+    assert!(matches!(
+        RetryBudget::new(1001.0),
+        Err(ConfigError::RetryBudget(_))
+    ));
 }
 
 #[test]

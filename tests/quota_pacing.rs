@@ -95,7 +95,13 @@ async fn one_key_that_exhausts_its_quota_is_gated_while_another_keeps_working() 
     let mut svc = layer.layer(Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>());
 
     // The quota answer: passed through, and the key's circuit opens.
-    let res = svc.ready().await.unwrap().call(request(addr, "spent")).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(addr, "spent"))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     res.into_body().collect().await.unwrap();
     let spent = breakers.get("spent").unwrap();
@@ -105,16 +111,32 @@ async fn one_key_that_exhausts_its_quota_is_gated_while_another_keeps_working() 
     assert_eq!(snapshot.counters.failures, 0, "a quota is no failure");
 
     for _ in 0..10 {
-        let err = svc.ready().await.unwrap().call(request(addr, "spent")).await.unwrap_err();
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(addr, "spent"))
+            .await
+            .unwrap_err();
         let open = err.circuit_open().unwrap();
         assert_eq!(open.reason(), Rejection::Quota);
         assert_eq!(open.key(), Some("spent"));
-        let res = svc.ready().await.unwrap().call(request(addr, "ok")).await.unwrap();
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(addr, "ok"))
+            .await
+            .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         res.into_body().collect().await.unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
     }
-    assert_eq!(hits.spent.load(Ordering::SeqCst), 1, "no call spent to hear it again");
+    assert_eq!(
+        hits.spent.load(Ordering::SeqCst),
+        1,
+        "no call spent to hear it again"
+    );
     assert_eq!(hits.ok.load(Ordering::SeqCst), 10);
     assert_eq!(breakers.get("ok").unwrap().state(), State::Closed);
     assert_eq!(spent.snapshot().counters.quota_rejected, 10);
@@ -136,25 +158,47 @@ async fn retry_after_5_makes_the_next_5_s_on_that_key_local_rate_limited_rejecti
         .with_classifier(LlmClassifier::new());
     let mut svc = layer.layer(Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>());
 
-    let res = svc.ready().await.unwrap().call(request(addr, "busy")).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(addr, "busy"))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     res.into_body().collect().await.unwrap();
     assert_eq!(hits.busy.load(Ordering::SeqCst), 1);
 
     // Retry-After: 5 wins over the one-minute full reset.
     for _ in 0..10 {
-        let err = svc.ready().await.unwrap().call(request(addr, "busy")).await.unwrap_err();
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(addr, "busy"))
+            .await
+            .unwrap_err();
         let open = err.circuit_open().unwrap();
         assert_eq!(open.reason(), Rejection::RateLimited);
         assert_eq!(open.state(), State::Closed);
         assert!(open.retry_after().unwrap() <= Duration::from_secs(5));
         // Other keys are not paced.
-        let res = svc.ready().await.unwrap().call(request(addr, "ok")).await.unwrap();
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(addr, "ok"))
+            .await
+            .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         res.into_body().collect().await.unwrap();
         tokio::time::advance(Duration::from_millis(499)).await;
     }
-    assert_eq!(hits.busy.load(Ordering::SeqCst), 1, "zero upstream calls while paced");
+    assert_eq!(
+        hits.busy.load(Ordering::SeqCst),
+        1,
+        "zero upstream calls while paced"
+    );
     let busy = breakers.get("busy").unwrap();
     let snapshot = busy.snapshot();
     assert_eq!(snapshot.state, State::Closed);
@@ -162,7 +206,13 @@ async fn retry_after_5_makes_the_next_5_s_on_that_key_local_rate_limited_rejecti
     assert_eq!((snapshot.counters.failures, snapshot.window.calls), (0, 0));
 
     tokio::time::advance(Duration::from_millis(10)).await;
-    let res = svc.ready().await.unwrap().call(request(addr, "busy")).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(addr, "busy"))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(hits.busy.load(Ordering::SeqCst), 2);
 }

@@ -51,7 +51,9 @@ async fn upstream(how: Streams) -> Upstream {
                     h.fetch_add(1, Ordering::SeqCst);
                     let tokens = futures::stream::iter(0..how.tokens).then(|i| async move {
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n");
+                        let event = format!(
+                            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+                        );
                         Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
                     });
                     let body: Chunks = tokens.chain(futures::stream::pending()).boxed();
@@ -79,7 +81,9 @@ fn request(addr: std::net::SocketAddr) -> Request<Empty<Bytes>> {
         .unwrap()
 }
 
-fn layer(deadlines: StreamDeadlines) -> CircuitBreakerLayer<LlmClassifier, tower_circuit_breaker::Breaker, StreamDeadlines> {
+fn layer(
+    deadlines: StreamDeadlines,
+) -> CircuitBreakerLayer<LlmClassifier, tower_circuit_breaker::Breaker, StreamDeadlines> {
     CircuitBreakerLayer::builder()
         .consecutive_failures(5)
         .jitter(0.0)
@@ -91,7 +95,8 @@ fn layer(deadlines: StreamDeadlines) -> CircuitBreakerLayer<LlmClassifier, tower
 }
 
 fn elapsed(err: &BoxError) -> Option<StreamDeadline> {
-    err.downcast_ref::<StreamElapsed>().map(StreamElapsed::deadline)
+    err.downcast_ref::<StreamElapsed>()
+        .map(StreamElapsed::deadline)
 }
 
 #[tokio::test(start_paused = true)]
@@ -103,7 +108,13 @@ async fn a_stream_that_stalls_after_three_tokens_ends_at_the_stall_deadline_as_a
     let mut svc = layer.layer(client);
 
     let outcome = tokio::time::timeout(Duration::from_secs(120), async {
-        let res = svc.ready().await.unwrap().call(request(up.addr)).await.unwrap();
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(up.addr))
+            .await
+            .unwrap();
         let mut body = res.into_body();
         let mut tokens = 0;
         let mut last = Instant::now();
@@ -124,7 +135,10 @@ async fn a_stream_that_stalls_after_three_tokens_ends_at_the_stall_deadline_as_a
 
     let (tokens, err, silence) = outcome;
     assert_eq!(tokens, 3);
-    assert_eq!(elapsed(&err.expect("a typed error")), Some(StreamDeadline::Stall));
+    assert_eq!(
+        elapsed(&err.expect("a typed error")),
+        Some(StreamDeadline::Stall)
+    );
     assert_eq!(silence, Duration::from_secs(5));
     let counters = breaker.snapshot().counters;
     assert_eq!((counters.failures, counters.successes), (1, 0));
@@ -165,7 +179,9 @@ async fn failover_moves_on_before_the_first_byte_and_never_after() {
     let backup = layer(deadlines);
     let to = |addr: std::net::SocketAddr| {
         move |req: &mut Request<Empty<Bytes>>| {
-            *req.uri_mut() = format!("http://{addr}/v1/chat/completions").parse().unwrap();
+            *req.uri_mut() = format!("http://{addr}/v1/chat/completions")
+                .parse()
+                .unwrap();
         }
     };
     let mut svc = Failover::new(primary.layer(client.clone()))
@@ -174,21 +190,40 @@ async fn failover_moves_on_before_the_first_byte_and_never_after() {
 
     // No first byte from the primary by its deadline: the fallback answers.
     let start = Instant::now();
-    let res = svc.ready().await.unwrap().call(request(silent.addr)).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(silent.addr))
+        .await
+        .unwrap();
     // The primary's deadline, then the fallback's first token 100 ms later.
     assert_eq!(start.elapsed(), Duration::from_millis(5100));
     let body = res.into_body().collect().await;
-    assert!(body.is_err(), "the fallback's stream stalls after three tokens too");
+    assert!(
+        body.is_err(),
+        "the fallback's stream stalls after three tokens too"
+    );
     assert_eq!(fallback.hits.load(Ordering::SeqCst), 1);
     assert_eq!(primary.breaker().snapshot().counters.failures, 1);
 
     // A first byte came: the answer is the caller's, and its stall too.
-    let res = svc.ready().await.unwrap().call(request(stalls.addr)).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(stalls.addr))
+        .await
+        .unwrap();
     let mut body = res.into_body();
     assert!(body.frame().await.unwrap().unwrap().is_data());
     let err = body.frame().await.unwrap().unwrap_err();
     assert_eq!(elapsed(&err), Some(StreamDeadline::Stall));
-    assert_eq!(fallback.hits.load(Ordering::SeqCst), 1, "no failover after the first byte");
+    assert_eq!(
+        fallback.hits.load(Ordering::SeqCst),
+        1,
+        "no failover after the first byte"
+    );
     assert_eq!(stalls.hits.load(Ordering::SeqCst), 1);
     assert_eq!(primary.breaker().snapshot().counters.failures, 2);
 }
@@ -205,7 +240,13 @@ async fn a_total_stream_deadline_ends_a_stream_that_keeps_trickling() {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut svc = layer.layer(client);
     let start = Instant::now();
-    let res = svc.ready().await.unwrap().call(request(up.addr)).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(up.addr))
+        .await
+        .unwrap();
     let err = res.into_body().collect().await.unwrap_err();
     assert_eq!(elapsed(&err), Some(StreamDeadline::Total));
     assert_eq!(start.elapsed(), Duration::from_secs(30));
@@ -219,7 +260,13 @@ async fn a_caller_who_drops_the_stream_is_not_a_failure() {
     let breaker = layer.breaker().clone();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut svc = layer.layer(client);
-    let res = svc.ready().await.unwrap().call(request(up.addr)).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(up.addr))
+        .await
+        .unwrap();
     let mut body = res.into_body();
     assert!(body.frame().await.unwrap().is_ok());
     drop(body);

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use super::counters::Counter;
 use super::permit::{Kind, Permit};
+use super::rejection::{CircuitOpen, Rejection};
 use super::state::Packed;
 use super::window::SLOW;
 use super::{Control, Events, Shared, State};
-use super::rejection::{CircuitOpen, Rejection};
 use crate::sync::lock;
 
 impl Shared {
@@ -152,12 +152,10 @@ impl Shared {
             return Some(self.reject(Rejection::RateLimited, Some(until)));
         }
         // Over: later admissions skip the clock.
-        let _ = self.hot.paced_until.compare_exchange(
-            until,
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let _ =
+            self.hot
+                .paced_until
+                .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
         None
     }
 

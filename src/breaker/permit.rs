@@ -136,9 +136,7 @@ impl Permit {
     #[inline]
     pub(crate) fn head_came(&mut self, exhausted: impl FnOnce() -> Option<Duration>) {
         if let Some(shared) = &self.shared {
-            if self.head == Head::Pending
-                && (self.ticket.kind == Kind::Probe || shared.head_work)
-            {
+            if self.head == Head::Pending && (self.ticket.kind == Kind::Probe || shared.head_work) {
                 if self.ticket.kind == Kind::Probe || shared.slow_ns.is_some() {
                     self.head = shared.judge_head(self.ticket);
                 }

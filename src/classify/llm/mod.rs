@@ -15,8 +15,8 @@ mod rate_limit;
 mod tests;
 
 pub use self::events::LlmEvents;
-pub use self::rate_limit::parse_rate_limit_reset;
 pub(crate) use self::rate_limit::exhausted_reset;
+pub use self::rate_limit::parse_rate_limit_reset;
 
 use self::events::{kind_of, Kind};
 use self::rate_limit::rate_limit_reset;
