@@ -44,8 +44,9 @@ pub(crate) enum Counter {
 
 const COUNTERS: usize = 18;
 
-/// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
-/// 128 bytes the unit of false sharing on x86).
+/// One stripe fills its own cache lines, a whole number of 128-byte pairs
+/// (adjacent-line prefetch makes 128 bytes the unit of false sharing on
+/// x86): eighteen counters take two pairs.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe([AtomicU64; COUNTERS]);

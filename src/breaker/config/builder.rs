@@ -370,7 +370,7 @@ impl<T: Build> Builder<T> {
         self
     }
 
-    /// How many threads get a counter stripe of their own (two cache lines
+    /// How many threads get a counter stripe of their own (four cache lines
     /// each, counted without atomic read-modify-writes); later threads share
     /// one more stripe. More saves time when many threads call through one
     /// breaker; fewer saves memory when there are many breakers. Default 16.
