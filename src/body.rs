@@ -1,13 +1,21 @@
-//! The response body that finishes a deferred classification.
+//! The response bodies that finish a deferred classification, and keep
+//! stream deadlines.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
+use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 
 use crate::classify::{ClassifyStream, NeverDefer};
-use crate::guard::BodyGuard;
+use crate::deadline::{StreamDeadline, StreamDeadlines};
+use crate::error::StreamElapsed;
+use crate::guard::{BodyGuard, Held};
+use crate::BoxError;
 
 pin_project! {
     /// Response body of [`CircuitBreaker`](crate::CircuitBreaker).
@@ -94,5 +102,187 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+// === TimedBody ===
+
+pin_project! {
+    /// Response body of a [`CircuitBreaker`](crate::CircuitBreaker) under
+    /// [`StreamDeadlines`]: the body of [`ResponseBody`], with a first frame
+    /// held back by the response future handed back first, a stall and a
+    /// total deadline, and a [`BoxError`] error (the inner body's error, or a
+    /// [`StreamElapsed`](crate::error::StreamElapsed)).
+    ///
+    /// A deadline that passes ends the body with the error, records the
+    /// call as a [`Failure`](crate::Outcome::Failure) if its verdict was
+    /// still open, and the body then ends. The timer lives in the body, and
+    /// runs in the task that polls it.
+    ///
+    /// It is `Send` and `Sync` whenever `B`, its data and the stream
+    /// classifier are, and `Unpin` whenever `B` is. See [`deadline`](crate::deadline) for an example.
+    pub struct TimedBody<B: Body, S: ClassifyStream = NeverDefer> {
+        #[pin]
+        inner: B,
+        pending: BodyGuard<Held<S>>,
+        // The first frame, which the response future waited for.
+        held: Option<Frame<B::Data>>,
+        stall: Option<Duration>,
+        total_at: Option<Instant>,
+        // Which deadline `sleep` is set to.
+        next: StreamDeadline,
+        // Boxed, so that the body is `Unpin` whenever `B` is (one
+        // allocation per body, only with a stall or total deadline).
+        sleep: Option<Pin<Box<Sleep>>>,
+        ended: bool,
+    }
+}
+
+impl<B: Body, S: ClassifyStream> TimedBody<B, S> {
+    /// A body whose head came at `now`, for a call made at `start`.
+    pub(crate) fn new(
+        inner: B,
+        pending: BodyGuard<Held<S>>,
+        held: Option<Frame<B::Data>>,
+        ended: bool,
+        deadlines: &StreamDeadlines,
+        start: Instant,
+    ) -> Self {
+        let mut body = TimedBody {
+            inner,
+            pending,
+            held,
+            stall: deadlines.stall_timeout(),
+            total_at: deadlines.total_timeout().map(|t| start + t),
+            next: StreamDeadline::Stall,
+            sleep: None,
+            ended,
+        };
+        if !body.ended {
+            if let Some((at, next)) = body.deadline_after(Instant::now()) {
+                body.next = next;
+                body.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
+            }
+        }
+        body
+    }
+
+    /// The next deadline after a frame (or the head) at `now`.
+    fn deadline_after(&self, now: Instant) -> Option<(Instant, StreamDeadline)> {
+        let stall = self.stall.map(|s| (now + s, StreamDeadline::Stall));
+        let total = self.total_at.map(|t| (t, StreamDeadline::Total));
+        match (stall, total) {
+            (Some(s), Some(t)) if t.0 <= s.0 => Some(t),
+            (Some(s), _) => Some(s),
+            (None, t) => t,
+        }
+    }
+
+    /// Whether the body still holds its call's permit.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_pending()
+    }
+}
+
+impl<B, S> std::fmt::Debug for TimedBody<B, S>
+where
+    B: Body + std::fmt::Debug,
+    S: ClassifyStream,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimedBody")
+            .field("inner", &self.inner)
+            .field("pending", &self.pending.is_pending())
+            .field("ended", &self.ended)
+            .finish()
+    }
+}
+
+impl<B, S> Body for TimedBody<B, S>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+    S: ClassifyStream,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
+        let frame = match this.held.take() {
+            // Seen by the classifier when it came.
+            Some(frame) => Some(Ok(frame)),
+            None => match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(frame) => {
+                    let inner = this.inner.as_mut();
+                    this.pending.on_frame(&frame, || inner.is_end_stream());
+                    frame
+                }
+                Poll::Pending => {
+                    let Some(sleep) = this.sleep.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    ready!(sleep.as_mut().poll(cx));
+                    this.pending.on_deadline();
+                    *this.ended = true;
+                    let elapsed: BoxError = Box::new(StreamElapsed::new(*this.next));
+                    return Poll::Ready(Some(Err(elapsed)));
+                }
+            },
+        };
+        match frame {
+            Some(Ok(frame)) => {
+                if this.sleep.is_some() {
+                    // A frame came: the stall clock starts again.
+                    let stall = this.stall.map(|s| Instant::now() + s);
+                    let (at, next) = match (stall, *this.total_at) {
+                        (Some(s), Some(t)) if t <= s => (t, StreamDeadline::Total),
+                        (Some(s), _) => (s, StreamDeadline::Stall),
+                        (None, Some(t)) => (t, StreamDeadline::Total),
+                        (None, None) => unreachable!("a timer is set only for a deadline"),
+                    };
+                    *this.next = next;
+                    if let Some(sleep) = this.sleep.as_mut() {
+                        if sleep.deadline() != at {
+                            sleep.as_mut().reset(at);
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(error)) => {
+                *this.ended = true;
+                Poll::Ready(Some(Err(error.into())))
+            }
+            None => {
+                *this.ended = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || (self.held.is_none() && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held = self
+            .held
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.remaining() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(held));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
     }
 }

@@ -4,6 +4,7 @@ use std::error::Error as StdError;
 use std::fmt;
 
 pub use crate::breaker::{CircuitOpen, Rejection};
+pub use crate::deadline::StreamDeadline;
 use crate::{guard, BoxError};
 
 /// The error of a [`CircuitBreaker`](crate::CircuitBreaker) service: the
@@ -177,3 +178,51 @@ impl From<CircuitOpen> for Error {
         Error::open(o)
     }
 }
+
+// === StreamElapsed ===
+
+/// A stream deadline passed (see [`StreamDeadlines`](crate::deadline::StreamDeadlines)):
+/// the first body frame did not come in time, the stream stalled, or it ran
+/// past its total time. The call is recorded as a
+/// [`Failure`](crate::Outcome::Failure).
+///
+/// It is the error of a body (or, for the first frame, of the response
+/// future) under stream deadlines; downcast it out of the [`BoxError`]:
+///
+/// ```
+/// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
+/// use tower_circuit_breaker::BoxError;
+///
+/// fn stalled(err: &BoxError) -> bool {
+///     err.downcast_ref::<StreamElapsed>()
+///         .is_some_and(|e| e.deadline() == StreamDeadline::Stall)
+/// }
+/// # let _ = stalled;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamElapsed {
+    deadline: StreamDeadline,
+}
+
+impl StreamElapsed {
+    pub(crate) const fn new(deadline: StreamDeadline) -> Self {
+        StreamElapsed { deadline }
+    }
+
+    /// Which deadline passed.
+    pub fn deadline(&self) -> StreamDeadline {
+        self.deadline
+    }
+}
+
+impl fmt::Display for StreamElapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.deadline {
+            StreamDeadline::FirstFrame => "first body frame deadline elapsed",
+            StreamDeadline::Stall => "stream stalled",
+            StreamDeadline::Total => "stream deadline elapsed",
+        })
+    }
+}
+
+impl StdError for StreamElapsed {}

@@ -67,6 +67,7 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
+use crate::breaker::Breaker;
 use crate::classify::{Classify, HttpClassifier};
 use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
@@ -119,6 +120,71 @@ pub struct Failover<S, Req, C = HttpClassifier> {
     classifier: C,
     jitter: (Duration, Duration),
     rng: Rng,
+    all_open: AllOpen,
+}
+
+/// What a [`Failover`] does when every upstream rejected the call.
+///
+/// - [`FailFast`](AllOpen::FailFast) (the default): the caller gets the
+///   rejection whose circuit admits a call soonest
+///   ([`CircuitOpen::retry_at`](crate::CircuitOpen::retry_at)).
+/// - [`last_resort`](AllOpen::last_resort) (Envoy's panic threshold in
+///   spirit: better to try than to serve nobody): once per open period of
+///   the circuit that opened longest ago, the call is let through to that
+///   upstream anyway. The breakers are given in the order of the upstreams
+///   (the primary's first); a keyed set's breakers
+///   ([`KeyedBreakers::get`](crate::keyed::KeyedBreakers::get)) serve for
+///   upstreams that are keys of one set. The call counts in the open
+///   period's generation, where no trip rule runs: a failure changes
+///   nothing (not the window, not the backoff); a success ends that open
+///   period as a healthy health probe does (half-open, with
+///   [`Reason::LastResort`](crate::Reason::LastResort)), so real traffic
+///   confirms. Circuits open for an exhausted quota, forced open, or
+///   half-open with their probes out, are never let through; a breaker in
+///   metrics-only mode never rejects, so the policy never meets it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{Service, ServiceExt};
+/// use tower_circuit_breaker::failover::{AllOpen, Failover};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let ok = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let a = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+/// let b = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+/// a.admit().unwrap().record(Outcome::Failure);
+/// tokio::time::advance(Duration::from_secs(1)).await;
+/// b.admit().unwrap().record(Outcome::Failure);
+///
+/// let mut svc = Failover::new(CircuitBreaker::new(ok.clone(), a.clone()))
+///     .fallback(CircuitBreaker::new(ok, b.clone()))
+///     .when_all_open(AllOpen::last_resort([a.clone(), b.clone()]));
+/// // Both are open; `a` opened first, so it gets the one call.
+/// let res = svc.ready().await.unwrap().call(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(res.status(), 200);
+/// assert_eq!(a.state(), tower_circuit_breaker::State::HalfOpen);
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub enum AllOpen {
+    /// Return the rejection that admits soonest.
+    #[default]
+    FailFast,
+    /// Let one call per open period through to the upstream whose circuit
+    /// opened longest ago; the breakers, in the order of the upstreams.
+    LastResort(Arc<[Breaker]>),
+}
+
+impl AllOpen {
+    /// [`AllOpen::LastResort`] over `breakers`, in the order of the
+    /// upstreams.
+    pub fn last_resort(breakers: impl IntoIterator<Item = Breaker>) -> Self {
+        AllOpen::LastResort(breakers.into_iter().collect())
+    }
 }
 
 impl<S, Req> Failover<S, Req> {
@@ -132,6 +198,7 @@ impl<S, Req> Failover<S, Req> {
             classifier: HttpClassifier,
             jitter: (Duration::from_millis(50), Duration::from_millis(200)),
             rng: Rng::random(),
+            all_open: AllOpen::FailFast,
         }
     }
 }
@@ -180,6 +247,12 @@ impl<S, Req, C> Failover<S, Req, C> {
         self
     }
 
+    /// What to do when every upstream rejected the call; see [`AllOpen`].
+    pub fn when_all_open(mut self, policy: AllOpen) -> Self {
+        self.all_open = policy;
+        self
+    }
+
     /// Decides which answers fail over with `classifier` instead.
     pub fn with_classifier<C2>(self, classifier: C2) -> Failover<S, Req, C2> {
         Failover {
@@ -187,6 +260,7 @@ impl<S, Req, C> Failover<S, Req, C> {
             classifier,
             jitter: self.jitter,
             rng: self.rng,
+            all_open: self.all_open,
         }
     }
 
@@ -208,6 +282,7 @@ impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
             classifier: self.classifier.clone(),
             jitter: self.jitter,
             rng: self.rng.clone(),
+            all_open: self.all_open.clone(),
         }
     }
 }
@@ -237,9 +312,14 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
+        let last_resort = match &self.all_open {
+            AllOpen::LastResort(breakers) => Some(Arc::clone(breakers)),
+            AllOpen::FailFast => None,
+        };
         ResponseFuture {
             routes: Arc::clone(&self.routes),
             request: Some(request),
+            last_resort,
             next: 0,
             classifier: self.classifier.clone(),
             jitter: self.jitter,
@@ -262,13 +342,15 @@ pin_project! {
         routes: Arc<[Route<S, Req>]>,
         // The request as the caller sent it; the last upstream takes it.
         request: Option<Req>,
+        // The breakers of the last-resort policy, until it has been tried.
+        last_resort: Option<Arc<[Breaker]>>,
         next: usize,
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
         // The answer of the last upstream that was actually called.
         last: Option<Result<S::Response, S::Error>>,
-        // The last rejection by an open circuit.
+        // The rejection that admits soonest.
         rejected: Option<S::Error>,
         #[pin]
         state: Step<Oneshot<S, Req>>,
@@ -328,13 +410,16 @@ where
                 StepProj::Start => {
                     let i = *this.next;
                     *this.next += 1;
-                    let route = &this.routes[i];
-                    let mut request = if *this.next == this.routes.len() {
-                        this.request.take()
+                    let (route, mut request) = if i >= this.routes.len() {
+                        // The last-resort call: every upstream rejected.
+                        let route = &this.routes[i - this.routes.len()];
+                        (route, this.request.take())
+                    } else if *this.next == this.routes.len() && this.last_resort.is_none() {
+                        (&this.routes[i], this.request.take())
                     } else {
-                        this.request.clone()
-                    }
-                    .expect("polled after completion");
+                        (&this.routes[i], this.request.clone())
+                    };
+                    let mut request = request.take().expect("polled after completion");
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
@@ -355,7 +440,10 @@ where
                     let pause = match then {
                         Then::Return => return Poll::Ready(result),
                         Then::Skip => {
-                            *this.rejected = result.err();
+                            let error = result.err();
+                            if soonest(error.as_ref(), this.rejected.as_ref()) {
+                                *this.rejected = error;
+                            }
                             false
                         }
                         Then::Fallback => {
@@ -363,7 +451,19 @@ where
                             true
                         }
                     };
-                    if *this.next == this.routes.len() {
+                    if *this.next >= this.routes.len() {
+                        if this.last.is_none() && *this.next == this.routes.len() {
+                            // Every upstream rejected the call.
+                            if let Some(i) = this
+                                .last_resort
+                                .take()
+                                .and_then(|b| grant(&b[..b.len().min(this.routes.len())]))
+                            {
+                                *this.next = this.routes.len() + i;
+                                this.state.set(Step::Start);
+                                continue;
+                            }
+                        }
                         let answer = match this.last.take() {
                             Some(last) => last,
                             None => Err(this.rejected.take().expect("an attempt was made")),
@@ -379,6 +479,32 @@ where
                     }
                 }
             }
+        }
+    }
+}
+
+/// Whether rejection `new` admits sooner than `kept` (a known time beats
+/// none).
+fn soonest<E: AttemptError>(new: Option<&E>, kept: Option<&E>) -> bool {
+    let at = |e: Option<&E>| e.and_then(|e| e.circuit_open()).and_then(|o| o.retry_at());
+    match (at(new), at(kept)) {
+        (_, None) => true,
+        (Some(new), Some(kept)) => new < kept,
+        (None, Some(_)) => false,
+    }
+}
+
+/// Grants the last-resort call to the circuit that opened longest ago, if
+/// any may have it; returns its upstream's index.
+fn grant(breakers: &[Breaker]) -> Option<usize> {
+    loop {
+        let (i, _) = breakers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.last_resort_candidate().map(|at| (i, at)))
+            .min_by_key(|&(_, at)| at)?;
+        if breakers[i].grant_last_resort() {
+            return Some(i);
         }
     }
 }

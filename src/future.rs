@@ -8,10 +8,14 @@ use http::Response;
 use http_body::Body;
 use pin_project_lite::pin_project;
 
-use crate::body::ResponseBody;
+use tokio::time::{Instant, Sleep};
+
+use crate::body::{ResponseBody, TimedBody};
 use crate::breaker::CircuitOpen;
 use crate::classify::Classify;
-use crate::guard::Guard;
+use crate::deadline::{StreamDeadline, StreamDeadlines};
+use crate::error::StreamElapsed;
+use crate::guard::{BodyGuard, Guard, Held};
 use crate::{BoxError, Error};
 
 pin_project! {
@@ -99,6 +103,222 @@ where
             KindProj::Rejected { error } => Poll::Ready(Err(Error::open(
                 error.take().expect("polled after completion"),
             ))),
+        }
+    }
+}
+
+// === TimedResponseFuture ===
+
+pin_project! {
+    /// Response future of a [`CircuitBreaker`](crate::CircuitBreaker) under
+    /// [`StreamDeadlines`].
+    ///
+    /// With a first-frame deadline, it resolves once the first body frame
+    /// has come (handed back as the body's first), or fails with a
+    /// [`StreamElapsed`](crate::error::StreamElapsed) at the deadline; a body
+    /// that ends or fails before its first frame resolves the future with
+    /// the ended body or the error. Dropping it before it completes releases
+    /// the call's permit as [`Ignored`](crate::Outcome::Ignored).
+    pub struct TimedResponseFuture<F, C, B>
+    where
+        C: Classify,
+        B: Body,
+    {
+        #[pin]
+        kind: TimedKind<F, C, B>,
+        deadlines: StreamDeadlines,
+        start: Instant,
+    }
+}
+
+pin_project! {
+    #[project = TimedProj]
+    enum TimedKind<F, C, B>
+    where
+        C: Classify,
+        B: Body,
+    {
+        Called {
+            #[pin]
+            future: F,
+            guard: Guard,
+            classifier: C,
+            // The first-frame deadline, once polled.
+            #[pin]
+            sleep: Option<Sleep>,
+        },
+        // Head came; waiting for the first body frame.
+        Waiting {
+            head: Option<http::response::Parts>,
+            body: Option<B>,
+            pending: BodyGuard<Held<C::Stream>>,
+            #[pin]
+            sleep: Sleep,
+        },
+        Rejected {
+            error: Option<CircuitOpen>,
+        },
+    }
+}
+
+impl<F, C: Classify, B: Body> TimedResponseFuture<F, C, B> {
+    pub(crate) fn called(
+        future: F,
+        guard: Guard,
+        classifier: C,
+        deadlines: StreamDeadlines,
+    ) -> Self {
+        TimedResponseFuture {
+            kind: TimedKind::Called {
+                future,
+                guard,
+                classifier,
+                sleep: None,
+            },
+            deadlines,
+            start: Instant::now(),
+        }
+    }
+
+    pub(crate) fn rejected(error: CircuitOpen, deadlines: StreamDeadlines) -> Self {
+        TimedResponseFuture {
+            kind: TimedKind::Rejected { error: Some(error) },
+            deadlines,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl<F, C: Classify, B: Body> std::fmt::Debug for TimedResponseFuture<F, C, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimedResponseFuture")
+            .field("deadlines", &self.deadlines)
+            .finish_non_exhaustive()
+    }
+}
+
+fn first_frame_elapsed() -> Error {
+    Error::from_inner(Box::new(StreamElapsed::new(StreamDeadline::FirstFrame)))
+}
+
+impl<F, C, B, E> Future for TimedResponseFuture<F, C, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    E: Into<BoxError>,
+    C: Classify,
+{
+    type Output = Result<Response<TimedBody<B, C::Stream>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let first_frame = this.deadlines.first_frame_timeout();
+        loop {
+            match this.kind.as_mut().project() {
+                TimedProj::Called {
+                    future,
+                    guard,
+                    classifier,
+                    mut sleep,
+                } => {
+                    assert!(!guard.is_finished(), "polled after completion");
+                    let result = match future.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            let Some(timeout) = first_frame else {
+                                return Poll::Pending;
+                            };
+                            if sleep.is_none() {
+                                sleep.set(Some(tokio::time::sleep_until(*this.start + timeout)));
+                            }
+                            let sleep = sleep.as_pin_mut().expect("set above");
+                            ready!(sleep.poll(cx));
+                            guard.on_deadline();
+                            return Poll::Ready(Err(first_frame_elapsed()));
+                        }
+                    };
+                    let (head, body) = match result {
+                        Ok(response) => response.into_parts(),
+                        Err(error) => {
+                            let error = error.into();
+                            guard.on_error(classifier, &*error);
+                            return Poll::Ready(Err(Error::from_inner(error)));
+                        }
+                    };
+                    let mut pending = guard.on_timed_head(
+                        classifier,
+                        head.status,
+                        &head.headers,
+                        first_frame.is_some(),
+                    );
+                    let ended = body.is_end_stream();
+                    if ended {
+                        pending.on_end();
+                    }
+                    match first_frame {
+                        // Wait for the first frame only while it can still
+                        // decide the call.
+                        Some(timeout) if !ended && pending.is_pending() => {
+                            let sleep = tokio::time::sleep_until(*this.start + timeout);
+                            this.kind.set(TimedKind::Waiting {
+                                head: Some(head),
+                                body: Some(body),
+                                pending,
+                                sleep,
+                            });
+                        }
+                        _ => {
+                            let body = TimedBody::new(
+                                body,
+                                pending,
+                                None,
+                                ended,
+                                this.deadlines,
+                                *this.start,
+                            );
+                            return Poll::Ready(Ok(Response::from_parts(head, body)));
+                        }
+                    }
+                }
+                TimedProj::Waiting {
+                    head,
+                    body,
+                    pending,
+                    sleep,
+                } => {
+                    let inner = body.as_mut().expect("polled after completion");
+                    let frame = match Pin::new(&mut *inner).poll_frame(cx) {
+                        Poll::Ready(frame) => frame,
+                        Poll::Pending => {
+                            ready!(sleep.poll(cx));
+                            pending.on_deadline();
+                            body.take();
+                            return Poll::Ready(Err(first_frame_elapsed()));
+                        }
+                    };
+                    pending.first_frame();
+                    pending.on_frame(&frame, || inner.is_end_stream());
+                    let head = head.take().expect("polled after completion");
+                    let inner = body.take().expect("polled after completion");
+                    let pending = std::mem::replace(pending, BodyGuard::decided());
+                    let (held, ended) = match frame {
+                        Some(Ok(frame)) => (Some(frame), false),
+                        Some(Err(error)) => {
+                            return Poll::Ready(Err(Error::from_inner(error.into())))
+                        }
+                        None => (None, true),
+                    };
+                    let body =
+                        TimedBody::new(inner, pending, held, ended, this.deadlines, *this.start);
+                    return Poll::Ready(Ok(Response::from_parts(head, body)));
+                }
+                TimedProj::Rejected { error } => {
+                    return Poll::Ready(Err(Error::open(
+                        error.take().expect("polled after completion"),
+                    )))
+                }
+            }
         }
     }
 }

@@ -19,13 +19,17 @@
 //! rejection is reported, how a body is wrapped.
 
 use std::error::Error as StdError;
+use std::time::Duration;
 
 use bytes::Buf;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 
 use crate::breaker::{CircuitOpen, Outcome, Permit};
-use crate::classify::{Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict};
+use crate::classify::{
+    exhausted_reset, parse_retry_after, Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict,
+};
+use crate::error::StreamElapsed;
 use crate::retry::AttemptError;
 use crate::service::Select;
 
@@ -69,13 +73,27 @@ fn transparent<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdEr
     None
 }
 
-/// What an inner error says about the upstream.
+/// What an inner error says about the upstream. A passed stream deadline
+/// is a failure whatever the classifier says of errors.
 #[inline]
 pub(crate) fn error_outcome<C: Classify>(classifier: &C, error: ErrorRef<'_>) -> Outcome {
     if rejection(error).is_some() {
         Outcome::Ignored
+    } else if error.is::<StreamElapsed>() {
+        Outcome::Failure
     } else {
         classifier.classify_error(error)
+    }
+}
+
+/// How long a response head says a used-up rate limit lasts, for pacing:
+/// nothing when it carries `Retry-After` (which wins, and which a
+/// rate-limited outcome carries itself), else the reset of a limit whose
+/// remaining count is `0`.
+fn exhausted_for(headers: &HeaderMap) -> Option<Duration> {
+    match parse_retry_after(headers) {
+        Some(_) => None,
+        None => exhausted_reset(headers),
     }
 }
 
@@ -178,13 +196,114 @@ impl Guard {
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<BodyGuard<C::Stream>> {
-        self.permit.head_received();
+        self.permit.head_came(|| exhausted_for(headers));
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {
-                self.permit.finish(outcome);
+                self.permit
+                    .finish_announced(outcome, &|| LlmClassifier::retry_after(headers));
                 None
             }
             Verdict::Defer(stream) => Some(BodyGuard(Some((self.permit.take(), stream)))),
+        }
+    }
+
+    /// The response head came, to a body under stream deadlines: a verdict
+    /// on the head other than a success is recorded now; a success, or a
+    /// verdict deferred to the body, stays with the body until it ends, so
+    /// a deadline that passes can still fail the call. With `at_first_frame`
+    /// the head counts as come (for the slow rule and a probe's deadline)
+    /// only once the first body frame does
+    /// ([`BodyGuard::first_frame`]).
+    pub(crate) fn on_timed_head<C: Classify>(
+        &mut self,
+        classifier: &C,
+        status: StatusCode,
+        headers: &HeaderMap,
+        at_first_frame: bool,
+    ) -> BodyGuard<Held<C::Stream>> {
+        if at_first_frame {
+            // Pacing reads the head now; time to head waits for a frame.
+            if let Some(wait) = exhausted_for(headers) {
+                self.permit.pace_for(wait);
+            }
+        } else {
+            self.permit.head_came(|| exhausted_for(headers));
+        }
+        match classifier.classify_response(status, headers) {
+            Verdict::Done(Outcome::Success) => {
+                BodyGuard(Some((self.permit.take(), Held::Decided(Outcome::Success))))
+            }
+            Verdict::Done(outcome) => {
+                self.permit
+                    .finish_announced(outcome, &|| LlmClassifier::retry_after(headers));
+                BodyGuard::decided()
+            }
+            Verdict::Defer(stream) => BodyGuard(Some((self.permit.take(), Held::Stream(stream)))),
+        }
+    }
+
+    /// The call ended at a stream deadline before its head came.
+    pub(crate) fn on_deadline(&mut self) {
+        self.permit.finish(Outcome::Failure);
+    }
+}
+
+// === Held ===
+
+/// The verdict a body under stream deadlines waits to settle: the stream
+/// classifier's, or a success the head gave, which holds until the body
+/// ends so that a deadline can still fail the call.
+#[derive(Debug)]
+pub(crate) enum Held<S> {
+    Stream(S),
+    Decided(Outcome),
+}
+
+impl<S: ClassifyStream> ClassifyStream for Held<S> {
+    #[inline]
+    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
+        match self {
+            Held::Stream(s) => s.on_data(chunk),
+            Held::Decided(_) => None,
+        }
+    }
+
+    fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<Outcome> {
+        match self {
+            Held::Stream(s) => s.on_trailers(trailers),
+            Held::Decided(_) => None,
+        }
+    }
+
+    fn on_end(self) -> Outcome {
+        match self {
+            Held::Stream(s) => s.on_end(),
+            Held::Decided(o) => o,
+        }
+    }
+
+    /// A body that breaks after a successful head is a failure, as a
+    /// stream that breaks is.
+    fn on_error(self) -> Outcome {
+        match self {
+            Held::Stream(s) => s.on_error(),
+            Held::Decided(_) => Outcome::Failure,
+        }
+    }
+
+    fn announced_reset(&self) -> Option<Duration> {
+        match self {
+            Held::Stream(s) => s.announced_reset(),
+            Held::Decided(_) => None,
+        }
+    }
+
+    /// The caller's own drop: what the stream classifier says of it, or the
+    /// head's verdict.
+    fn on_drop(self) -> Outcome {
+        match self {
+            Held::Stream(s) => s.on_drop(),
+            Held::Decided(o) => o,
         }
     }
 }
@@ -246,18 +365,30 @@ impl<S: ClassifyStream> BodyGuard<S> {
         }
     }
 
+    /// A stream deadline passed: the call failed.
+    pub(crate) fn on_deadline(&mut self) {
+        self.settle(|_| Outcome::Failure);
+    }
+
+    /// The first body frame came: under a first-frame deadline, this is
+    /// when the head counts as come.
+    pub(crate) fn first_frame(&mut self) {
+        if let Some((permit, _)) = self.0.as_mut() {
+            permit.head_received();
+        }
+    }
+
     fn settle(&mut self, f: impl FnOnce(S) -> Outcome) {
-        if let Some((permit, stream)) = self.0.take() {
-            permit.record(f(stream));
+        if let Some((mut permit, stream)) = self.0.take() {
+            let reset = stream.announced_reset();
+            permit.finish_announced(f(stream), &|| reset);
         }
     }
 }
 
 impl<S: ClassifyStream> Drop for BodyGuard<S> {
     fn drop(&mut self) {
-        if let Some((permit, stream)) = self.0.take() {
-            permit.record(stream.on_drop());
-        }
+        self.settle(S::on_drop);
     }
 }
 

@@ -2,6 +2,7 @@ use tower_layer::Layer;
 
 use crate::breaker::{sealed, Breaker, Build, Builder, ConfigError};
 use crate::classify::HttpClassifier;
+use crate::deadline::StreamDeadlines;
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::CircuitBreaker;
 
@@ -26,10 +27,15 @@ use crate::CircuitBreaker;
 /// # let _ = ServiceBuilder::new().layer(layer);
 /// # Ok(()) }
 /// ```
+///
+/// With [`stream_deadlines`](Self::stream_deadlines), every service it makes
+/// keeps them on its response bodies (the `D` parameter is then
+/// [`StreamDeadlines`]).
 #[derive(Debug, Clone)]
-pub struct CircuitBreakerLayer<C = HttpClassifier, P = Breaker> {
+pub struct CircuitBreakerLayer<C = HttpClassifier, P = Breaker, D = ()> {
     select: P,
     classifier: C,
+    deadlines: D,
 }
 
 impl CircuitBreakerLayer {
@@ -38,6 +44,7 @@ impl CircuitBreakerLayer {
         CircuitBreakerLayer {
             select: breaker,
             classifier: HttpClassifier,
+            deadlines: (),
         }
     }
 
@@ -54,11 +61,12 @@ impl<K> CircuitBreakerLayer<HttpClassifier, Keyed<K>> {
         CircuitBreakerLayer {
             select: Keyed::new(breakers, key),
             classifier: HttpClassifier,
+            deadlines: (),
         }
     }
 }
 
-impl<C> CircuitBreakerLayer<C> {
+impl<C, D> CircuitBreakerLayer<C, Breaker, D> {
     /// The shared breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.select
@@ -66,12 +74,36 @@ impl<C> CircuitBreakerLayer<C> {
 }
 
 impl<C, P> CircuitBreakerLayer<C, P> {
+    /// Keeps `deadlines` on every response body of the services it makes:
+    /// the first frame, stalls and the total time (see
+    /// [`deadline`](crate::deadline) for an example). Refuses deadlines that
+    /// cannot work with a [`ConfigError`].
+    pub fn stream_deadlines(
+        self,
+        deadlines: StreamDeadlines,
+    ) -> Result<CircuitBreakerLayer<C, P, StreamDeadlines>, ConfigError> {
+        deadlines.validate()?;
+        Ok(CircuitBreakerLayer {
+            select: self.select,
+            classifier: self.classifier,
+            deadlines,
+        })
+    }
+}
+
+impl<C, P, D> CircuitBreakerLayer<C, P, D> {
     /// Uses another classifier.
-    pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerLayer<C2, P> {
+    pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerLayer<C2, P, D> {
         CircuitBreakerLayer {
             select: self.select,
             classifier,
+            deadlines: self.deadlines,
         }
+    }
+
+    /// The stream deadlines (`()` without them).
+    pub fn deadlines(&self) -> &D {
+        &self.deadlines
     }
 
     /// What chooses the breaker for each request.
@@ -103,10 +135,15 @@ impl Build for CircuitBreakerLayer {
     }
 }
 
-impl<S, C: Clone, P: Clone> Layer<S> for CircuitBreakerLayer<C, P> {
-    type Service = CircuitBreaker<S, C, P>;
+impl<S, C: Clone, P: Clone, D: Clone> Layer<S> for CircuitBreakerLayer<C, P, D> {
+    type Service = CircuitBreaker<S, C, P, D>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CircuitBreaker::with_classifier(inner, self.select.clone(), self.classifier.clone())
+        CircuitBreaker::from_parts(
+            inner,
+            self.select.clone(),
+            self.classifier.clone(),
+            self.deadlines.clone(),
+        )
     }
 }

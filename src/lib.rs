@@ -62,6 +62,23 @@
 //! or error goes to the [`Classify`](classify::Classify) implementation, which
 //! decides at once or defers to the end of the body ([`ResponseBody`]). The
 //! permit then records the [`Outcome`], and the trip rules are evaluated.
+//!
+//! # Traffic controls beyond open and closed
+//!
+//! All opt-in, and each respects [`Breaker::set_metrics_only`] (counts what
+//! it would reject, rejects nothing) and [`Breaker::disable`]:
+//!
+//! - **stream deadlines** ([`deadline`]): the first token, stalls and the
+//!   total stream time, with one table of every deadline a call can meet;
+//! - **a retry budget** ([`retry::RetryBudget`]): retries at most a
+//!   percentage of first attempts over 10 s;
+//! - **every upstream open** ([`failover::AllOpen`]): fail fast with the
+//!   soonest retry time, or one last-resort call per open period;
+//! - **quota gating** ([`Builder::quota_gate`]): an exhausted quota opens
+//!   that key's circuit until its reset, with [`Rejection::Quota`];
+//! - **pacing** ([`Builder::pace_rate_limits`]): a known rate limit makes
+//!   that key reject locally with [`Rejection::RateLimited`] until it
+//!   resets, so no call is spent to hear "429" again.
 
 #![warn(
     missing_docs,
@@ -75,6 +92,7 @@
 pub mod body;
 pub mod breaker;
 pub mod classify;
+pub mod deadline;
 pub mod error;
 pub mod failover;
 pub mod future;

@@ -4,11 +4,12 @@ use http::Response;
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::breaker::{Breaker, Permit};
+use crate::body::{ResponseBody, TimedBody};
+use crate::breaker::{Breaker, ConfigError, Permit};
 use crate::classify::{Classify, HttpClassifier};
+use crate::deadline::StreamDeadlines;
 use crate::error::CircuitOpen;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, TimedResponseFuture};
 use crate::guard::Guard;
 use crate::{BoxError, Error};
 
@@ -43,11 +44,16 @@ use crate::{BoxError, Error};
 /// assert!(err.is_circuit_open());
 /// # }
 /// ```
+///
+/// With [`stream_deadlines`](Self::stream_deadlines) (the `D` parameter is
+/// then [`StreamDeadlines`]), the body is a [`TimedBody`] that keeps them;
+/// see [`deadline`](crate::deadline).
 #[derive(Debug, Clone)]
-pub struct CircuitBreaker<S, C = HttpClassifier, P = Breaker> {
+pub struct CircuitBreaker<S, C = HttpClassifier, P = Breaker, D = ()> {
     inner: S,
     select: P,
     classifier: C,
+    deadlines: D,
 }
 
 impl<S> CircuitBreaker<S> {
@@ -57,11 +63,12 @@ impl<S> CircuitBreaker<S> {
             inner,
             select: breaker,
             classifier: HttpClassifier,
+            deadlines: (),
         }
     }
 }
 
-impl<S, C> CircuitBreaker<S, C> {
+impl<S, C, D> CircuitBreaker<S, C, Breaker, D> {
     /// The breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.select
@@ -77,7 +84,54 @@ impl<S, C, P> CircuitBreaker<S, C, P> {
             inner,
             select,
             classifier,
+            deadlines: (),
         }
+    }
+
+    /// Keeps `deadlines` on every response body: the first frame, stalls
+    /// and the total time (see [`deadline`](crate::deadline)). Refuses
+    /// deadlines that cannot work with a [`ConfigError`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let svc = CircuitBreaker::new(upstream, Breaker::builder().build().unwrap())
+    ///     .stream_deadlines(StreamDeadlines::new().stall(Duration::from_secs(15)))
+    ///     .unwrap();
+    /// assert_eq!(svc.deadlines().stall_timeout(), Some(Duration::from_secs(15)));
+    /// ```
+    pub fn stream_deadlines(
+        self,
+        deadlines: StreamDeadlines,
+    ) -> Result<CircuitBreaker<S, C, P, StreamDeadlines>, ConfigError> {
+        deadlines.validate()?;
+        Ok(CircuitBreaker::from_parts(
+            self.inner,
+            self.select,
+            self.classifier,
+            deadlines,
+        ))
+    }
+}
+
+impl<S, C, P, D> CircuitBreaker<S, C, P, D> {
+    pub(crate) const fn from_parts(inner: S, select: P, classifier: C, deadlines: D) -> Self {
+        CircuitBreaker {
+            inner,
+            select,
+            classifier,
+            deadlines,
+        }
+    }
+
+    /// The stream deadlines (`()` without them).
+    pub fn deadlines(&self) -> &D {
+        &self.deadlines
     }
 
     /// What chooses the breaker for each request.
@@ -127,6 +181,39 @@ where
                 ResponseFuture::called(self.inner.call(request), guard, self.classifier.clone())
             }
             Err(open) => ResponseFuture::rejected(open),
+        }
+    }
+}
+
+impl<S, C, P, Request, B> Service<Request> for CircuitBreaker<S, C, P, StreamDeadlines>
+where
+    S: Service<Request, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    C: Classify + Clone,
+    P: Select<Request>,
+{
+    type Response = Response<TimedBody<B, C::Stream>>;
+    type Error = Error;
+    type Future = TimedResponseFuture<S::Future, C, B>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Error::from_inner(e.into()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match Guard::admit(&self.select, &request) {
+            Ok(guard) => TimedResponseFuture::called(
+                self.inner.call(request),
+                guard,
+                self.classifier.clone(),
+                self.deadlines,
+            ),
+            Err(open) => TimedResponseFuture::rejected(open, self.deadlines),
         }
     }
 }

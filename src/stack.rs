@@ -75,14 +75,16 @@ use tower_service::Service;
 
 use crate::breaker::{Breaker, Builder, ConfigError, Window};
 use crate::classify::HttpClassifier;
+use crate::deadline::StreamDeadlines;
 use crate::retry::RetryPolicy;
 use crate::{BoxError, CircuitBreaker, Error};
 
 /// The retry and everything inside it.
-type Retried<S, C> = Retry<RetryPolicy<C>, CircuitBreaker<Timeout<S>, C>>;
+type Retried<S, C, D> = Retry<RetryPolicy<C>, CircuitBreaker<Timeout<S>, C, Breaker, D>>;
 
 /// With or without a total timeout, the error is a [`BoxError`].
-type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error) -> BoxError>>;
+type Outer<S, C, D> =
+    Either<Timeout<Retried<S, C, D>>, MapErr<Retried<S, C, D>, fn(Error) -> BoxError>>;
 
 /// Builds a [`StackLayer`]; see the [module docs](self).
 ///
@@ -95,7 +97,11 @@ type Outer<S, C> = Either<Timeout<Retried<S, C>>, MapErr<Retried<S, C>, fn(Error
 /// A half-open probe is failed if its response head has not come by its
 /// probe deadline (see [`Builder::probe_timeout`]); the stack refuses a probe
 /// timeout longer than the attempt timeout, and caps the default one there.
-pub struct StackBuilder<C = HttpClassifier> {
+///
+/// With [`stream_deadlines`](Self::stream_deadlines) (the `D` parameter is
+/// then [`StreamDeadlines`]), response bodies keep them; see
+/// [`deadline`](crate::deadline) for every deadline in one table.
+pub struct StackBuilder<C = HttpClassifier, D = ()> {
     attempt_timeout: Duration,
     total_timeout: Option<Duration>,
     breaker: Builder<Breaker>,
@@ -105,9 +111,10 @@ pub struct StackBuilder<C = HttpClassifier> {
     /// A backoff whose base was above its cap, as given.
     backoff_inverted: bool,
     seed: Option<u64>,
+    deadlines: D,
 }
 
-impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
+impl<C: fmt::Debug, D: fmt::Debug> fmt::Debug for StackBuilder<C, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StackBuilder")
             .field("attempt_timeout", &self.attempt_timeout)
@@ -115,6 +122,7 @@ impl<C: fmt::Debug> fmt::Debug for StackBuilder<C> {
             .field("breaker", &self.breaker)
             .field("classifier", &self.classifier)
             .field("retry", &self.retry)
+            .field("deadlines", &self.deadlines)
             .finish()
     }
 }
@@ -129,6 +137,7 @@ impl Default for StackBuilder {
             retry: RetryPolicy::new().with_classifier(()),
             backoff_inverted: false,
             seed: None,
+            deadlines: (),
         }
     }
 }
@@ -141,6 +150,39 @@ impl StackBuilder {
 }
 
 impl<C> StackBuilder<C> {
+    /// Keeps `deadlines` on every response body: the first frame, stalls
+    /// and the total stream time (see [`deadline`](crate::deadline)).
+    /// [`build`](Self::build) refuses deadlines that cannot work, and a
+    /// stall or first-frame deadline longer than the total timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    /// use tower_circuit_breaker::stack::{Stack, StackError};
+    ///
+    /// let err = Stack::builder()
+    ///     .attempt_timeout(Duration::from_secs(30))
+    ///     .total_timeout(Duration::from_secs(60))
+    ///     .stream_deadlines(StreamDeadlines::new().stall(Duration::from_secs(90)))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, StackError::Misfit(_)));
+    /// ```
+    pub fn stream_deadlines(self, deadlines: StreamDeadlines) -> StackBuilder<C, StreamDeadlines> {
+        StackBuilder {
+            attempt_timeout: self.attempt_timeout,
+            total_timeout: self.total_timeout,
+            breaker: self.breaker,
+            classifier: self.classifier,
+            retry: self.retry,
+            backoff_inverted: self.backoff_inverted,
+            seed: self.seed,
+            deadlines,
+        }
+    }
+}
+
+impl<C, D> StackBuilder<C, D> {
     /// How long one attempt may take (to the response head). Default 60 s.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
@@ -198,7 +240,7 @@ impl<C> StackBuilder<C> {
     }
 
     /// Classifies attempts (for the breaker and the retry) with `classifier`.
-    pub fn classifier<C2>(self, classifier: C2) -> StackBuilder<C2> {
+    pub fn classifier<C2>(self, classifier: C2) -> StackBuilder<C2, D> {
         StackBuilder {
             attempt_timeout: self.attempt_timeout,
             total_timeout: self.total_timeout,
@@ -207,13 +249,14 @@ impl<C> StackBuilder<C> {
             retry: self.retry,
             backoff_inverted: self.backoff_inverted,
             seed: self.seed,
+            deadlines: self.deadlines,
         }
     }
 }
 
-impl<C: Clone> StackBuilder<C> {
+impl<C: Clone, D: StackDeadlines> StackBuilder<C, D> {
     /// Checks that the pieces fit and builds the layer.
-    pub fn build(self) -> Result<StackLayer<C>, StackError> {
+    pub fn build(self) -> Result<StackLayer<C, D>, StackError> {
         use StackError::Misfit;
         let attempt = self.attempt_timeout;
         if attempt.is_zero() {
@@ -228,6 +271,16 @@ impl<C: Clone> StackBuilder<C> {
             }
             if retries > 0 && retry_after_cap >= total {
                 return Err(Misfit("the Retry-After cap is not below the total timeout"));
+            }
+        }
+        if let Some(deadlines) = self.deadlines.get() {
+            deadlines.validate()?;
+            let total = self.total_timeout.unwrap_or(Duration::MAX);
+            if deadlines.stall_timeout().is_some_and(|s| s > total) {
+                return Err(Misfit("the stall deadline is longer than the total timeout"));
+            }
+            if deadlines.first_frame_timeout().is_some_and(|f| f > total) {
+                return Err(Misfit("the first-frame deadline is longer than the total timeout"));
             }
         }
         if self.backoff_inverted {
@@ -277,6 +330,7 @@ impl<C: Clone> StackBuilder<C> {
             retry: retry.with_classifier(self.classifier.clone()),
             classifier: self.classifier,
             breaker,
+            deadlines: self.deadlines,
         })
     }
 }
@@ -328,19 +382,45 @@ impl From<ConfigError> for StackError {
     }
 }
 
+/// The stream deadlines a [`StackBuilder`] may carry: none (`()`), or
+/// [`StreamDeadlines`]. Sealed.
+pub trait StackDeadlines: Clone + sealed::Sealed {
+    #[doc(hidden)]
+    fn get(&self) -> Option<&StreamDeadlines>;
+}
+
+impl StackDeadlines for () {
+    fn get(&self) -> Option<&StreamDeadlines> {
+        None
+    }
+}
+
+impl StackDeadlines for StreamDeadlines {
+    fn get(&self) -> Option<&StreamDeadlines> {
+        Some(self)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for () {}
+    impl Sealed for crate::deadline::StreamDeadlines {}
+}
+
 /// Wraps a client in the whole stack; built by [`StackBuilder`].
 ///
 /// Every service it makes shares its one breaker.
 #[derive(Clone, Debug)]
-pub struct StackLayer<C = HttpClassifier> {
+pub struct StackLayer<C = HttpClassifier, D = ()> {
     attempt_timeout: Duration,
     total_timeout: Option<Duration>,
     breaker: Breaker,
     classifier: C,
     retry: RetryPolicy<C>,
+    deadlines: D,
 }
 
-impl<C> StackLayer<C> {
+impl<C, D> StackLayer<C, D> {
     /// The shared breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
@@ -357,13 +437,17 @@ impl<C> StackLayer<C> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for StackLayer<C> {
-    type Service = Stack<S, C>;
+impl<S, C: Clone, D: Clone> Layer<S> for StackLayer<C, D> {
+    type Service = Stack<S, C, D>;
 
-    fn layer(&self, client: S) -> Stack<S, C> {
+    fn layer(&self, client: S) -> Stack<S, C, D> {
         let attempt = Timeout::new(client, self.attempt_timeout);
-        let breaker =
-            CircuitBreaker::with_classifier(attempt, self.breaker.clone(), self.classifier.clone());
+        let breaker = CircuitBreaker::from_parts(
+            attempt,
+            self.breaker.clone(),
+            self.classifier.clone(),
+            self.deadlines.clone(),
+        );
         let retried = Retry::new(self.retry.clone(), breaker);
         let inner = match self.total_timeout {
             Some(total) => Either::Left(Timeout::new(retried, total)),
@@ -386,8 +470,8 @@ impl<S, C: Clone> Layer<S> for StackLayer<C> {
 /// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
 /// the client's own error.
 #[derive(Clone, Debug)]
-pub struct Stack<S, C = HttpClassifier> {
-    inner: Outer<S, C>,
+pub struct Stack<S, C = HttpClassifier, D = ()> {
+    inner: Outer<S, C, D>,
     breaker: Breaker,
 }
 
@@ -398,20 +482,20 @@ impl Stack<(), HttpClassifier> {
     }
 }
 
-impl<S, C> Stack<S, C> {
+impl<S, C, D> Stack<S, C, D> {
     /// The breaker, for snapshots and manual control.
     pub fn breaker(&self) -> &Breaker {
         &self.breaker
     }
 }
 
-impl<S, C, Req> Service<Req> for Stack<S, C>
+impl<S, C, D, Req> Service<Req> for Stack<S, C, D>
 where
-    Outer<S, C>: Service<Req, Error = BoxError>,
+    Outer<S, C, D>: Service<Req, Error = BoxError>,
 {
-    type Response = <Outer<S, C> as Service<Req>>::Response;
+    type Response = <Outer<S, C, D> as Service<Req>>::Response;
     type Error = BoxError;
-    type Future = <Outer<S, C> as Service<Req>>::Future;
+    type Future = <Outer<S, C, D> as Service<Req>>::Future;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

@@ -31,7 +31,10 @@ impl Shared {
                 let until = self.hot.open_until.load(Ordering::Acquire);
                 let now = self.now();
                 if now < until {
-                    self.reject(Rejection::Open, Some(until))
+                    if word.is_last_resort() {
+                        return self.admit_last_resort(word);
+                    }
+                    self.reject_open(word, until)
                 } else {
                     self.admit_probe(now)
                 }
@@ -58,6 +61,14 @@ impl Shared {
 
     #[inline]
     pub(super) fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
+        if self.pace {
+            let until = self.hot.paced_until.load(Ordering::Acquire);
+            if until != 0 {
+                if let Some(rejected) = self.pace_check(until) {
+                    return rejected;
+                }
+            }
+        }
         if let Some(guard) = &self.volume {
             let now = self.now();
             if let Err(wait) = guard.try_admit(now) {
@@ -127,8 +138,51 @@ impl Shared {
         self.emit(events);
         match admitted {
             Ok(id) => Ok(Permit::new(self, word.generation(), Kind::Probe, id)),
-            Err(Some(until)) => self.reject(Rejection::Open, Some(until)),
+            Err(Some(until)) => self.reject_open(self.load(), until),
             Err(None) => self.reject(Rejection::HalfOpenFull, None),
+        }
+    }
+
+    /// A known rate limit resets at `until`: rejects the call if that has
+    /// not come yet.
+    #[cold]
+    fn pace_check(self: &Arc<Self>, until: u64) -> Option<Result<Permit, CircuitOpen>> {
+        if self.now() < until {
+            self.counters.incr(Counter::Paced);
+            return Some(self.reject(Rejection::RateLimited, Some(until)));
+        }
+        // Over: later admissions skip the clock.
+        let _ =
+            self.hot
+                .paced_until
+                .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
+        None
+    }
+
+    /// Rejects a call to an open circuit, saying why it opened.
+    fn reject_open(self: &Arc<Self>, word: Packed, until: u64) -> Result<Permit, CircuitOpen> {
+        if word.is_quota_open() {
+            self.counters.incr(Counter::QuotaRejected);
+            self.reject(Rejection::Quota, Some(until))
+        } else {
+            self.reject(Rejection::Open, Some(until))
+        }
+    }
+
+    /// The one last-resort call granted for this open period, if no other
+    /// call took it first.
+    #[cold]
+    fn admit_last_resort(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+        let generation = word.generation();
+        let taken = self.hot.state.compare_exchange(
+            word.0,
+            Packed::new(State::Open, generation).0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        match taken {
+            Ok(_) => Ok(Permit::new(self, generation, Kind::LastResort, 0)),
+            Err(_) => self.admit(),
         }
     }
 

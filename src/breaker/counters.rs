@@ -38,12 +38,15 @@ pub(crate) enum Counter {
     HealthProbeSuccesses,
     HealthProbeFailures,
     ListenerPanics,
+    QuotaRejected,
+    Paced,
 }
 
-const COUNTERS: usize = 16;
+const COUNTERS: usize = 18;
 
-/// One stripe fills its own pair of cache lines (adjacent-line prefetch makes
-/// 128 bytes the unit of false sharing on x86).
+/// One stripe fills its own cache lines, a whole number of 128-byte pairs
+/// (adjacent-line prefetch makes 128 bytes the unit of false sharing on
+/// x86): eighteen counters take two pairs.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe([AtomicU64; COUNTERS]);
@@ -212,6 +215,8 @@ impl Striped {
             health_probe_successes: get(Counter::HealthProbeSuccesses),
             health_probe_failures: get(Counter::HealthProbeFailures),
             listener_panics: get(Counter::ListenerPanics),
+            quota_rejected: get(Counter::QuotaRejected),
+            paced: get(Counter::Paced),
         }
     }
 }

@@ -120,6 +120,9 @@ struct Hot {
     open_until: AtomicU64,
     consecutive: AtomicU64,
     metrics_only: AtomicBool,
+    /// With pacing on: calls are rejected until then (ns since `epoch`); 0
+    /// for no known rate limit.
+    paced_until: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -140,9 +143,17 @@ pub(crate) struct Shared {
     probe_deadline_ns: u64,
     /// A half-open probe's lease, in ns.
     lease_ns: Option<u64>,
-    /// Neither a volume guard nor a slow-call rule: a closed circuit admits
-    /// with nothing but a permit.
+    /// Neither a volume guard, a slow-call rule nor pacing: a closed
+    /// circuit admits with nothing but a permit.
     plain: bool,
+    /// Pacing on known rate limits is on.
+    pace: bool,
+    /// A response head has work to do beyond a probe's: the slow-call rule
+    /// or pacing.
+    head_work: bool,
+    /// Quota gating: how long a quota answer that announced no reset opens
+    /// the circuit, in ns.
+    quota_gate_ns: Option<u64>,
     epoch: Instant,
 }
 
@@ -158,6 +169,12 @@ struct Control {
     remote: bool,
     /// In remote mode: probes this replica may admit in the current cycle.
     allowance: u32,
+    /// Why the circuit entered its current state.
+    reason: Option<Reason>,
+    /// When the circuit last opened (ns since `epoch`).
+    opened_at: u64,
+    /// The open generation whose one last-resort call was granted.
+    last_resort: Option<u64>,
 }
 
 /// Transitions made under the control lock, emitted once it is released.
@@ -208,6 +225,7 @@ impl Breaker {
                     open_until: AtomicU64::new(u64::MAX),
                     consecutive: AtomicU64::new(0),
                     metrics_only: AtomicBool::new(config.metrics_only),
+                    paced_until: AtomicU64::new(0),
                 },
                 changes: Arc::new(Notify::new()),
                 rates: if has_window {
@@ -227,8 +245,14 @@ impl Breaker {
                     rng: config.seed.map_or_else(Rng::random, Rng::new),
                     remote: false,
                     allowance: 0,
+                    reason: None,
+                    opened_at: 0,
+                    last_resort: None,
                 }),
-                plain: slow_ns.is_none() && config.volume_guard.is_none(),
+                plain: slow_ns.is_none() && config.volume_guard.is_none() && !config.pace,
+                pace: config.pace,
+                head_work: slow_ns.is_some() || config.pace,
+                quota_gate_ns: config.quota_gate.map(nanos),
                 slow_ns,
                 probe_deadline_ns: nanos(config.probe_deadline()),
                 lease_ns: config.probe_lease.map(nanos),
@@ -436,6 +460,43 @@ impl Breaker {
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
+
+    /// While open (not for an exhausted quota), with no last-resort call
+    /// granted in this open period yet: when the circuit opened. The
+    /// candidates of a [`Failover`](crate::failover::Failover) whose every
+    /// upstream is open.
+    pub(crate) fn last_resort_candidate(&self) -> Option<Instant> {
+        if self.state() != State::Open {
+            return None;
+        }
+        let ctl = lock(&self.shared.control);
+        let word = self.shared.load();
+        let granted = ctl.last_resort == Some(word.generation());
+        let eligible = word.state() == State::Open && !word.is_quota_open() && !granted;
+        eligible.then(|| self.shared.epoch + Duration::from_nanos(ctl.opened_at))
+    }
+
+    /// Lets the next call through this open circuit, once per open period
+    /// (the generation that call counts in is the open period's: it moves
+    /// no trip rule; a success ends the open period as a health probe's
+    /// does). Returns whether the call was granted.
+    pub(crate) fn grant_last_resort(&self) -> bool {
+        let mut ctl = lock(&self.shared.control);
+        let word = self.shared.load();
+        if word.state() != State::Open
+            || word.is_quota_open()
+            || ctl.last_resort == Some(word.generation())
+        {
+            return false;
+        }
+        ctl.last_resort = Some(word.generation());
+        self.shared
+            .hot
+            .state
+            .store(Packed::last_resort(word.generation()).0, Ordering::Release);
+        true
+    }
+
 
     /// The rules a shared-state backend applies across replicas.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::counters::Counter;
 use super::outcome::Outcome;
@@ -19,6 +20,10 @@ pub(super) enum Kind {
     /// Admitted but never recorded: disabled, or a shadow-mode call that
     /// would have been rejected.
     Passive,
+    /// The one call let through an open circuit by the "every upstream
+    /// open" policy: counts in the open period's generation, where no rule
+    /// runs; a success ends the open period, as a health probe's does.
+    LastResort,
 }
 
 /// What the slow-call rule (or a probe's deadline) made of the call's time
@@ -122,11 +127,33 @@ impl Permit {
     /// ```
     #[inline]
     pub fn head_received(&mut self) {
+        self.head_came(|| None);
+    }
+
+    /// [`head_received`](Self::head_received), where the head may also
+    /// announce that a rate limit is used up until a moment: `exhausted`
+    /// says how long until it resets, and is asked only with pacing on.
+    #[inline]
+    pub(crate) fn head_came(&mut self, exhausted: impl FnOnce() -> Option<Duration>) {
         if let Some(shared) = &self.shared {
-            if self.head == Head::Pending
-                && (self.ticket.kind == Kind::Probe || shared.slow_ns.is_some())
-            {
-                self.head = shared.judge_head(self.ticket);
+            if self.head == Head::Pending && (self.ticket.kind == Kind::Probe || shared.head_work) {
+                if self.ticket.kind == Kind::Probe || shared.slow_ns.is_some() {
+                    self.head = shared.judge_head(self.ticket);
+                }
+                if shared.pace && self.ticket.kind != Kind::Passive {
+                    if let Some(wait) = exhausted() {
+                        shared.pace_for(wait);
+                    }
+                }
+            }
+        }
+    }
+
+    /// With pacing on: a known rate limit is used up for `wait`.
+    pub(crate) fn pace_for(&self, wait: Duration) {
+        if let Some(shared) = &self.shared {
+            if shared.pace && self.ticket.kind != Kind::Passive {
+                shared.pace_for(wait);
             }
         }
     }
@@ -148,7 +175,19 @@ impl Permit {
     /// (see [`is_finished`](Self::is_finished)).
     #[inline]
     pub(crate) fn finish(&mut self, outcome: Outcome) {
-        self.settle(Counter::from(outcome), outcome);
+        self.settle(Counter::from(outcome), outcome, &|| None);
+    }
+
+    /// [`finish`](Self::finish), where the answer may have announced when
+    /// the account's quota resets: `announced` is asked only for a
+    /// [`QuotaExhausted`](Outcome::QuotaExhausted) outcome with quota gating on.
+    #[inline]
+    pub(crate) fn finish_announced(
+        &mut self,
+        outcome: Outcome,
+        announced: &dyn Fn() -> Option<Duration>,
+    ) {
+        self.settle(Counter::from(outcome), outcome, announced);
     }
 
     /// Whether [`finish`](Self::finish) or [`take`](Self::take) emptied it.
@@ -173,7 +212,12 @@ impl Permit {
     /// Counts the call as `counter`, records `outcome` and gives the
     /// reference back to this thread; nothing if already done.
     #[inline(always)]
-    fn settle(&mut self, counter: Counter, outcome: Outcome) {
+    fn settle(
+        &mut self,
+        counter: Counter,
+        outcome: Outcome,
+        announced: &dyn Fn() -> Option<Duration>,
+    ) {
         let Some(shared) = self.shared.take() else {
             return;
         };
@@ -185,14 +229,14 @@ impl Permit {
             && shared.hot.consecutive.load(Ordering::Relaxed) == 0
             && shared.rates.is_clean();
         if !unchanged {
-            shared.record(self.ticket, &mut self.head, outcome);
+            shared.record(self.ticket, &mut self.head, outcome, announced);
         }
         spare::give_back(shared);
     }
 
     #[cold]
     fn abandon(&mut self) {
-        self.settle(Counter::Dropped, Outcome::Ignored);
+        self.settle(Counter::Dropped, Outcome::Ignored, &|| None);
     }
 }
 

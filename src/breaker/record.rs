@@ -2,22 +2,46 @@
 //! the streak and the half-open tally, and the trip rules run over them.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::counters::Counter;
 use super::permit::{Head, Kind, Ticket};
 use super::window::{self, Rates, FAILED, SLOW};
-use super::{Control, Events, Outcome, Reason, Shared, State, WindowStats};
+use super::{nanos, Control, Events, Outcome, Reason, Shared, State, WindowStats};
 use crate::sync::lock;
 
 impl Shared {
-    /// Records a finished call.
-    pub(super) fn record(&self, permit: Ticket, head: &mut Head, outcome: Outcome) {
+    /// Records a finished call; `announced` says when a quota answer said
+    /// the quota resets.
+    pub(super) fn record(
+        &self,
+        permit: Ticket,
+        head: &mut Head,
+        outcome: Outcome,
+        announced: &dyn Fn() -> Option<Duration>,
+    ) {
         if *head == Head::Pending {
             *head = self.judge_head(permit);
         }
         let slow = *head == Head::Slow;
+        if permit.kind != Kind::Passive {
+            match outcome {
+                Outcome::RateLimited {
+                    retry_after: Some(wait),
+                } if self.pace => self.pace_for(wait),
+                Outcome::QuotaExhausted if self.quota_gate_ns.is_some() => {
+                    return self.gate_quota(permit, announced());
+                }
+                _ => {}
+            }
+        }
         match permit.kind {
             Kind::Passive => {}
+            Kind::LastResort => {
+                if outcome == Outcome::Success {
+                    self.record_last_resort(permit.generation);
+                }
+            }
             Kind::Closed | Kind::Tracked => {
                 let failed = match outcome {
                     Outcome::Success => false,
@@ -78,7 +102,7 @@ impl Shared {
                     None => return Head::Fast,
                 }
             }
-            Kind::Closed | Kind::Passive => return Head::Fast,
+            Kind::Closed | Kind::Passive | Kind::LastResort => return Head::Fast,
         };
         let Some(threshold) = self.slow_ns else {
             return Head::Fast;
@@ -198,6 +222,63 @@ impl Shared {
         }
         // Otherwise from an older cycle, or decided by its deadline: dropped.
         self.remark(&mut ctl);
+        drop(ctl);
+        self.emit(events);
+    }
+
+    /// A known rate limit is used up for `wait`: closed admissions are
+    /// rejected until then. The later of two such moments holds.
+    #[cold]
+    pub(super) fn pace_for(&self, wait: Duration) {
+        let until = self.now().saturating_add(nanos(wait)).max(1);
+        self.hot.paced_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// The account's quota ran out: opens the circuit of the period that
+    /// admitted the call until the announced reset, or for the configured
+    /// time, without advancing the reopen backoff.
+    #[cold]
+    pub(super) fn gate_quota(&self, permit: Ticket, announced: Option<Duration>) {
+        let Some(default) = self.quota_gate_ns else {
+            return;
+        };
+        let open_ns = announced.map_or(default, nanos);
+        let mut ctl = lock(&self.control);
+        let now = self.now();
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        let current = match permit.kind {
+            Kind::Closed | Kind::Tracked => self.is_current(State::Closed, permit.generation),
+            Kind::Probe => self.is_current(State::HalfOpen, permit.generation),
+            Kind::Passive | Kind::LastResort => false,
+        };
+        if current {
+            events.push(self.transition_for(
+                &mut ctl,
+                State::Open,
+                Reason::QuotaExhausted,
+                now,
+                Some(open_ns),
+            ));
+        }
+        self.remark(&mut ctl);
+        drop(ctl);
+        self.emit(events);
+    }
+
+    /// The last-resort call through an open circuit succeeded: like a
+    /// healthy health probe, it ends that open period (half-open, so real
+    /// traffic confirms).
+    #[cold]
+    pub(super) fn record_last_resort(&self, generation: u32) {
+        let mut ctl = lock(&self.control);
+        let now = self.now();
+        let mut events = Events::default();
+        self.catch_up(&mut ctl, now, &mut events);
+        if self.is_current(State::Open, generation) {
+            events.push(self.transition(&mut ctl, State::HalfOpen, Reason::LastResort, now));
+            self.remark(&mut ctl);
+        }
         drop(ctl);
         self.emit(events);
     }

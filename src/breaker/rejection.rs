@@ -34,6 +34,14 @@ pub enum Rejection {
     ForcedOpen,
     /// The volume guard's limit of calls per period is reached.
     VolumeGuard,
+    /// The circuit is open because the account's quota ran out (see
+    /// [`Builder::quota_gate`](crate::Builder::quota_gate)).
+    Quota,
+    /// The upstream announced when its rate limit resets, and that moment
+    /// has not come (see
+    /// [`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)). The
+    /// circuit itself is closed.
+    RateLimited,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -92,13 +100,14 @@ impl CircuitOpen {
         self.key.as_deref()
     }
 
-    /// The state the circuit was in (closed, when the volume guard rejected).
+    /// The state the circuit was in (closed, when the volume guard or
+    /// pacing rejected; open, for an exhausted quota).
     pub fn state(&self) -> State {
         match self.cause {
-            Rejection::Open => State::Open,
+            Rejection::Open | Rejection::Quota => State::Open,
             Rejection::HalfOpenFull => State::HalfOpen,
             Rejection::ForcedOpen => State::ForcedOpen,
-            Rejection::VolumeGuard => State::Closed,
+            Rejection::VolumeGuard | Rejection::RateLimited => State::Closed,
         }
     }
 
@@ -108,7 +117,7 @@ impl CircuitOpen {
     }
 
     /// While open: the time from now until the next probe may be admitted;
-    /// for the volume guard, until a call may be admitted again. `None` in
+    /// for the volume guard and pacing, until a call may be admitted again. `None` in
     /// half-open (the probes are out) and when forced open.
     ///
     /// Measured when asked, so it shrinks as the error is held: zero once

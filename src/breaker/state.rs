@@ -69,8 +69,12 @@ impl fmt::Display for State {
 
 const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// The tag of a state open because the account's quota ran out.
+const QUOTA_OPEN: u64 = 5;
 /// The tag of a half-open state with every probe slot taken.
 const PROBES_OUT: u64 = 6;
+/// The tag of an open state that lets one last-resort call through.
+const LAST_RESORT: u64 = 7;
 
 /// The state and its generation packed into one word, so that one atomic load
 /// tells a caller both what to do and which period its outcome belongs to.
@@ -89,9 +93,35 @@ impl Packed {
         Packed((generation << TAG_BITS) | PROBES_OUT)
     }
 
+    /// Open because the account's quota ran out (see
+    /// [`Reason::QuotaExhausted`]): rejections say
+    /// [`Rejection::Quota`](super::Rejection::Quota).
+    pub(crate) const fn quota_open(generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | QUOTA_OPEN)
+    }
+
+    /// Open, with one last-resort call granted (see
+    /// [`Breaker::grant_last_resort`](super::Breaker::grant_last_resort)).
+    pub(crate) const fn last_resort(generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | LAST_RESORT)
+    }
+
+    /// Whether this is [`last_resort`](Self::last_resort).
+    #[inline]
+    pub(crate) const fn is_last_resort(self) -> bool {
+        self.0 & TAG_MASK == LAST_RESORT
+    }
+
+    /// Whether this is [`quota_open`](Self::quota_open).
+    #[inline]
+    pub(crate) const fn is_quota_open(self) -> bool {
+        self.0 & TAG_MASK == QUOTA_OPEN
+    }
+
     pub(crate) const fn state(self) -> State {
         match self.0 & TAG_MASK {
             PROBES_OUT => State::HalfOpen,
+            QUOTA_OPEN | LAST_RESORT => State::Open,
             tag => State::from_tag(tag),
         }
     }
@@ -139,6 +169,13 @@ pub enum Reason {
     Remote,
     /// A health probe found the upstream answering again.
     HealthProbe,
+    /// The account's quota ran out ([`Outcome::QuotaExhausted`](crate::Outcome::QuotaExhausted)
+    /// with quota gating on, see [`Builder::quota_gate`](crate::Builder::quota_gate)): open until
+    /// the reset the provider announced, or the configured time.
+    QuotaExhausted,
+    /// A call let through an open circuit by the "every upstream open"
+    /// policy of a [`Failover`](crate::failover::Failover) succeeded.
+    LastResort,
 }
 
 impl Reason {
@@ -156,6 +193,8 @@ impl Reason {
             Reason::Reset => "reset",
             Reason::Remote => "shared state",
             Reason::HealthProbe => "health probe succeeded",
+            Reason::QuotaExhausted => "quota exhausted",
+            Reason::LastResort => "last-resort call succeeded",
         }
     }
 }
@@ -270,6 +309,13 @@ pub struct Counters {
     /// Transition listeners that panicked (each panic was logged and the
     /// breaker carried on).
     pub listener_panics: u64,
+    /// Calls turned away (or, in metrics-only mode, that would have been)
+    /// while the circuit was open for an exhausted quota (also counted in
+    /// `rejected` or `would_reject`).
+    pub quota_rejected: u64,
+    /// Calls turned away (or that would have been) by pacing, until a known
+    /// rate limit resets (also counted in `rejected` or `would_reject`).
+    pub paced: u64,
 }
 
 /// A point-in-time view of a breaker.
@@ -293,6 +339,13 @@ pub struct Snapshot {
     pub counters: Counters,
     /// Whether the breaker is in metrics-only (shadow) mode.
     pub metrics_only: bool,
+    /// Why the circuit entered its current state ([`Reason::QuotaExhausted`]
+    /// for a circuit open on a quota); `None` before the first transition.
+    pub reason: Option<Reason>,
+    /// While pacing holds calls back (see
+    /// [`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)): the
+    /// time until the known rate limit resets.
+    pub paced_for: Option<Duration>,
 }
 
 #[cfg(test)]
@@ -313,6 +366,12 @@ mod tests {
             assert_eq!(p.generation(), 12_345);
             assert!(!p.is_probes_out());
         }
+        let p = Packed::last_resort(12_345);
+        assert_eq!(p.state(), State::Open);
+        assert!(p.is_last_resort() && !p.is_quota_open());
+        let p = Packed::quota_open(12_345);
+        assert_eq!(p.state(), State::Open);
+        assert!(p.is_quota_open() && !p.is_closed());
         let p = Packed::probes_out(12_345);
         assert_eq!(p.state(), State::HalfOpen);
         assert_eq!(p.generation(), 12_345);

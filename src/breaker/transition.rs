@@ -42,14 +42,20 @@ impl Shared {
         ctl.allowance = 0;
         match to {
             State::Open => {
-                if from.state() == State::HalfOpen {
+                // A quota that ran out says nothing of the upstream's health.
+                if from.state() == State::HalfOpen && reason != Reason::QuotaExhausted {
                     ctl.reopens = ctl.reopens.saturating_add(1);
                 }
+                ctl.opened_at = at;
+                ctl.last_resort = None;
                 let d = open_ns.unwrap_or_else(|| self.open_duration(ctl)).max(1);
                 until = at.saturating_add(d);
                 open_for = Some(Duration::from_nanos(d));
             }
             State::Closed => {
+                if reason == Reason::Reset {
+                    self.hot.paced_until.store(0, Ordering::Release);
+                }
                 ctl.reopens = 0;
                 ctl.tripped = WindowStats::default();
                 self.rates.clear();
@@ -65,10 +71,14 @@ impl Shared {
         }
         // The deadline before the word: a reader that sees the new word
         // reads its deadline.
+        ctl.reason = Some(reason);
         self.set_open_until(until);
-        self.hot
-            .state
-            .store(Packed::new(to, generation).0, Ordering::Release);
+        let word = if reason == Reason::QuotaExhausted && to == State::Open {
+            Packed::quota_open(generation)
+        } else {
+            Packed::new(to, generation)
+        };
+        self.hot.state.store(word.0, Ordering::Release);
         self.changes.notify_waiters();
         Transition {
             key: self.name.clone(),
@@ -151,6 +161,11 @@ impl Shared {
             reopens: ctl.reopens,
             counters: self.counters.sum(),
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
+            reason: ctl.reason,
+            paced_for: match self.hot.paced_until.load(Ordering::Acquire) {
+                until if until > now && word.is_closed() => Some(Duration::from_nanos(until - now)),
+                _ => None,
+            },
         };
         drop(ctl);
         self.emit(events);

@@ -32,6 +32,7 @@ mod sse;
 
 pub use self::grpc::{GrpcClassifier, GrpcStream};
 pub use self::http::{parse_retry_after, HttpClassifier};
+pub(crate) use self::llm::exhausted_reset;
 pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
 pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};
 
@@ -146,6 +147,14 @@ pub trait ClassifyStream {
         Self: Sized,
     {
         Outcome::Failure
+    }
+
+    /// How long until the quota or limit this answer reports resets, when
+    /// it said so (`Retry-After` on a quota answer): read just before the
+    /// verdict, for quota gating (see
+    /// [`Builder::quota_gate`](crate::Builder::quota_gate)). `None` by default.
+    fn announced_reset(&self) -> Option<std::time::Duration> {
+        None
     }
 
     /// The caller dropped the body before its end.

@@ -296,6 +296,68 @@ impl<T: Build> Builder<T> {
         self
     }
 
+    /// Quota gating: an [`Outcome::QuotaExhausted`](crate::Outcome::QuotaExhausted)
+    /// answer (OpenAI's `insufficient_quota`, HTTP 402) opens this circuit
+    /// (this key's, with a keyed set: an API key, an account) with
+    /// [`Reason::QuotaExhausted`](crate::Reason::QuotaExhausted), and calls are rejected with
+    /// [`Rejection::Quota`](crate::Rejection::Quota) until the reset the answer announced
+    /// (`Retry-After`, `retry-after-ms`, `x-ratelimit-reset-*`), or for `open_for` when it
+    /// announced none (OpenAI's `insufficient_quota` never does). Then the circuit goes
+    /// half-open as usual. A quota open does not advance the reopen backoff. Off by
+    /// default: the answer is neutral.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome, Reason, Rejection};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let account = Breaker::builder().quota_gate(Duration::from_secs(60)).build().unwrap();
+    /// account.admit().unwrap().record(Outcome::QuotaExhausted);
+    /// let open = account.admit().unwrap_err();
+    /// assert_eq!(open.reason(), Rejection::Quota);
+    /// assert_eq!(open.retry_after(), Some(Duration::from_secs(60)));
+    /// assert_eq!(account.snapshot().reason, Some(Reason::QuotaExhausted));
+    /// # }
+    /// ```
+    pub fn quota_gate(mut self, open_for: Duration) -> Self {
+        self.config.quota_gate = Some(open_for);
+        self
+    }
+
+    /// Pacing on known rate limits: after a
+    /// [`RateLimited`](crate::Outcome::RateLimited) answer that said when to
+    /// come back (`Retry-After`), or an answer whose `x-ratelimit-remaining-*`
+    /// count is `0` with its `x-ratelimit-reset-*` time, calls on this
+    /// circuit (this key's) are rejected locally with
+    /// [`Rejection::RateLimited`](crate::Rejection::RateLimited) until then, so
+    /// no call is spent to hear "429" again. The circuit stays closed: pacing
+    /// is no failure and no window entry.
+    ///
+    /// How the headers combine: on one answer, `Retry-After` (or
+    /// `retry-after-ms`) wins, because the `x-ratelimit-reset-*` headers give
+    /// the time to a *full* reset, which over-throttles; the reset of a limit
+    /// whose remaining count is `0` is used only when there is no
+    /// `Retry-After`. Across answers the later moment holds. Only a closed
+    /// circuit paces (an open one rejects anyway). Off by default; on, it
+    /// costs a closed admission one atomic load.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome, Rejection};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let key = Breaker::builder().pace_rate_limits(true).build().unwrap();
+    /// key.admit().unwrap().record(Outcome::RateLimited { retry_after: Some(Duration::from_secs(5)) });
+    /// assert_eq!(key.admit().unwrap_err().reason(), Rejection::RateLimited);
+    /// tokio::time::advance(Duration::from_secs(5)).await;
+    /// assert!(key.admit().is_ok());
+    /// # }
+    /// ```
+    pub fn pace_rate_limits(mut self, on: bool) -> Self {
+        self.config.pace = on;
+        self
+    }
+
     /// Seeds the jitter, for runs that must repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.config.seed = Some(seed);
@@ -308,7 +370,7 @@ impl<T: Build> Builder<T> {
         self
     }
 
-    /// How many threads get a counter stripe of their own (two cache lines
+    /// How many threads get a counter stripe of their own (four cache lines
     /// each, counted without atomic read-modify-writes); later threads share
     /// one more stripe. More saves time when many threads call through one
     /// breaker; fewer saves memory when there are many breakers. Default 16.

@@ -35,6 +35,14 @@ pub enum ConfigError {
     ZeroProbeLease,
     /// The probe timeout is zero.
     ZeroProbeTimeout,
+    /// The quota gate's open time is zero, so a quota answer would gate nothing.
+    ZeroQuotaGate,
+    /// Stream deadlines that cannot work (see
+    /// [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate)).
+    StreamDeadline(&'static str),
+    /// A retry budget that cannot work (see
+    /// [`RetryBudget`](crate::retry::RetryBudget)).
+    RetryBudget(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -116,6 +124,7 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroProbeLease => f.write_str("probe lease must be greater than zero"),
             ConfigError::ZeroProbeTimeout => f.write_str("probe timeout must be greater than zero"),
+            ConfigError::ZeroQuotaGate => f.write_str("quota gate must be greater than zero"),
             ConfigError::LeaseBelowProbeTimeout {
                 lease,
                 probe_timeout,
@@ -156,6 +165,8 @@ impl fmt::Display for ConfigError {
             ConfigError::KeyBounds => {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
+            ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
+            ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
         }
     }

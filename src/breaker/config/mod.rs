@@ -54,6 +54,11 @@ pub(crate) struct Config {
     pub(crate) probe_timeout: Option<Duration>,
     pub(crate) metrics_only: bool,
     pub(crate) volume_guard: Option<(u32, Duration)>,
+    /// Quota gating: how long a quota answer that announced no reset opens
+    /// the circuit.
+    pub(crate) quota_gate: Option<Duration>,
+    /// Pacing on known rate limits.
+    pub(crate) pace: bool,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
@@ -80,6 +85,8 @@ impl fmt::Debug for Config {
             .field("probe_timeout", &self.probe_timeout)
             .field("metrics_only", &self.metrics_only)
             .field("volume_guard", &self.volume_guard)
+            .field("quota_gate", &self.quota_gate)
+            .field("pace", &self.pace)
             .field("listeners", &self.listeners.len())
             .finish()
     }
@@ -104,6 +111,8 @@ impl Default for Config {
             probe_timeout: None,
             metrics_only: false,
             volume_guard: None,
+            quota_gate: None,
+            pace: false,
             seed: None,
             counter_stripes: 16,
             stripes_when_busy: false,
@@ -218,6 +227,7 @@ impl Config {
                 self.probe_timeout
                     .and_then(|t| too_long("probe_timeout", t))
             })
+            .or_else(|| self.quota_gate.and_then(|t| too_long("quota_gate", t)))
             .or_else(|| too_many("probes", self.probes.into(), MAX_PROBES.into()))
             .or_else(|| too_many("min_calls", self.min_calls.into(), MAX_COUNT_WINDOW.into()))
             .or_else(|| {
@@ -255,6 +265,9 @@ impl Config {
                 close_after: self.close_after,
                 probes: self.probes,
             });
+        }
+        if self.quota_gate.is_some_and(|t| t.is_zero()) {
+            return Err(E::ZeroQuotaGate);
         }
         if self.probe_timeout.is_some_and(|t| t.is_zero()) {
             return Err(E::ZeroProbeTimeout);

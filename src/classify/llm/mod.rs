@@ -15,6 +15,7 @@ mod rate_limit;
 mod tests;
 
 pub use self::events::LlmEvents;
+pub(crate) use self::rate_limit::exhausted_reset;
 pub use self::rate_limit::parse_rate_limit_reset;
 
 use self::events::{kind_of, Kind};
@@ -263,6 +264,13 @@ impl ClassifyStream for LlmStream {
         match self.0 {
             Inner::Sse(sse) => sse.on_error(),
             Inner::RateLimited(body) => body.head_only(),
+        }
+    }
+
+    fn announced_reset(&self) -> Option<Duration> {
+        match &self.0 {
+            Inner::Sse(_) => None,
+            Inner::RateLimited(body) => body.retry_after,
         }
     }
 

@@ -91,3 +91,25 @@ pub(super) fn rate_limit_reset(headers: &HeaderMap) -> Option<Duration> {
     }
     hit.or(any)
 }
+
+/// The reset of the limits an answer says are used up: the longest
+/// `x-ratelimit-reset-*` whose `x-ratelimit-remaining-*` twin is `0`.
+pub(crate) fn exhausted_reset(headers: &HeaderMap) -> Option<Duration> {
+    const REMAINING: &str = "x-ratelimit-remaining-";
+    let mut hit = None::<Duration>;
+    for (name, value) in headers {
+        let Some(limit) = name.as_str().strip_prefix(REMAINING) else {
+            continue;
+        };
+        if !value.to_str().is_ok_and(|v| v.trim() == "0") {
+            continue;
+        }
+        let reset = headers
+            .get_all(format!("x-ratelimit-reset-{limit}").as_str())
+            .iter()
+            .filter_map(|v| v.to_str().ok().and_then(parse_rate_limit_reset))
+            .max();
+        hit = hit.max(reset);
+    }
+    hit
+}
