@@ -243,7 +243,6 @@ impl<C> RetryPolicy<C> {
     /// The longest `Retry-After` waited out.
     pub(crate) fn retry_after_limit(&self) -> Duration {
         self.retry_after_cap
-
     }
 
     /// Retries only within `budget`: at most its percentage of first

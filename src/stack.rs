@@ -277,10 +277,14 @@ impl<C: Clone, D: StackDeadlines> StackBuilder<C, D> {
             deadlines.validate()?;
             let total = self.total_timeout.unwrap_or(Duration::MAX);
             if deadlines.stall_timeout().is_some_and(|s| s > total) {
-                return Err(Misfit("the stall deadline is longer than the total timeout"));
+                return Err(Misfit(
+                    "the stall deadline is longer than the total timeout",
+                ));
             }
             if deadlines.first_frame_timeout().is_some_and(|f| f > total) {
-                return Err(Misfit("the first-frame deadline is longer than the total timeout"));
+                return Err(Misfit(
+                    "the first-frame deadline is longer than the total timeout",
+                ));
             }
         }
         if self.backoff_inverted {

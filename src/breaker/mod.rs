@@ -497,7 +497,6 @@ impl Breaker {
         true
     }
 
-
     /// The rules a shared-state backend applies across replicas.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn shared_rules(&self) -> SharedRules {

@@ -5,7 +5,7 @@
 //! server start their own. Real time is unavoidable with a real server: every
 //! wait is bounded, and no assertion is about how long anything took.
 
-mod redis_support;
+use crate::redis_support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -983,7 +983,7 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
     }
 
     // A replica that starts later finds the circuit forced open.
-    let late = crate::replicas(1, shared_url(), &prefix, config).await;
+    let late = self::replicas(1, shared_url(), &prefix, config).await;
     assert!(
         all_in(&late, State::ForcedOpen).await,
         "a late replica follows"

@@ -15,7 +15,7 @@ use tower_circuit_breaker::classify::{
 use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome};
 
 #[allow(dead_code)]
-#[path = "../examples/outage_replay/scenario.rs"]
+#[path = "../../examples/outage_replay/scenario.rs"]
 mod scenario;
 
 /// The events a scanner dispatches for `chunks` (name, data, truncated), and

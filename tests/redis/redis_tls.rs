@@ -2,7 +2,7 @@
 //! the test starts with `--tls-port` and a certificate authority it makes
 //! with the `openssl` command.
 
-mod redis_support;
+use crate::redis_support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Garbage from the network is classified, never a panic.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! Every wait is bounded; no assertion is about how long anything took (the
 //! figures are printed).
 
-mod redis_support;
+use crate::redis_support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};

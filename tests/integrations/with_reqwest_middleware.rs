@@ -3,7 +3,7 @@
 //!
 //! Time is paused (see tests/reqwest.rs for why that is sound here).
 
-mod support_openai;
+use crate::support_openai;
 
 use std::time::Duration;
 

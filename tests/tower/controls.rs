@@ -10,12 +10,12 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_circuit_breaker::stack::StackError;
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::deadline::StreamDeadlines;
 use tower_circuit_breaker::failover::{AllOpen, Failover};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
 use tower_circuit_breaker::stack::Stack;
+use tower_circuit_breaker::stack::StackError;
 use tower_circuit_breaker::{
     Breaker, CircuitBreaker, ConfigError, Outcome, Reason, Rejection, State,
 };

@@ -5,7 +5,7 @@
 //! only timers are the breaker's open duration (moved with
 //! `tokio::time::advance`) and reqwest's own timeout where a test sets one.
 
-mod support_openai;
+use crate::support_openai;
 
 use std::time::Duration;
 

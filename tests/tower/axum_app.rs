@@ -1,9 +1,9 @@
 //! The axum example, end to end over real connections: once the upstream is
 //! down, the app answers 503 with `Retry-After` without calling it.
 
-#[path = "../examples/axum_app.rs"]
+#[path = "../../examples/axum_app.rs"]
 #[allow(dead_code)]
-mod axum_app;
+mod example;
 
 use std::time::Duration;
 
@@ -35,10 +35,10 @@ async fn chat(client: &HttpClient, app: std::net::SocketAddr) -> (StatusCode, Op
 
 #[tokio::test]
 async fn once_the_upstream_is_down_the_app_answers_503_without_calling_it() {
-    let (upstream_addr, upstream) = axum_app::spawn_upstream().await;
-    let breaker = axum_app::breaker(Duration::from_secs(60));
+    let (upstream_addr, upstream) = example::spawn_upstream().await;
+    let breaker = example::breaker(Duration::from_secs(60));
     let handle = breaker.breaker().clone();
-    let app = axum_app::serve(axum_app::app(upstream_addr, breaker)).await;
+    let app = example::serve(example::app(upstream_addr, breaker)).await;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
 
     for _ in 0..2 {
@@ -83,9 +83,9 @@ async fn an_unreachable_upstream_is_a_502_until_the_circuit_opens() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let nowhere = listener.local_addr().unwrap();
     drop(listener);
-    let app = axum_app::serve(axum_app::app(
+    let app = example::serve(example::app(
         nowhere,
-        axum_app::breaker(Duration::from_secs(60)),
+        example::breaker(Duration::from_secs(60)),
     ))
     .await;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();

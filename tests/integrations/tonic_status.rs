@@ -28,7 +28,7 @@ use tower_circuit_breaker::{
 
 // The example's codec: messages are plain UTF-8 strings, no protoc needed.
 #[allow(dead_code, unused_imports)]
-#[path = "../examples/tonic_status.rs"]
+#[path = "../../examples/tonic_status.rs"]
 mod example;
 
 use example::StringCodec;

@@ -1,7 +1,7 @@
 //! LLM answers over real connections: a hyper-util client behind the breaker
 //! with the LLM classifier, against a local axum server that streams SSE.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! A real tonic client, with the breaker layered on its `Channel`, against a
 //! real tonic server on 127.0.0.1 (the one `examples/tonic_client.rs` runs).
 
-#[path = "../examples/tonic_client.rs"]
+#[path = "../../examples/tonic_client.rs"]
 #[allow(dead_code)]
 mod demo;
 

@@ -5,7 +5,7 @@
 //! at once and exactly, and the breaker's open duration is moved with
 //! `tokio::time::advance`. The reqwest client has no pool-idle timer.
 
-mod support_openai;
+use crate::support_openai;
 
 use std::time::Duration;
 

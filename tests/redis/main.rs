@@ -1,0 +1,12 @@
+//! Shared state through real Redis servers: one node, a cluster, TLS.
+
+#[cfg(feature = "redis")]
+#[path = "../redis_support/mod.rs"]
+mod redis_support;
+
+#[cfg(feature = "redis-cluster")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
+mod redis_shared;
+#[cfg(feature = "redis-tls")]
+mod redis_tls;

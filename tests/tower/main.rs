@@ -1,0 +1,19 @@
+//! The tower glue and composition: the service, the stack, retry, failover,
+//! streams, gRPC, axum, recovery and the traffic controls, over mocks and
+//! real connections.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod axum_app;
+mod controls;
+mod failover;
+mod grpc;
+mod llm_stream;
+mod quota_pacing;
+mod real_connection;
+mod recovery;
+mod retry;
+mod service;
+mod stack;
+mod stream_deadlines;
