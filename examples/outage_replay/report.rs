@@ -22,9 +22,15 @@ fn secs(x: Option<f64>) -> String {
 }
 
 fn figures_table(out: &mut String, stacks: &[(&str, &Figures)]) {
+    let w = stacks
+        .iter()
+        .map(|(n, _)| n.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
     let _ = writeln!(
         out,
-        "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9} {:>9}  attempts per upstream",
+        "{:<w$} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9} {:>9}  attempts per upstream",
         "stack", "requests", "errors", "answered: mean", "p50", "p99", "ttft p50", "all: mean", "p99",
         "ampl.", "cost $", "wasted $"
     );
@@ -37,7 +43,7 @@ fn figures_table(out: &mut String, stacks: &[(&str, &Figures)]) {
             .join(", ");
         let _ = writeln!(
             out,
-            "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9.2} {:>9.2}  {}",
+            "{:<w$} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9.2} {:>9.2}  {}",
             name,
             f.requests,
             or_dash(f.user_error_rate, |x| format!("{:.1}%", x * 100.0)),
@@ -96,6 +102,13 @@ pub fn table(replay: &Replay) -> String {
         "recovery (s): healed at, time to trip (from the first failing phase), recovery lag \
          (heal to closed for good; never: not closed at the end); breaker state changes"
     );
+    let w = replay
+        .stacks
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
     for s in &replay.stacks {
         for r in &s.recovery {
             let changes: Vec<String> = s
@@ -116,7 +129,7 @@ pub fn table(replay: &Replay) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<15} {:<18} healed {:>6}  trip {:>6}  lag {:>6}  {:>3} changes{}{}",
+                "  {:<w$} {:<18} healed {:>6}  trip {:>6}  lag {:>6}  {:>3} changes{}{}",
                 s.name,
                 r.upstream,
                 or_dash(r.healed_at_s, |x| format!("{x:.1}")),
@@ -131,6 +144,9 @@ pub fn table(replay: &Replay) -> String {
             );
         }
     }
+    if replay.classes.len() > 1 {
+        by_class(&mut out, replay);
+    }
     if let Some(w) = &replay.setup.writeup {
         writeup(&mut out, replay, w);
     }
@@ -141,6 +157,44 @@ pub fn table(replay: &Replay) -> String {
         text.push('\n');
         text
     })
+}
+
+/// Per class of traffic (model, or model and API key), every request.
+fn by_class(out: &mut String, replay: &Replay) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "by traffic (model or model/api key), every request: requests, errors, rejected, answered p99, cost"
+    );
+    let w = replay
+        .classes
+        .iter()
+        .map(|c| c.len())
+        .max()
+        .unwrap_or(0)
+        .max(18);
+    let sw = replay
+        .stacks
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
+    for s in &replay.stacks {
+        for (class, f) in replay.classes.iter().zip(&s.by_class) {
+            let _ = writeln!(
+                out,
+                "  {:<sw$} {:<w$} {:>6} {:>7} {:>6} {:>8} {:>9.2}",
+                s.name,
+                class,
+                f.requests,
+                or_dash(f.user_error_rate, |x| format!("{:.1}%", x * 100.0)),
+                f.rejected,
+                secs(f.answered_wait.map(|w| w.p99_s)),
+                f.cost_usd
+            );
+        }
+    }
 }
 
 /// The write-up's own table, its figures beside the replay's for the outage.
@@ -234,6 +288,9 @@ struct JsonStack<'a> {
     outage: Option<JsonOutage<'a>>,
     upstreams: Keyed<'a, JsonRecovery>,
     transitions: Vec<JsonTransition<'a>>,
+    /// Only with more than one class of traffic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by_key: Option<Keyed<'a, JsonFigures<'a>>>,
 }
 
 #[derive(Serialize)]
@@ -265,6 +322,11 @@ struct JsonFigures<'a> {
     amplification: Option<f64>,
     cost_usd: f64,
     wasted_cost_usd: f64,
+    /// Only when users gave up or were answered 429.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cancelled: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_limited: Option<u64>,
 }
 
 impl<'a> JsonFigures<'a> {
@@ -290,6 +352,8 @@ impl<'a> JsonFigures<'a> {
             amplification: f.amplification.map(micro),
             cost_usd: micro(f.cost_usd),
             wasted_cost_usd: micro(f.wasted_cost_usd),
+            cancelled: (f.cancelled > 0).then_some(f.cancelled),
+            rate_limited: (f.rate_limited > 0).then_some(f.rate_limited),
         }
     }
 }
@@ -359,6 +423,16 @@ pub fn json(replay: &Replay) -> String {
                         })
                         .collect(),
                 ),
+                by_key: (!s.by_class.is_empty()).then(|| {
+                    Keyed(
+                        replay
+                            .classes
+                            .iter()
+                            .zip(&s.by_class)
+                            .map(|(c, f)| (c.as_str(), JsonFigures::of(f)))
+                            .collect(),
+                    )
+                }),
                 transitions: s
                     .transitions
                     .iter()
@@ -656,15 +730,24 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
         }
         y += WAITS + 6.0;
         // Breaker states.
+        // Every breaker that changed state, and every upstream's breaker
+        // that never did (closed throughout).
         let mut labels: Vec<&str> = Vec::new();
-        for t in &stack.transitions {
-            if !labels.contains(&t.upstream.as_str()) {
-                labels.push(&t.upstream);
-            }
-        }
         let has_breakers = !matches!(stack.name, "no-breaker" | "naive-failover");
-        if has_breakers && labels.is_empty() {
-            labels.extend(stack.recovery.iter().map(|r| r.upstream.as_str()));
+        for r in stack.recovery.iter().filter(|_| has_breakers) {
+            let mine = stack
+                .transitions
+                .iter()
+                .filter(|t| belongs(&t.upstream, &r.upstream));
+            let before = labels.len();
+            for t in mine {
+                if !labels.contains(&t.upstream.as_str()) {
+                    labels.push(&t.upstream);
+                }
+            }
+            if labels.len() == before {
+                labels.push(&r.upstream);
+            }
         }
         for label in labels.iter().take(MAX_BANDS) {
             let _ = writeln!(

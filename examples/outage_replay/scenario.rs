@@ -187,11 +187,6 @@ impl StackKind {
         )
     }
 
-    /// Whether the stack has breakers.
-    pub fn has_breakers(self) -> bool {
-        !matches!(self, StackKind::NoBreaker | StackKind::NaiveFailover)
-    }
-
     /// Whether each replica has breakers of its own.
     pub fn independent(self) -> bool {
         matches!(
@@ -526,10 +521,6 @@ impl Phase {
     }
 
     /// The response picked by a uniform draw `u` in `[0, 1)`.
-    pub fn pick(&self, u: f64) -> Kind {
-        self.response(u).kind
-    }
-
     fn response(&self, u: f64) -> &Response {
         let mut acc = 0.0;
         let mut last = None;
