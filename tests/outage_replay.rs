@@ -723,16 +723,18 @@ fn the_post_mortem_figure_draws_what_a_reader_needs() {
     assert_eq!(pixels(&pixmap, report::REJECTED, Some((*y0, *y1))), 0);
     let (_, y0, y1) = &layout.bars[1];
     assert!(pixels(&pixmap, report::REJECTED, Some((*y0, *y1))) > 100);
+    // Above the legend, which has a swatch of every colour.
+    let data = Some((0.0, layout.legend));
     for colour in [
         report::FAILED,
         report::OPEN,
         report::FAILING,
         report::HEALTHY,
     ] {
-        assert!(pixels(&pixmap, colour, None) > 50, "{colour}");
+        assert!(pixels(&pixmap, colour, data) > 50, "{colour}");
     }
     // Half-open periods of a few seconds over a 900 s run stay visible.
-    assert!(pixels(&pixmap, report::HALF_OPEN, None) > 20);
+    assert!(pixels(&pixmap, report::HALF_OPEN, data) > 20);
 }
 
 #[test]
@@ -756,8 +758,9 @@ fn a_short_half_open_period_stays_visible() {
         .position(|w| w[0].to == "half-open" && w[1].t_s - w[0].t_s == shortest)
         .unwrap();
     run.transitions = t[keep..keep + 2].to_vec();
-    let pixmap = render(&report::svg(&only));
-    assert!(pixels(&pixmap, report::HALF_OPEN, None) >= 10);
+    let (svg, layout) = report::svg_with_layout(&only);
+    let pixmap = render(&svg);
+    assert!(pixels(&pixmap, report::HALF_OPEN, Some((0.0, layout.legend))) >= 10);
 }
 
 const FIGURE: &str = "docs/outage-replay-seed-000-night.svg";

@@ -485,6 +485,8 @@ pub struct Layout {
     pub width: f64,
     pub height: f64,
     pub bars: Vec<(String, f64, f64)>,
+    /// Where the legend starts: everything above it is data.
+    pub legend: f64,
 }
 
 /// The post-mortem figure.
@@ -549,6 +551,7 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
         width: WIDTH,
         height: 0.0,
         bars: Vec::new(),
+        legend: 0.0,
     };
     let _ = writeln!(
         body,
@@ -842,6 +845,7 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
         t += step;
     }
     y += 34.0;
+    layout.legend = y - 12.0;
     let legend = [
         (OK, "ok"),
         (FAILED, "failed"),
