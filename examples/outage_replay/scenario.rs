@@ -617,6 +617,9 @@ impl Source<'_> {
 
 type S<T> = Spanned<T>;
 
+/// A `[sweep]` table: breaker keys and their values.
+type RawGrid = BTreeMap<S<String>, S<Vec<toml::Value>>>;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
@@ -634,7 +637,7 @@ struct RawScenario {
     rate: Option<S<Vec<S<RawRate>>>>,
     burst: Option<S<Vec<S<RawBurst>>>>,
     replicas: Option<S<u32>>,
-    sweep: Option<S<BTreeMap<S<String>, S<Vec<toml::Value>>>>>,
+    sweep: Option<S<RawGrid>>,
 }
 
 #[derive(Deserialize)]
@@ -1729,7 +1732,7 @@ fn rate(src: &Source<'_>, v: &Spanned<f64>, key: &str) -> Result<f64, ScenarioEr
 /// The `[sweep]` grid: every key a breaker key, every value a number.
 fn sweep_grid(
     src: &Source<'_>,
-    table: &Spanned<BTreeMap<S<String>, S<Vec<toml::Value>>>>,
+    table: &Spanned<RawGrid>,
 ) -> Result<Vec<(String, Vec<String>)>, ScenarioError> {
     let mut grid = Vec::new();
     let mut combinations = 1usize;
@@ -1786,7 +1789,7 @@ pub fn parse_grid(args: &[String]) -> Result<Vec<(String, Vec<String>)>, Scenari
         .collect();
     #[derive(Deserialize)]
     struct Grid {
-        sweep: S<BTreeMap<S<String>, S<Vec<toml::Value>>>>,
+        sweep: S<RawGrid>,
     }
     let text = format!("[sweep]\n{text}");
     let src = Source {
