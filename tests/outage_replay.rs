@@ -656,7 +656,8 @@ fn rgb(hex: &str) -> [u8; 3] {
     [(v >> 16) as u8, (v >> 8) as u8, v as u8]
 }
 
-/// Pixels of exactly `colour` in rows `y0..y1` (all rows: `None`).
+/// Pixels of `colour` (within a renderer's rounding) in rows `y0..y1`
+/// (all rows: `None`).
 fn pixels(pixmap: &resvg::tiny_skia::Pixmap, colour: &str, rows: Option<(f64, f64)>) -> usize {
     let [r, g, b] = rgb(colour);
     let w = pixmap.width() as usize;
@@ -665,7 +666,7 @@ fn pixels(pixmap: &resvg::tiny_skia::Pixmap, colour: &str, rows: Option<(f64, f6
     });
     pixmap.data()[y0 * w * 4..y1 * w * 4]
         .chunks(4)
-        .filter(|p| p[0] == r && p[1] == g && p[2] == b)
+        .filter(|p| p[0].abs_diff(r) <= 4 && p[1].abs_diff(g) <= 4 && p[2].abs_diff(b) <= 4)
         .count()
 }
 

@@ -462,7 +462,7 @@ const GAP: f64 = 8.0;
 /// Most breaker state rows drawn per stack (keys, replicas).
 const MAX_BANDS: usize = 8;
 /// A state shorter than this many pixels is drawn this wide.
-const MIN_STATE_PX: f64 = 2.5;
+const MIN_STATE_PX: f64 = 3.0;
 
 pub const OK: &str = "#3b7dd8";
 pub const FAILED: &str = "#d7263d";
@@ -763,16 +763,22 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
             let mut from = 0.0;
             let mut state = "closed";
             let changes = stack.transitions.iter().filter(|t| t.upstream == *label);
+            // Half-open periods last, so the state after a short one does
+            // not cover the width it was widened to.
+            let mut rects = Vec::new();
             for (t, to) in changes.map(|t| (t.t_s, t.to)).chain([(end, "")]) {
                 let w = (x(t) - x(from)).max(if state == "closed" { 0.0 } else { MIN_STATE_PX });
-                let _ = writeln!(
-                    body,
+                rects.push((state == "half-open", format!(
                     r##"<rect x="{:.2}" y="{y:.1}" width="{w:.2}" height="{BAND}" fill="{}"><title>{state} from {from:.1} s</title></rect>"##,
                     x(from),
                     state_colour(state)
-                );
+                )));
                 from = t;
                 state = to;
+            }
+            rects.sort_by_key(|(on_top, _)| *on_top);
+            for (_, rect) in rects {
+                let _ = writeln!(body, "{rect}");
             }
             y += BAND + 3.0;
         }
