@@ -15,6 +15,9 @@ mod report;
 #[allow(dead_code)]
 #[path = "../examples/outage_replay/scenario.rs"]
 mod scenario;
+#[allow(dead_code)]
+#[path = "../examples/outage_replay/sweep.rs"]
+mod sweep;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -635,20 +638,149 @@ fn the_writeup_tables_print_beside_the_writeups_figures() {
     }
 }
 
+/// The figure rendered by a real SVG renderer, as RGBA pixels.
+fn render(svg: &str) -> resvg::tiny_skia::Pixmap {
+    let tree = resvg::usvg::Tree::from_str(svg, &resvg::usvg::Options::default()).unwrap();
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    pixmap
+}
+
+fn rgb(hex: &str) -> [u8; 3] {
+    let v = u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap();
+    [(v >> 16) as u8, (v >> 8) as u8, v as u8]
+}
+
+/// Pixels of `colour` (within a renderer's rounding) in rows `y0..y1`
+/// (all rows: `None`).
+fn pixels(pixmap: &resvg::tiny_skia::Pixmap, colour: &str, rows: Option<(f64, f64)>) -> usize {
+    let [r, g, b] = rgb(colour);
+    let w = pixmap.width() as usize;
+    let (y0, y1) = rows.map_or((0, pixmap.height() as usize), |(a, b)| {
+        (a.ceil() as usize, b.floor() as usize)
+    });
+    pixmap.data()[y0 * w * 4..y1 * w * 4]
+        .chunks(4)
+        .filter(|p| p[0].abs_diff(r) <= 4 && p[1].abs_diff(g) <= 4 && p[2].abs_diff(b) <= 4)
+        .count()
+}
+
 #[test]
-fn the_svg_timeline_covers_every_stack_and_upstream() {
-    let svg = report::svg(replayed("seed-000-night.toml"));
-    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    for name in [
-        "no-breaker",
-        "breaker",
-        "naive-failover",
-        "failover",
-        "light-model attempts",
-    ] {
-        assert!(svg.contains(name), "{name}");
+fn the_post_mortem_figure_draws_what_a_reader_needs() {
+    let colours = [
+        report::OK,
+        report::FAILED,
+        report::RATE_LIMITED,
+        report::REJECTED,
+        report::CLOSED,
+        report::OPEN,
+        report::HALF_OPEN,
+        report::HEALTHY,
+        report::FAILING,
+        report::SLOW,
+    ];
+    for (i, c) in colours.iter().enumerate() {
+        assert!(!colours[..i].contains(c), "{c} twice");
     }
-    assert!(svg.contains("<title>open from"));
+    let replay = replayed("seed-000-night.toml");
+    let (svg, layout) = report::svg_with_layout(replay);
+    for needle in [
+        "ground truth",
+        "bin width 5 s",
+        "answered wait p50, p99",
+        "requests per bin",
+        "cumulative cost",
+        "breaker primary",
+        "breaker light-model",
+        "half-open",
+        "rate limited (429)",
+    ] {
+        assert!(svg.contains(needle), "{needle}");
+    }
+    let pixmap = render(&svg);
+    assert_eq!(
+        (pixmap.width() as f64, pixmap.height() as f64),
+        (layout.width, layout.height.round())
+    );
+    // Every stack's row of requests is drawn, answered ones included.
+    let names: Vec<&str> = layout.bars.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["no-breaker", "breaker", "naive-failover", "failover"]
+    );
+    for (name, y0, y1) in &layout.bars {
+        assert!(
+            pixels(&pixmap, report::OK, Some((*y0, *y1))) > 100,
+            "{name}: no answered requests drawn"
+        );
+    }
+    // No breaker, no rejections; the breaker stack's are drawn.
+    let (_, y0, y1) = &layout.bars[0];
+    assert_eq!(pixels(&pixmap, report::REJECTED, Some((*y0, *y1))), 0);
+    let (_, y0, y1) = &layout.bars[1];
+    assert!(pixels(&pixmap, report::REJECTED, Some((*y0, *y1))) > 100);
+    // Above the legend, which has a swatch of every colour.
+    let data = Some((0.0, layout.legend));
+    for colour in [
+        report::FAILED,
+        report::OPEN,
+        report::FAILING,
+        report::HEALTHY,
+    ] {
+        assert!(pixels(&pixmap, colour, data) > 50, "{colour}");
+    }
+    // Half-open periods of a few seconds over a 900 s run stay visible.
+    assert!(pixels(&pixmap, report::HALF_OPEN, data) > 20);
+}
+
+#[test]
+fn a_short_half_open_period_stays_visible() {
+    // The failover stack's primary is half-open for 0.3 s at 210.7 s.
+    let replay = replayed("recovery-after-a-long-outage.toml");
+    let t = &stack(replay, "failover").transitions;
+    let shortest = t
+        .windows(2)
+        .filter(|w| w[0].to == "half-open" && w[0].upstream == w[1].upstream)
+        .map(|w| w[1].t_s - w[0].t_s)
+        .fold(f64::INFINITY, f64::min);
+    assert!(shortest < 0.5, "{shortest}");
+    // Alone, with the other half-open periods drawn over by open, it is
+    // still drawn: a replay whose only half-open state is that one.
+    let mut only = replay.clone();
+    only.stacks.retain(|s| s.name == "failover");
+    let run = &mut only.stacks[0];
+    let keep = t
+        .windows(2)
+        .position(|w| w[0].to == "half-open" && w[1].t_s - w[0].t_s == shortest)
+        .unwrap();
+    run.transitions = t[keep..keep + 2].to_vec();
+    let (svg, layout) = report::svg_with_layout(&only);
+    let pixmap = render(&svg);
+    assert!(pixels(&pixmap, report::HALF_OPEN, Some((0.0, layout.legend))) >= 10);
+}
+
+const FIGURE: &str = "docs/outage-replay-seed-000-night.svg";
+
+#[test]
+fn the_readme_figure_is_what_the_replay_draws() {
+    let drawn = report::svg(replayed("seed-000-night.toml"));
+    let path = Path::new(ROOT).join(FIGURE);
+    if std::env::var_os("UPDATE_FIGURES").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &drawn).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == drawn,
+        "{FIGURE} is stale: run UPDATE_FIGURES=1 cargo test --release --test outage_replay"
+    );
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    assert!(readme.contains(&format!("]({FIGURE})")));
 }
 
 // === the documents quote the replay ===
@@ -658,15 +790,26 @@ const COMMAND: &str = "$ cargo run --release --example outage_replay";
 /// What the replay prints for the arguments of a documented command.
 fn printed(args: &str) -> String {
     let mut json = false;
+    let mut sweep = false;
     let mut file = "scenarios/seed-000-night.toml";
     for arg in args.split_whitespace() {
         match arg {
             "--" => {}
             "--json" => json = true,
+            "--sweep" => sweep = true,
             _ => file = arg,
         }
     }
-    let replay = replayed(file.strip_prefix("scenarios/").expect("a shipped scenario"));
+    let name = file.strip_prefix("scenarios/").expect("a shipped scenario");
+    if sweep {
+        let s = swept(name);
+        return if json {
+            sweep::json(s) + "\n"
+        } else {
+            sweep::table(s)
+        };
+    }
+    let replay = replayed(name);
     if json {
         report::json(replay) + "\n"
     } else {
@@ -1019,5 +1162,446 @@ fn cost_billing_and_probe_keys_are_checked_where_they_are() {
             text.lines().nth(line - 1).unwrap().contains(word) || key == "tokens_out",
             "{key}: line {line}: {e}"
         );
+    }
+}
+
+// === the incident shapes ===
+
+fn classes<'a>(
+    replay: &'a Replay,
+    run: &'a StackRun,
+) -> impl Iterator<Item = (&'a str, &'a Figures)> {
+    replay.classes.iter().map(String::as_str).zip(&run.by_class)
+}
+
+#[test]
+fn the_breaker_opens_in_the_brownout_before_anything_fails() {
+    let replay = replayed("brownout-ramp.toml");
+    assert_consistent(replay);
+    // The ramp runs from 300 s; the first failures come at 900 s.
+    for run in breaker_stacks(replay) {
+        let open = run.transitions.iter().find(|t| t.to == "open").unwrap();
+        assert!(
+            open.t_s > 300.0 && open.t_s < 900.0,
+            "{}: opened at {}",
+            run.name,
+            open.t_s
+        );
+    }
+    let slow = outage(replay, "naive-failover").answered_wait.unwrap();
+    let failover = outage(replay, "failover").answered_wait.unwrap();
+    assert!(failover.p99_s < slow.p99_s, "{failover:?} {slow:?}");
+}
+
+#[test]
+fn only_the_broken_models_key_opens_in_the_regional_outage() {
+    let replay = replayed("regional-outage-keyed.toml");
+    assert_consistent(replay);
+    let keyed = stack(replay, "breaker");
+    assert!(keyed.transitions.iter().any(|t| t.to == "open"));
+    for t in &keyed.transitions {
+        assert_eq!(t.upstream, "gpt-eu", "{t:?}");
+    }
+    for (class, f) in classes(replay, keyed) {
+        if class != "gpt-eu" {
+            assert_eq!(f.rejected, 0, "{class}");
+        }
+    }
+    // One breaker for every model rejects the healthy ones too.
+    let global = stack(replay, "global-breaker");
+    for (class, f) in classes(replay, global) {
+        if class != "gpt-eu" {
+            assert!(f.rejected > 0, "{class}");
+        }
+    }
+}
+
+#[test]
+fn streams_that_break_mid_answer_trip_the_breaker() {
+    let replay = replayed("sse-midstream-overload.toml");
+    assert_consistent(replay);
+    let plain = outage(replay, "no-breaker");
+    let failover = outage(replay, "failover");
+    assert!(stack(replay, "breaker").recovery[0]
+        .time_to_trip_s
+        .is_some());
+    assert!(failover.user_error_rate.unwrap() * 2.0 < plain.user_error_rate.unwrap());
+    assert!(failover.wasted_cost_usd * 2.0 < plain.wasted_cost_usd);
+}
+
+#[test]
+fn retries_under_a_capacity_feed_the_storm_without_a_breaker_and_not_with_one() {
+    let with_retries = replayed("429-storm-capacity.toml");
+    assert_consistent(with_retries);
+    let mut scenario = load("429-storm-capacity.toml");
+    assert!(scenario.client.max_retries > 0 && scenario.upstreams[0].capacity.is_some());
+    scenario.client.max_retries = 0;
+    let without = engine::replay(&scenario).unwrap();
+    let growth = |name: &str| {
+        let (a, b) = (&stack(with_retries, name).all, &stack(&without, name).all);
+        let p99 = |f: &Figures| f.answered_wait.unwrap().p99_s;
+        (
+            a.attempts[0].1 as f64 / b.attempts[0].1 as f64,
+            p99(a) / p99(b),
+        )
+    };
+    let (load, p99) = growth("no-breaker");
+    assert!(
+        load > 1.5 && p99 > 1.25,
+        "no-breaker: load ×{load}, p99 ×{p99}"
+    );
+    let (load, p99_with) = growth("breaker");
+    assert!(
+        load < 1.1 && p99_with < p99,
+        "breaker: load ×{load}, p99 ×{p99_with}"
+    );
+    // The queue really was full: 429s reached the users.
+    assert!(stack(with_retries, "no-breaker").all.rate_limited > 0);
+}
+
+#[test]
+fn the_volume_guard_stops_the_runaway_loop_and_spares_the_users() {
+    let replay = replayed("runaway-retry-loop.toml");
+    assert_consistent(replay);
+    let script = |run: &StackRun| {
+        classes(replay, run)
+            .find(|(c, _)| c.ends_with("nightly-script"))
+            .unwrap()
+            .1
+            .clone()
+    };
+    let users = |run: &StackRun| {
+        classes(replay, run)
+            .find(|(c, _)| c.ends_with("users"))
+            .unwrap()
+            .1
+            .clone()
+    };
+    let guarded = stack(replay, "breaker");
+    let scenario = &replay.setup;
+    let (limit, period) = scenario.breaker.volume_guard.unwrap();
+    let periods = (scenario.duration.as_secs_f64() / period.as_secs_f64()).ceil();
+    // The script's calls, at most the limit per period (each key counts its own).
+    assert_eq!(script(stack(replay, "no-breaker")).attempts[0].1, 6000);
+    assert!(script(guarded).attempts[0].1 as f64 <= f64::from(limit) * periods);
+    assert!(script(guarded).rejected > 0);
+    assert_eq!(users(guarded).rejected, 0);
+    // A guard on one breaker for everyone stops the users too.
+    assert!(users(stack(replay, "global-breaker")).rejected > 0);
+}
+
+#[test]
+fn replicas_are_replayed_as_bounds() {
+    let replay = replayed("replicas-shared-breaker.toml");
+    assert_consistent(replay);
+    assert_eq!(replay.setup.replicas, 8);
+    for (shared, independent) in [
+        ("breaker", "breaker-independent"),
+        ("failover", "failover-independent"),
+    ] {
+        let (s, i) = (stack(replay, shared), stack(replay, independent));
+        // Each replica's breaker trips on its own failures: eight circuits
+        // open where one does.
+        let opens = |run: &StackRun| {
+            let mut labels: Vec<&str> = run
+                .transitions
+                .iter()
+                .filter(|t| t.to == "open")
+                .map(|t| t.upstream.as_str())
+                .collect();
+            labels.sort();
+            labels.dedup();
+            labels.len()
+        };
+        assert_eq!((opens(s), opens(i)), (1, 8), "{shared}");
+        let primary = |run: &StackRun| run.outage.as_ref().unwrap().attempts[0].1;
+        assert!(primary(i) > primary(s), "{independent}");
+    }
+}
+
+// === the sweep ===
+
+/// A shipped scenario's sweep over its grid, run once.
+fn swept(name: &str) -> &'static sweep::Sweep {
+    static RUNS: OnceLock<Mutex<HashMap<String, &'static sweep::Sweep>>> = OnceLock::new();
+    let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
+    let run = runs.entry(name.to_owned()).or_insert_with(|| {
+        let path = Path::new(ROOT).join("scenarios").join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = path.display().to_string();
+        let grid = sweep::grid(&scenario::parse(&text, &file).unwrap(), Vec::new());
+        Box::leak(Box::new(sweep::run(&text, &file, &grid).unwrap()))
+    });
+    run
+}
+
+#[test]
+fn the_sweep_ranks_on_its_objective_and_recommends_the_first() {
+    let doc: serde_json::Value =
+        serde_json::from_str(&printed("--sweep --json scenarios/seed-000-night.toml")).unwrap();
+    let ranked = doc["ranked"].as_array().unwrap();
+    let grid: usize = sweep::DEFAULT_GRID.iter().map(|(_, v)| v.len()).product();
+    assert_eq!(ranked.len(), grid);
+    assert_eq!(doc["stack"], "failover");
+    // The objective, recomputed from the printed figures.
+    let key = |r: &serde_json::Value| {
+        let at = |v: &serde_json::Value, step: f64| {
+            v.as_f64().map_or(f64::INFINITY, |x| (x / step).round())
+        };
+        [
+            at(&r["user_error_rate"], 0.001),
+            at(&r["answered_wait_p99_s"], 0.1),
+            at(&r["wasted_cost_usd"], 0.01),
+            at(&r["recovery_lag_s"], 1.0),
+        ]
+    };
+    for (i, pair) in ranked.windows(2).enumerate() {
+        assert_eq!(pair[0]["rank"], i + 1);
+        let (a, b) = (key(&pair[0]), key(&pair[1]));
+        assert!(
+            a.partial_cmp(&b).unwrap().is_le(),
+            "rank {} before {}: {a:?} {b:?}",
+            i + 1,
+            i + 2
+        );
+    }
+    let best = &doc["recommended"];
+    assert_eq!(best["settings"], ranked[0]["settings"]);
+    for field in [
+        "user_error_rate",
+        "answered_wait_p99_s",
+        "wasted_cost_usd",
+        "recovery_lag_s",
+    ] {
+        assert_eq!(best[field], ranked[0][field], "{field}");
+    }
+    // The Pareto marks: no row dominates a marked one; every unmarked one
+    // is dominated.
+    let raw = |r: &serde_json::Value| {
+        [
+            r["user_error_rate"].as_f64().unwrap_or(1.0),
+            r["answered_wait_p99_s"].as_f64().unwrap_or(f64::INFINITY),
+            r["wasted_cost_usd"].as_f64().unwrap(),
+            r["recovery_lag_s"].as_f64().unwrap_or(f64::INFINITY),
+        ]
+    };
+    for r in ranked {
+        let dominated = ranked.iter().any(|o| sweep::dominates(&raw(o), &raw(r)));
+        assert_eq!(r["pareto"].as_bool().unwrap(), !dominated, "{r}");
+    }
+    let table = printed("--sweep scenarios/seed-000-night.toml");
+    assert!(table.contains("recommended: "), "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains('*')).count() - 1,
+        ranked.iter().filter(|r| r["pareto"] == true).count()
+    );
+}
+
+#[test]
+fn a_sweep_value_the_format_rejects_is_skipped_with_why() {
+    let text =
+        std::fs::read_to_string(Path::new(ROOT).join("scenarios/seed-000-night.toml")).unwrap();
+    let grid = scenario::parse_grid(&["close_after=2,4".to_owned()]).unwrap();
+    let s = sweep::run(&text, "night.toml", &grid).unwrap();
+    assert_eq!(s.rows.len(), 1);
+    assert!(s.skipped[0].1.contains("close_after"), "{:?}", s.skipped);
+    assert!(scenario::parse_grid(&["colour=1,2".to_owned()]).is_err());
+    assert!(scenario::parse_grid(&["open_s=\"x\"".to_owned()]).is_err());
+}
+
+// === bad files, property-tested ===
+
+/// A scenario with every kind of table and key of the format, one value a
+/// line.
+const RICH: &str = r#"name = "rich"
+seed = 3
+duration_s = 60
+rate_per_s = 2
+poisson = true
+replicas = 2
+traffic = [ { p = 0.5, model = "a" }, { p = 0.5, model = "b", api_key = "k" } ]
+
+[[rate]]
+from_s = 20
+per_s = 4
+
+[[burst]]
+at_s = 10
+requests = 20
+over_s = 5
+model = "b"
+
+[client]
+attempt_timeout_s = 5
+total_timeout_s = 0
+max_retries = 1
+backoff_base_ms = 100
+backoff_max_ms = 1000
+cancel_p = 0.1
+cancel_after_s = 3
+
+[breaker]
+keyed_by = "model"
+window = 10
+min_calls = 5
+failure_rate = 0.5
+consecutive_failures = 0
+slow_call_ms = 2000
+slow_call_rate = 0.5
+open_s = 5
+open_max_s = 20
+probes = 2
+close_after = 1
+probe_timeout_s = 2
+health_probe_interval_s = 2
+volume_limit = 100
+volume_period_s = 30
+
+[sweep]
+open_s = [5, 10]
+
+[[upstream]]
+name = "a"
+capacity = { concurrent = 4, queue = 8, retry_after_s = 1 }
+  [upstream.breaker]
+  open_s = 3
+  [[upstream.phase]]
+  from_s = 0
+  responses = [ { p = 0.5, kind = "ok", latency_ms = 100, latency_sigma = 0.5 }, { p = 0.5, kind = "status", code = 503, latency_ms = 50 } ]
+  [[upstream.phase]]
+  from_s = 30
+  responses = [ { p = 1.0, kind = "ok", latency_ms = 100, latency_to_ms = 900, stream_ms = 200 } ]
+
+[[upstream]]
+name = "b"
+  [[upstream.phase]]
+  from_s = 0
+  responses = [ { p = 0.7, kind = "ok", latency_ms = 100 }, { p = 0.3, kind = "hang" } ]
+"#;
+
+#[test]
+fn the_rich_scenario_parses_and_replays() {
+    let s = parse(RICH).unwrap();
+    assert_eq!(s.traffic.len(), 2);
+    assert_eq!(s.breaker_for(0).open, Duration::from_secs(3));
+    assert_eq!(s.breaker_for(1).open, Duration::from_secs(5));
+    let replay = engine::replay(&s).unwrap();
+    assert_consistent(&replay);
+    assert_eq!(
+        replay.stacks.iter().map(|s| s.name).collect::<Vec<_>>(),
+        [
+            "no-breaker",
+            "breaker",
+            "global-breaker",
+            "breaker-independent"
+        ]
+    );
+}
+
+/// Lines of `text` that hold `key = value` outside any array of tables'
+/// inline tables, with the key.
+fn key_lines(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (k, _) = l.split_once(" = ")?;
+            let k = k.trim();
+            (!k.contains(['{', '[', ' '])).then(|| (i, k.to_owned()))
+        })
+        .collect()
+}
+
+fn check_error(text: &str, line: usize, key: &str) {
+    let e = match parse(text) {
+        Ok(_) => panic!("accepted with `{key}` on line {line}:\n{text}"),
+        Err(e) => e,
+    };
+    assert_eq!(e.file, "test.toml");
+    assert_eq!(e.line, Some(line), "`{key}`: {e}");
+    assert!(
+        e.to_string().starts_with(&format!("test.toml:{line}:")),
+        "{e}"
+    );
+    let shown = text.lines().nth(line - 1).unwrap();
+    assert!(
+        e.message.contains(key) || shown.contains(key),
+        "`{key}`: {e}"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn an_unknown_key_is_an_error_at_its_line(at in 0usize..1000, name in "[a-z]{3,8}_[a-z]{2,5}") {
+        let lines = key_lines(RICH);
+        let (i, _) = &lines[at % lines.len()];
+        let mut edited: Vec<&str> = RICH.lines().collect();
+        let added = format!("{name} = 1");
+        edited.insert(i + 1, &added);
+        check_error(&(edited.join("\n") + "\n"), i + 2, &name);
+    }
+
+    #[test]
+    fn a_wrong_type_is_an_error_at_its_line(at in 0usize..1000, value in proptest::prop_oneof![
+        proptest::prelude::Just("\"text\"".to_owned()),
+        proptest::prelude::Just("[1, 2]".to_owned()),
+        proptest::prelude::Just("{ x = 1 }".to_owned()),
+    ]) {
+        let lines = key_lines(RICH);
+        let (i, key) = &lines[at % lines.len()];
+        let shown = RICH.lines().nth(*i).unwrap();
+        // `name`, `keyed_by` and text keys take a string; `[sweep]` takes arrays.
+        proptest::prop_assume!(!(shown.contains('"') && value.starts_with('"')));
+        proptest::prop_assume!(!(key == "open_s" && *i == RICH.lines().position(|l| l == "open_s = [5, 10]").unwrap()));
+        let edited: Vec<String> = RICH
+            .lines()
+            .enumerate()
+            .map(|(j, l)| if j == *i { format!("{key} = {value}") } else { l.to_owned() })
+            .collect();
+        check_error(&(edited.join("\n") + "\n"), i + 1, key);
+    }
+
+    #[test]
+    fn a_negative_time_is_an_error_at_its_line(at in 0usize..1000, x in 0.001f64..1e6) {
+        let lines: Vec<(usize, String)> = key_lines(RICH)
+            .into_iter()
+            .filter(|(_, k)| k.ends_with("_s") || k.ends_with("_ms"))
+            .collect();
+        let (i, key) = &lines[at % lines.len()];
+        let edited: Vec<String> = RICH
+            .lines()
+            .enumerate()
+            .map(|(j, l)| if j == *i { format!("{key} = -{x}") } else { l.to_owned() })
+            .collect();
+        check_error(&(edited.join("\n") + "\n"), i + 1, key);
+    }
+
+    #[test]
+    fn shares_that_do_not_add_up_to_one_are_an_error_at_their_line(
+        at in 0usize..1000,
+        by in proptest::prop_oneof![-0.4f64..-0.01, 0.01f64..0.4],
+    ) {
+        // Every `p = ` in the text: of a response or of the traffic.
+        let spots: Vec<(usize, usize)> = RICH
+            .lines()
+            .enumerate()
+            .flat_map(|(i, l)| l.match_indices(" p = ").map(move |(at, _)| (i, at + 1)))
+            .collect();
+        let (i, col) = spots[at % spots.len()];
+        let line = RICH.lines().nth(i).unwrap();
+        let rest = &line[col + 4..];
+        let end = rest.find([',', ' ']).unwrap();
+        let p: f64 = rest[..end].parse().unwrap();
+        let q = (p + by).clamp(0.0, 1.0);
+        proptest::prop_assume!((q - p).abs() > 1e-6);
+        let edited_line = format!("{}p = {q}{}", &line[..col], &rest[end..]);
+        let edited: Vec<&str> = RICH
+            .lines()
+            .enumerate()
+            .map(|(j, l)| if j == i { edited_line.as_str() } else { l })
+            .collect();
+        let key = if line.starts_with("traffic") { "traffic" } else { "responses" };
+        check_error(&(edited.join("\n") + "\n"), i + 1, key);
     }
 }

@@ -25,6 +25,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::timeout::{Timeout, TimeoutLayer};
@@ -32,15 +33,17 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::failover::Failover;
 use tower_circuit_breaker::health::HealthProbe;
+use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 use tower_circuit_breaker::retry::RetryPolicy;
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::{
-    BoxError, Breaker, Builder, CircuitBreaker, CircuitOpen, State, Transition,
+    BoxError, Breaker, Build, Builder, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, State,
+    Transition,
 };
 
 use crate::figures::{Figures, Recovery};
 pub use crate::scenario::StackKind;
-use crate::scenario::{Kind, Scenario, WindowConfig};
+use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig};
 
 /// Buckets of a time window (`window_s`).
 pub const TIME_BUCKETS: u32 = 20;
@@ -62,6 +65,8 @@ pub struct Replay {
     pub upstreams: Vec<String>,
     /// Arrival times, the same for every stack.
     pub arrivals_s: Vec<f64>,
+    /// Who sent the requests: a model, or a model and an API key.
+    pub classes: Vec<String>,
     /// The scenario replayed.
     pub setup: Arc<Scenario>,
     pub stacks: Vec<StackRun>,
@@ -83,11 +88,15 @@ pub struct StackRun {
     pub all: Figures,
     /// The requests that arrived during the outage.
     pub outage: Option<Figures>,
+    /// Per class of traffic, when there is more than one.
+    pub by_class: Vec<Figures>,
     /// Per upstream the stack calls.
     pub recovery: Vec<Recovery>,
     pub transitions: Vec<TransitionRecord>,
     /// Every upstream attempt, in the order they started.
     pub attempt_log: Vec<AttemptRecord>,
+    /// Every request, in the order they arrived.
+    pub requests: Vec<RequestRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +120,9 @@ pub struct AttemptRecord {
     pub cost_usd: f64,
     /// Whether its answer reached the user.
     pub answered: bool,
+    /// Whether the upstream started on it (not still queued when it was
+    /// given up).
+    pub served: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,6 +134,13 @@ pub struct RequestRecord {
     /// To the response head (a stream's first token), or to the error.
     pub first_byte_s: f64,
     pub fate: Fate,
+    /// Which of the replay's `classes` sent it.
+    pub class: usize,
+    /// Its answer, or its last attempt's, was a 429.
+    pub rate_limited: bool,
+    /// Its user gave up waiting (a failure for the user, counted in
+    /// `failed`).
+    pub cancelled: bool,
 }
 
 /// How one request ended for its user.
@@ -139,13 +158,98 @@ pub enum Fate {
 /// Replays every stack of the scenario, in parallel threads (one paused
 /// runtime each).
 pub fn replay(scenario: &Scenario) -> Result<Replay, String> {
-    replay_stacks(scenario, StackKind::for_upstreams(scenario.upstreams.len()))
+    replay_stacks(scenario, &scenario.stacks())
+}
+
+/// One request as it arrives: when, to which upstream, with which breaker
+/// key, from which class of traffic.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub at: Duration,
+    pub upstream: usize,
+    pub key: Arc<str>,
+    pub class: usize,
+}
+
+/// The requests of a scenario, the same for every stack, and the names of
+/// the classes of traffic that send them.
+pub fn requests(scenario: &Scenario) -> (Vec<Arrival>, Vec<String>) {
+    let primary = &scenario.upstreams[0].name;
+    let mut times: Vec<(Duration, Option<usize>)> =
+        arrivals(scenario).into_iter().map(|t| (t, None)).collect();
+    let mut classes: Vec<(usize, Option<String>)> = scenario
+        .traffic
+        .iter()
+        .map(|t| (t.upstream, t.api_key.clone()))
+        .collect();
+    if classes.is_empty() {
+        classes.push((0, None));
+    }
+    for b in &scenario.bursts {
+        let class = b.source.clone().map(|source| {
+            classes
+                .iter()
+                .position(|c| *c == source)
+                .unwrap_or_else(|| {
+                    classes.push(source);
+                    classes.len() - 1
+                })
+        });
+        for k in 0..b.requests {
+            let t = b.at + b.over.mul_f64(f64::from(k) / f64::from(b.requests));
+            times.push((t, class));
+        }
+    }
+    if !scenario.bursts.is_empty() {
+        times.sort_by_key(|&(t, _)| t);
+    }
+    let label = |(upstream, key): &(usize, Option<String>)| {
+        let model = &scenario.upstreams[*upstream].name;
+        key.as_ref()
+            .map_or_else(|| model.clone(), |k| format!("{model}/{k}"))
+    };
+    let labels: Vec<String> = classes.iter().map(label).collect();
+    let breaker_keys: Vec<Arc<str>> = classes
+        .iter()
+        .map(|c| match scenario.breaker.keyed_by {
+            Some(KeyedBy::ModelAndKey) => label(c).into(),
+            _ => scenario.upstreams[c.0].name.as_str().into(),
+        })
+        .collect();
+    let shares: Vec<f64> = scenario.traffic.iter().map(|t| t.p).collect();
+    let arrivals = times
+        .into_iter()
+        .enumerate()
+        .map(|(id, (at, class))| {
+            let class = class.unwrap_or_else(|| {
+                let u = unit(mix(mix(scenario.seed ^ 0x7aff_1c00) ^ id as u64));
+                let mut acc = 0.0;
+                let last = shares.iter().rposition(|&p| p > 0.0).unwrap_or(0);
+                shares
+                    .iter()
+                    .position(|&p| {
+                        acc += p;
+                        p > 0.0 && u < acc
+                    })
+                    .unwrap_or(last)
+            });
+            Arrival {
+                at,
+                upstream: classes[class].0,
+                key: Arc::clone(&breaker_keys[class]),
+                class,
+            }
+        })
+        .collect();
+    let _ = primary;
+    (arrivals, labels)
 }
 
 /// Replays the given stacks.
 pub fn replay_stacks(scenario: &Scenario, kinds: &[StackKind]) -> Result<Replay, String> {
     let scenario = Arc::new(scenario.clone());
-    let arrivals: Arc<[Duration]> = arrivals(&scenario).into();
+    let (arrivals, classes) = requests(&scenario);
+    let arrivals: Arc<[Arrival]> = arrivals.into();
     let runs = std::thread::scope(|scope| {
         let handles: Vec<_> = kinds
             .iter()
@@ -168,7 +272,8 @@ pub fn replay_stacks(scenario: &Scenario, kinds: &[StackKind]) -> Result<Replay,
         seed: scenario.seed,
         duration_s: scenario.duration.as_secs_f64(),
         upstreams: scenario.upstreams.iter().map(|u| u.name.clone()).collect(),
-        arrivals_s: arrivals.iter().map(Duration::as_secs_f64).collect(),
+        arrivals_s: arrivals.iter().map(|a| a.at.as_secs_f64()).collect(),
+        classes,
         setup: Arc::clone(&scenario),
         stacks: runs,
     })
@@ -177,37 +282,45 @@ pub fn replay_stacks(scenario: &Scenario, kinds: &[StackKind]) -> Result<Replay,
 /// Request arrival times in `[0, duration)`: evenly spaced, or a Poisson
 /// process drawn from the seed.
 pub fn arrivals(scenario: &Scenario) -> Vec<Duration> {
-    let end = scenario.duration.as_secs_f64();
-    let rate = scenario.rate_per_s;
-    let mut out = Vec::with_capacity((end * rate * 1.1) as usize + 16);
-    if scenario.poisson {
-        let mut state = mix(scenario.seed ^ 0x5eed_a771_7a15_0000);
-        let mut t = 0.0;
-        loop {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            t += -(1.0 - unit(mix(state))).ln() / rate;
-            if t >= end {
-                break;
-            }
-            out.push(Duration::from_secs_f64(t));
+    let duration = scenario.duration.as_secs_f64();
+    let mut segments = vec![(0.0, scenario.rate_per_s)];
+    segments.extend(scenario.rates.iter().map(|&(t, r)| (t.as_secs_f64(), r)));
+    let mut out = Vec::with_capacity((duration * scenario.rate_per_s * 1.1) as usize + 16);
+    let mut state = mix(scenario.seed ^ 0x5eed_a771_7a15_0000);
+    for (i, &(from, rate)) in segments.iter().enumerate() {
+        let end = segments.get(i + 1).map_or(duration, |s| s.0);
+        if rate <= 0.0 {
+            continue;
         }
-    } else {
-        for i in 0u64.. {
-            let t = i as f64 / rate;
-            if t >= end {
-                break;
+        if scenario.poisson {
+            // Memoryless: a new rate starts a new process at its start.
+            let mut t = from;
+            loop {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                t += -(1.0 - unit(mix(state))).ln() / rate;
+                if t >= end {
+                    break;
+                }
+                out.push(Duration::from_secs_f64(t));
             }
-            out.push(Duration::from_secs_f64(t));
+        } else {
+            for i in 0u64.. {
+                let t = from + i as f64 / rate;
+                if t >= end {
+                    break;
+                }
+                out.push(Duration::from_secs_f64(t));
+            }
         }
     }
     out
 }
 
-pub type TransitionLog = Arc<Mutex<Vec<(Instant, usize, State)>>>;
+pub type TransitionLog = Arc<Mutex<Vec<(Instant, Arc<str>, State)>>>;
 
 fn run_stack(
     scenario: Arc<Scenario>,
-    arrivals: Arc<[Duration]>,
+    arrivals: Arc<[Arrival]>,
     kind: StackKind,
 ) -> Result<StackRun, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -216,14 +329,36 @@ fn run_stack(
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     runtime.block_on(async move {
-        let sim = Arc::new(Sim::new(Arc::clone(&scenario), arrivals.len()));
+        let sim = Arc::new(Sim::new(Arc::clone(&scenario), &arrivals));
         let log = TransitionLog::default();
-        let requests = match kind {
-            StackKind::NoBreaker => drive(no_breaker(&sim), &sim, &arrivals).await?,
-            StackKind::Breaker => drive(breaker(&sim, &log)?, &sim, &arrivals).await?,
-            StackKind::NaiveFailover => drive(naive_failover(&sim), &sim, &arrivals).await?,
-            StackKind::Failover => drive(failover(&sim, &log)?, &sim, &arrivals).await?,
+        let replicas = if kind.independent() {
+            scenario.replicas
+        } else {
+            1
         };
+        // One stack per replica, each with breakers of its own.
+        let keyed = scenario.breaker.keyed_by.is_some();
+        let requests = match kind {
+            StackKind::NoBreaker => drive(vec![no_breaker(&sim)], &sim, &arrivals).await?,
+            StackKind::Breaker | StackKind::BreakerIndependent if keyed => {
+                let stacks: Result<Vec<_>, String> = (0..replicas)
+                    .map(|r| keyed_breaker(&sim, &log, r))
+                    .collect();
+                drive(stacks?, &sim, &arrivals).await?
+            }
+            StackKind::Breaker | StackKind::BreakerIndependent | StackKind::GlobalBreaker => {
+                let stacks: Result<Vec<_>, String> =
+                    (0..replicas).map(|r| breaker(&sim, &log, r)).collect();
+                drive(stacks?, &sim, &arrivals).await?
+            }
+            StackKind::NaiveFailover => drive(vec![naive_failover(&sim)], &sim, &arrivals).await?,
+            StackKind::Failover | StackKind::FailoverIndependent => {
+                let stacks: Result<Vec<_>, String> =
+                    (0..replicas).map(|r| failover(&sim, &log, r)).collect();
+                drive(stacks?, &sim, &arrivals).await?
+            }
+        };
+
         Ok(summarize(kind, &sim, requests, &log))
     })
 }
@@ -239,18 +374,36 @@ fn client(sim: &Arc<Sim>) -> SimClient {
 /// other (the faithful probe: a completion), under the request id after the
 /// last user request, classified like real calls.
 fn spawn_health_probe(sim: &Arc<Sim>, i: usize, breaker: &Breaker) {
-    let Some(interval) = sim.scenario.breaker.health_probe_interval else {
+    let Some(interval) = sim.scenario.breaker_for(i).health_probe_interval else {
         return;
     };
-    let probe_id = (lock(&sim.state).tries.len() / sim.scenario.upstreams.len() - 1) as u64;
+    let probe_id = sim.probe_id();
     let model = sim.scenario.upstreams[i].name.clone();
     let prober = HealthProbe::builder(interval)
         .seed(mix(sim.scenario.seed ^ 0x4ea1 ^ i as u64))
         .build(client(sim), LlmClassifier::new(), move |_: &Breaker| {
-            chat_request(probe_id, &model)
+            chat_request(probe_id, &model, &model)
         })
         .expect("a positive interval");
     tokio::spawn(prober.run(breaker.clone()));
+}
+
+/// The same for a keyed set: one prober for every key that is not closed,
+/// asking the key's model.
+fn spawn_keyed_health_probe(sim: &Arc<Sim>, set: &KeyedBreakers) {
+    let Some(interval) = sim.scenario.breaker.health_probe_interval else {
+        return;
+    };
+    let probe_id = sim.probe_id();
+    let prober = HealthProbe::builder(interval)
+        .seed(mix(sim.scenario.seed ^ 0x4ea1))
+        .build(client(sim), LlmClassifier::new(), move |b: &Breaker| {
+            let key = b.name().unwrap_or_default();
+            let model = key.split('/').next().unwrap_or(key);
+            chat_request(probe_id, model, key)
+        })
+        .expect("a positive interval");
+    tokio::spawn(prober.run_keyed(set.clone()));
 }
 
 fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
@@ -270,16 +423,41 @@ fn retry_after_cap(scenario: &Scenario) -> Duration {
     }
 }
 
-/// The scenario's breaker configuration for upstream `i`.
-pub fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Builder<Breaker> {
-    let b = &scenario.breaker;
-    let mut builder = Breaker::builder()
-        .name(scenario.upstreams[i].name.as_str())
+/// Replica `r`'s name suffix: none for the first.
+fn replica_suffix(r: u32) -> String {
+    if r == 0 {
+        String::new()
+    } else {
+        format!("#{}", r + 1)
+    }
+}
+
+/// The scenario's breaker configuration for upstream `i` in replica `r`.
+pub fn breaker_builder(
+    scenario: &Scenario,
+    i: usize,
+    r: u32,
+    log: &TransitionLog,
+) -> Builder<Breaker> {
+    let label: Arc<str> = format!("{}{}", scenario.upstreams[i].name, replica_suffix(r)).into();
+    let seed = mix(scenario.seed ^ (i as u64 + 1)).wrapping_add(u64::from(r) << 32);
+    let builder = configure(Breaker::builder(), scenario.breaker_for(i))
+        .name(&*label)
+        .seed(seed);
+    let log = Arc::clone(log);
+    builder.on_transition(move |t: &Transition| lock(&log).push((t.at, Arc::clone(&label), t.to)))
+}
+
+/// Breaker settings on any builder (one breaker, or a keyed set).
+fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
+    let mut builder = builder
         .open_duration(b.open)
         .max_open_duration(b.open_max)
         .probes(b.probes)
-        .close_after(b.close_after)
-        .seed(mix(scenario.seed ^ (i as u64 + 1)));
+        .close_after(b.close_after);
+    if let Some((limit, period)) = b.volume_guard {
+        builder = builder.volume_guard(limit, period);
+    }
     if let Some(timeout) = b.probe_timeout {
         builder = builder.probe_timeout(timeout);
     }
@@ -300,8 +478,7 @@ pub fn breaker_builder(scenario: &Scenario, i: usize, log: &TransitionLog) -> Bu
     if let Some((threshold, rate)) = b.slow_call {
         builder = builder.slow_call(threshold, rate);
     }
-    let log = Arc::clone(log);
-    builder.on_transition(move |t: &Transition| lock(&log).push((t.at, i, t.to)))
+    builder
 }
 
 fn no_breaker(
@@ -321,6 +498,7 @@ fn no_breaker(
 fn breaker(
     sim: &Arc<Sim>,
     log: &TransitionLog,
+    replica: u32,
 ) -> Result<
     impl Service<
             Request<String>,
@@ -336,7 +514,7 @@ fn breaker(
     let c = &scenario.client;
     let mut builder = Stack::builder()
         .attempt_timeout(c.attempt_timeout)
-        .breaker(breaker_builder(scenario, 0, log))
+        .breaker(breaker_builder(scenario, 0, replica, log))
         .max_retries(c.max_retries)
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
@@ -350,6 +528,59 @@ fn breaker(
         .map_err(|e| format!("the breaker stack does not accept this scenario: {e}"))?;
     spawn_health_probe(sim, 0, layer.breaker());
     Ok(layer.layer(client(sim)))
+}
+
+/// The breaker stack with keyed breakers: one per model (or model and API
+/// key), each upstream's own settings for its keys.
+fn keyed_breaker(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+) -> Result<
+    impl Service<
+            Request<String>,
+            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    String,
+> {
+    let scenario = &sim.scenario;
+    let c = &scenario.client;
+    let suffix = replica_suffix(replica);
+    let listener_log = Arc::clone(log);
+    let mut builder = configure(KeyedBreakers::builder(), &scenario.breaker)
+        .seed(mix(scenario.seed ^ 1).wrapping_add(u64::from(replica) << 32))
+        .on_transition(move |t: &Transition| {
+            let key = t.key.as_deref().unwrap_or("(unkeyed)");
+            lock(&listener_log).push((t.at, format!("{key}{suffix}").into(), t.to));
+        });
+    for (key, upstream) in &sim.keys {
+        if scenario.upstreams[*upstream].breaker.is_some() {
+            let config = scenario.breaker_for(*upstream).clone();
+            builder = builder.override_key(key, move |b| configure(b, &config));
+        }
+    }
+    let set = builder
+        .build()
+        .map_err(|e| format!("the keyed breakers do not accept this scenario: {e}"))?;
+    spawn_keyed_health_probe(sim, &set);
+    // No breaker to watch: a backoff ends when every watched breaker is
+    // open, and a request's retry waits on its own key only; the retry
+    // after it is rejected at once.
+    let policy = retry_policy(scenario);
+    Ok(ServiceBuilder::new()
+        .option_layer(c.total_timeout.map(TimeoutLayer::new))
+        .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
+        .layer(RetryLayer::new(policy))
+        .layer(
+            CircuitBreakerLayer::keyed(set, keyed::header(BREAKER_KEY))
+                .with_classifier(LlmClassifier::new()),
+        )
+        .layer(TimeoutLayer::new(c.attempt_timeout))
+        .service(client(sim)))
 }
 
 fn naive_failover(
@@ -379,6 +610,7 @@ fn naive_failover(
 fn failover(
     sim: &Arc<Sim>,
     log: &TransitionLog,
+    replica: u32,
 ) -> Result<
     impl Service<
             Request<String>,
@@ -395,7 +627,7 @@ fn failover(
     let mut policy = retry_policy(scenario);
     let mut routes = Vec::new();
     for i in 0..scenario.upstreams.len() {
-        let breaker = breaker_builder(scenario, i, log)
+        let breaker = breaker_builder(scenario, i, replica, log)
             .build()
             .map_err(|e| format!("the breaker does not accept this scenario: {e}"))?;
         policy = policy.watch_breaker(breaker.clone());
@@ -429,9 +661,9 @@ fn failover(
 // === driving requests ===
 
 async fn drive<S, B>(
-    svc: S,
+    stacks: Vec<S>,
     sim: &Arc<Sim>,
-    arrivals: &[Duration],
+    arrivals: &[Arrival],
 ) -> Result<Vec<RequestRecord>, String>
 where
     S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
@@ -441,43 +673,70 @@ where
     B::Data: Send,
 {
     let start = sim.start;
-    let primary = sim.scenario.upstreams[0].name.clone();
+    let scenario = &sim.scenario;
     let mut tasks = Vec::with_capacity(arrivals.len());
-    for (id, &at) in arrivals.iter().enumerate() {
-        tokio::time::sleep_until(start + at).await;
+    for (id, arrival) in arrivals.iter().enumerate() {
+        tokio::time::sleep_until(start + arrival.at).await;
         // The timer wheel wakes on whole milliseconds; a request arrives when
         // the driver actually sends it.
         let arrived = Instant::now();
-        let svc = svc.clone();
+        // Each replica serves every n-th request.
+        let svc = stacks[id % stacks.len()].clone();
         let sim = Arc::clone(sim);
-        let request = chat_request(id as u64, &primary);
+        let request = chat_request(
+            id as u64,
+            &scenario.upstreams[arrival.upstream].name,
+            &arrival.key,
+        );
+        let class = arrival.class;
+        let patience = scenario.client.cancel.and_then(|(p, after)| {
+            let u = unit(mix(mix(scenario.seed ^ 0xca9c_e100) ^ id as u64));
+            (u < p).then_some(after)
+        });
         tasks.push(tokio::spawn(async move {
-            let (fate, head) = match svc.oneshot(request).await {
-                Ok(response) => {
-                    let head = Instant::now();
-                    let ok = response.status().is_success();
-                    let body = response.into_body().collect().await.map(|b| b.to_bytes());
-                    match body {
-                        Ok(body) if ok && !contains(&body, b"event: error") => {
-                            (Fate::Succeeded, head)
+            let call = async {
+                match svc.oneshot(request).await {
+                    Ok(response) => {
+                        let head = Instant::now();
+                        let ok = response.status().is_success();
+                        let limited = response.status() == StatusCode::TOO_MANY_REQUESTS;
+                        let body = response.into_body().collect().await.map(|b| b.to_bytes());
+                        match body {
+                            Ok(body) if ok && !contains(&body, b"event: error") => {
+                                (Fate::Succeeded, head, false)
+                            }
+                            _ => (Fate::Failed, head, limited),
                         }
-                        _ => (Fate::Failed, head),
+                    }
+                    Err(error) => {
+                        let error: BoxError = error.into();
+                        if error.downcast_ref::<CircuitOpen>().is_some() && sim.tries_of(id) == 0 {
+                            (Fate::Rejected, Instant::now(), false)
+                        } else {
+                            (Fate::Failed, Instant::now(), false)
+                        }
                     }
                 }
-                Err(error) => {
-                    let error: BoxError = error.into();
-                    if error.downcast_ref::<CircuitOpen>().is_some() && sim.tries_of(id) == 0 {
-                        (Fate::Rejected, Instant::now())
-                    } else {
-                        (Fate::Failed, Instant::now())
-                    }
+            };
+            // A user who gives up drops the call (and its body).
+            let (fate, head, rate_limited, cancelled) = match patience {
+                None => {
+                    let (f, h, l) = call.await;
+                    (f, h, l, false)
                 }
+                Some(after) => match tokio::time::timeout(after, call).await {
+                    Ok((f, h, l)) => (f, h, l, false),
+                    Err(_) => (Fate::Failed, Instant::now(), false, true),
+                },
             };
             RequestRecord {
                 arrival_s: (arrived - sim.start).as_secs_f64(),
                 wait_s: (Instant::now() - arrived).as_secs_f64(),
                 first_byte_s: (head - arrived).as_secs_f64(),
                 fate,
+                class,
+                rate_limited,
+                cancelled,
             }
         }));
     }
@@ -499,7 +758,7 @@ fn summarize(
 ) -> StackRun {
     let scenario = &sim.scenario;
     let upstreams = &scenario.upstreams;
-    let reachable = if kind.uses_fallbacks() {
+    let reachable = if kind.uses_fallbacks() || scenario.has_mix() {
         upstreams.len()
     } else {
         1
@@ -513,7 +772,13 @@ fn summarize(
     // got came from the request's last attempt.
     let mut last = vec![None; requests.len()];
     for (i, a) in attempts.iter_mut().enumerate() {
-        let generated = scenario.billing.generated(a.kind, a.ran);
+        // An attempt that waited in a queue and never started generates
+        // nothing.
+        let generated = if a.served {
+            scenario.billing.generated(a.kind, a.ran)
+        } else {
+            0.0
+        };
         a.cost_usd = upstreams[a.upstream].cost.billed(generated);
         if let Some(slot) = last.get_mut(a.request) {
             *slot = Some(i);
@@ -526,14 +791,26 @@ fn summarize(
     }
     let transitions: Vec<TransitionRecord> = lock(log)
         .iter()
-        .map(|&(at, i, to)| TransitionRecord {
-            t_s: (at - sim.start).as_secs_f64(),
-            upstream: upstreams[i].name.clone(),
+        .map(|(at, label, to)| TransitionRecord {
+            t_s: (*at - sim.start).as_secs_f64(),
+            upstream: label.to_string(),
             to: to.as_str(),
         })
         .collect();
     let figures = |window| Figures::of(&names, &requests, &attempts, window);
+    let classes = requests.iter().map(|r| r.class + 1).max().unwrap_or(0);
     StackRun {
+        by_class: if classes > 1 {
+            (0..classes)
+                .map(|c| {
+                    let all = (0.0, f64::INFINITY);
+                    Figures::of_class(&names, &requests, &attempts, all, Some(c))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        requests: requests.clone(),
         name: kind.name(),
         all: figures((0.0, f64::INFINITY)),
         outage: scenario
@@ -554,27 +831,56 @@ struct Sim {
     scenario: Arc<Scenario>,
     start: Instant,
     state: Mutex<SimState>,
+    /// Per upstream with a capacity: its service slots.
+    slots: Vec<Option<Arc<Semaphore>>>,
+    /// Every breaker key of the traffic, with its upstream.
+    keys: Vec<(String, usize)>,
 }
 
 struct SimState {
     /// Attempts so far, per request and upstream.
     tries: Vec<u32>,
     log: Vec<AttemptRecord>,
+    /// Attempts waiting for a slot, per upstream.
+    waiting: Vec<u32>,
 }
 
 impl Sim {
-    fn new(scenario: Arc<Scenario>, requests: usize) -> Self {
+    fn new(scenario: Arc<Scenario>, arrivals: &[Arrival]) -> Self {
+        let requests = arrivals.len();
         // One more request id for the health probes: each probe is that
         // request's next attempt, drawn like any other.
-        let slots = (requests + 1) * scenario.upstreams.len();
+        let tries = (requests + 1) * scenario.upstreams.len();
+        let slots = scenario
+            .upstreams
+            .iter()
+            .map(|u| {
+                u.capacity
+                    .map(|c| Arc::new(Semaphore::new(c.concurrent as usize)))
+            })
+            .collect();
+        let mut keys: Vec<(String, usize)> = Vec::new();
+        for a in arrivals {
+            if !keys.iter().any(|(k, _)| **k == *a.key) {
+                keys.push((a.key.to_string(), a.upstream));
+            }
+        }
         Sim {
-            scenario,
             start: Instant::now(),
             state: Mutex::new(SimState {
-                tries: vec![0; slots],
+                tries: vec![0; tries],
                 log: Vec::with_capacity(requests * 2),
+                waiting: vec![0; scenario.upstreams.len()],
             }),
+            slots,
+            keys,
+            scenario,
         }
+    }
+
+    /// The request id of the health probes: the one after the last request.
+    fn probe_id(&self) -> u64 {
+        (self.state().tries.len() / self.scenario.upstreams.len() - 1) as u64
     }
 
     fn state(&self) -> MutexGuard<'_, SimState> {
@@ -583,16 +889,24 @@ impl Sim {
 
     /// Starts attempt n of `request` on `upstream`: decides what the upstream
     /// does with it and logs it.
-    fn begin(&self, upstream: usize, request: usize) -> (Kind, usize) {
+    fn begin(&self, upstream: usize, request: usize, over: Option<Kind>) -> (Kind, usize) {
         let now = Instant::now() - self.start;
         let scenario = &self.scenario;
         let mut state = self.state();
         let slot = request * scenario.upstreams.len() + upstream;
         let n = state.tries[slot];
         state.tries[slot] += 1;
-        let u = draw(scenario.seed, upstream, request, n);
-        let kind = scenario.upstreams[upstream].phase_at(now).pick(u);
+        let kind = over.unwrap_or_else(|| {
+            let u = draw(scenario.seed, upstream, request, n);
+            // The latency's draws: independent of the response's.
+            let v = draw(scenario.seed ^ 0x1a7e_0001, upstream, request, n);
+            let w = draw(scenario.seed ^ 0x1a7e_0002, upstream, request, n);
+            scenario.upstreams[upstream]
+                .phase_at(now)
+                .draw(now, u, v, w)
+        });
         state.log.push(AttemptRecord {
+            served: false,
             t_s: now.as_secs_f64(),
             upstream,
             request,
@@ -646,15 +960,57 @@ impl Service<Request<String>> for SimClient {
                 Ok(json(StatusCode::NOT_FOUND, r#"{"error":"unknown model"}"#))
             });
         };
-        let (kind, attempt) = sim.begin(upstream, id);
-        let ran = Ran {
-            sim: Arc::clone(sim),
-            attempt,
-            since: Instant::now(),
+        let capacity = sim.scenario.upstreams[upstream].capacity;
+        let slots = sim.slots[upstream].clone();
+        let (Some(capacity), Some(slots)) = (capacity, slots) else {
+            let (kind, attempt) = sim.begin(upstream, id, None);
+            let ran = Ran::start(sim, attempt);
+            return Box::pin(async move {
+                let _ran = ran;
+                answer(kind).await
+            });
         };
+        // Over capacity: wait for a slot while the queue has room, else a
+        // 429 at once.
+        let permit = Arc::clone(&slots).try_acquire_owned().ok();
+        let queued = permit.is_none() && {
+            let mut state = sim.state();
+            let room = state.waiting[upstream] < capacity.queue;
+            if room {
+                state.waiting[upstream] += 1;
+            }
+            room
+        };
+        if permit.is_none() && !queued {
+            let limited = Kind::Status {
+                code: 429,
+                latency: Duration::ZERO,
+                retry_after: capacity.retry_after,
+            };
+            let (kind, attempt) = sim.begin(upstream, id, Some(limited));
+            let ran = Ran::start(sim, attempt);
+            return Box::pin(async move {
+                let _ran = ran;
+                answer(kind).await
+            });
+        }
+        let (kind, attempt) = sim.begin(upstream, id, None);
+        let sim = Arc::clone(sim);
         Box::pin(async move {
-            let _ran = ran;
-            answer(kind).await
+            let permit = match permit {
+                Some(p) => p,
+                None => {
+                    let _left = Waiting {
+                        sim: &sim,
+                        upstream,
+                    };
+                    slots.acquire_owned().await.expect("never closed")
+                }
+            };
+            let _ran = Ran::start(&sim, attempt);
+            let answer = answer(kind).await;
+            drop(permit);
+            answer
         })
     }
 }
@@ -665,6 +1021,29 @@ struct Ran {
     sim: Arc<Sim>,
     attempt: usize,
     since: Instant,
+}
+
+impl Ran {
+    fn start(sim: &Arc<Sim>, attempt: usize) -> Ran {
+        sim.state().log[attempt].served = true;
+        Ran {
+            sim: Arc::clone(sim),
+            attempt,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// An attempt in an upstream's queue, until it gets a slot or is given up.
+struct Waiting<'a> {
+    sim: &'a Sim,
+    upstream: usize,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.sim.state().waiting[self.upstream] -= 1;
+    }
 }
 
 impl Drop for Ran {
@@ -758,9 +1137,16 @@ fn json(status: StatusCode, body: &'static str) -> Response<SimBody> {
     response
 }
 
-/// A chat completion request for `model`, numbered `id`.
-fn chat_request(id: u64, model: &str) -> Request<String> {
+/// The header that carries a request's breaker key.
+const BREAKER_KEY: &str = "x-breaker-key";
+
+/// A chat completion request for `model`, numbered `id`, with its breaker
+/// key.
+fn chat_request(id: u64, model: &str, key: &str) -> Request<String> {
     let mut request = Request::new(chat_body(model));
+    if let Ok(key) = HeaderValue::from_str(key) {
+        request.headers_mut().insert(BREAKER_KEY, key);
+    }
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = http::Uri::from_static("http://llm.invalid/v1/chat/completions");
     request

@@ -54,6 +54,10 @@ pub struct Figures {
     pub cost_usd: f64,
     /// Spent on attempts whose answer the user did not get.
     pub wasted_cost_usd: f64,
+    /// Users who gave up (counted in `failed`).
+    pub cancelled: u64,
+    /// Requests whose answer was a 429 (counted in `failed`).
+    pub rate_limited: u64,
 }
 
 impl Figures {
@@ -61,9 +65,22 @@ impl Figures {
         upstreams: &[String],
         requests: &[RequestRecord],
         attempts: &[AttemptRecord],
-        (from_s, to_s): (f64, f64),
+        window: (f64, f64),
     ) -> Figures {
-        let inside = |r: &RequestRecord| r.arrival_s >= from_s && r.arrival_s < to_s;
+        Figures::of_class(upstreams, requests, attempts, window, None)
+    }
+
+    /// The same for the requests of one class of traffic (`None`: all).
+    pub fn of_class(
+        upstreams: &[String],
+        requests: &[RequestRecord],
+        attempts: &[AttemptRecord],
+        (from_s, to_s): (f64, f64),
+        class: Option<usize>,
+    ) -> Figures {
+        let inside = |r: &RequestRecord| {
+            r.arrival_s >= from_s && r.arrival_s < to_s && class.is_none_or(|c| r.class == c)
+        };
         let chosen: Vec<&RequestRecord> = requests.iter().filter(|r| inside(r)).collect();
         let count = |f: Fate| chosen.iter().filter(|r| r.fate == f).count() as u64;
         let answered = || chosen.iter().filter(|r| r.fate == Fate::Succeeded);
@@ -72,7 +89,7 @@ impl Figures {
             .iter()
             .filter(|a| match requests.get(a.request) {
                 Some(r) => inside(r),
-                None => a.t_s >= from_s && a.t_s < to_s,
+                None => class.is_none() && a.t_s >= from_s && a.t_s < to_s,
             })
             .collect();
         let n = chosen.len() as u64;
@@ -104,6 +121,8 @@ impl Figures {
                 .iter()
                 .filter(|a| !a.answered)
                 .fold(0.0, |sum, a| sum + a.cost_usd),
+            cancelled: chosen.iter().filter(|r| r.cancelled).count() as u64,
+            rate_limited: chosen.iter().filter(|r| r.rate_limited).count() as u64,
         }
     }
 
@@ -145,12 +164,46 @@ pub struct Recovery {
 }
 
 impl Recovery {
+    /// With several breakers for the upstream (one per key or per
+    /// replica): the first trip and the last to close for good.
     pub fn of(scenario: &Scenario, upstream: usize, transitions: &[TransitionRecord]) -> Recovery {
+        let u = &scenario.upstreams[upstream];
+        let mut labels: Vec<&str> = Vec::new();
+        for t in transitions.iter().filter(|t| belongs(&t.upstream, &u.name)) {
+            if !labels.contains(&t.upstream.as_str()) {
+                labels.push(&t.upstream);
+            }
+        }
+        if labels.len() <= 1 {
+            return Recovery::of_one(scenario, upstream, transitions, labels.first().copied());
+        }
+        let each: Vec<Recovery> = labels
+            .iter()
+            .map(|l| Recovery::of_one(scenario, upstream, transitions, Some(l)))
+            .collect();
+        let lags: Option<Vec<f64>> = each.iter().map(|r| r.recovery_lag_s).collect();
+        Recovery {
+            upstream: u.name.clone(),
+            healed_at_s: each[0].healed_at_s,
+            recovery_lag_s: lags.map(|l| l.into_iter().fold(0.0, f64::max)),
+            time_to_trip_s: each
+                .iter()
+                .filter_map(|r| r.time_to_trip_s)
+                .reduce(f64::min),
+        }
+    }
+
+    fn of_one(
+        scenario: &Scenario,
+        upstream: usize,
+        transitions: &[TransitionRecord],
+        label: Option<&str>,
+    ) -> Recovery {
         let u = &scenario.upstreams[upstream];
         let within = scenario.answer_within();
         let mine: Vec<&TransitionRecord> = transitions
             .iter()
-            .filter(|t| t.upstream == u.name)
+            .filter(|t| Some(t.upstream.as_str()) == label)
             .collect();
         let healed_at_s = u.healed_at(within).map(|d| d.as_secs_f64());
         // Closed for good: the last change after the heal is a close, or
@@ -174,5 +227,14 @@ impl Recovery {
             recovery_lag_s,
             time_to_trip_s,
         }
+    }
+}
+
+/// Whether a breaker labelled `label` guards upstream `name`: its own, a
+/// key of its model (`name/api-key`) or a replica's (`name#2`).
+pub fn belongs(label: &str, name: &str) -> bool {
+    match label.strip_prefix(name) {
+        Some(rest) => rest.is_empty() || rest.starts_with(['/', '#']),
+        None => false,
     }
 }

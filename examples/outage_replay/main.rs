@@ -48,20 +48,34 @@ mod engine;
 mod figures;
 mod report;
 mod scenario;
+mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: outage_replay [--json] [--svg OUT.svg] [SCENARIO.toml]";
+const USAGE: &str = "usage: outage_replay [--json] [--svg OUT.svg] [--sweep [--grid KEY=V1,V2 ...]] [SCENARIO.toml]";
 
 fn main() -> ExitCode {
     let mut json = false;
+    let mut sweep = false;
+    let mut grid = Vec::new();
     let mut svg = None;
     let mut file = None;
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--json") => json = true,
+            Some("--sweep") => sweep = true,
+            Some("--grid") => match args.next().and_then(|a| a.into_string().ok()) {
+                Some(axis) => {
+                    sweep = true;
+                    grid.push(axis);
+                }
+                None => {
+                    eprintln!("error: --grid needs KEY=V1,V2,...\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             Some("--svg") => match args.next() {
                 Some(path) => svg = Some(PathBuf::from(path)),
                 None => {
@@ -98,6 +112,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if sweep {
+        let grid = match scenario::parse_grid(&grid) {
+            Ok(g) => sweep::grid(&scenario, g),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let name = file.display().to_string();
+        return match sweep::run(&text, &name, &grid) {
+            Ok(s) if json => {
+                println!("{}", sweep::json(&s));
+                ExitCode::SUCCESS
+            }
+            Ok(s) => {
+                print!("{}", sweep::table(&s));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let replay = match engine::replay(&scenario) {
         Ok(r) => r,
         Err(e) => {

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::engine::Replay;
-use crate::figures::{Figures, Waits};
+use crate::engine::{Fate, Replay};
+use crate::figures::{belongs, Figures, Waits};
 use crate::scenario::{Figure, Writeup};
 
 // === table ===
@@ -22,9 +22,15 @@ fn secs(x: Option<f64>) -> String {
 }
 
 fn figures_table(out: &mut String, stacks: &[(&str, &Figures)]) {
+    let w = stacks
+        .iter()
+        .map(|(n, _)| n.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
     let _ = writeln!(
         out,
-        "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9} {:>9}  attempts per upstream",
+        "{:<w$} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9} {:>9}  attempts per upstream",
         "stack", "requests", "errors", "answered: mean", "p50", "p99", "ttft p50", "all: mean", "p99",
         "ampl.", "cost $", "wasted $"
     );
@@ -37,7 +43,7 @@ fn figures_table(out: &mut String, stacks: &[(&str, &Figures)]) {
             .join(", ");
         let _ = writeln!(
             out,
-            "{:<15} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9.2} {:>9.2}  {}",
+            "{:<w$} {:>8} {:>7}  {:>14} {:>7} {:>7} {:>8}  {:>9} {:>7}  {:>5} {:>9.2} {:>9.2}  {}",
             name,
             f.requests,
             or_dash(f.user_error_rate, |x| format!("{:.1}%", x * 100.0)),
@@ -96,12 +102,19 @@ pub fn table(replay: &Replay) -> String {
         "recovery (s): healed at, time to trip (from the first failing phase), recovery lag \
          (heal to closed for good; never: not closed at the end); breaker state changes"
     );
+    let w = replay
+        .stacks
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
     for s in &replay.stacks {
         for r in &s.recovery {
             let changes: Vec<String> = s
                 .transitions
                 .iter()
-                .filter(|t| t.upstream == r.upstream)
+                .filter(|t| belongs(&t.upstream, &r.upstream))
                 .map(|t| format!("{} {:.1}", t.to, t.t_s))
                 .collect();
             let shown = if changes.len() > 10 {
@@ -116,7 +129,7 @@ pub fn table(replay: &Replay) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<15} {:<18} healed {:>6}  trip {:>6}  lag {:>6}  {:>3} changes{}{}",
+                "  {:<w$} {:<18} healed {:>6}  trip {:>6}  lag {:>6}  {:>3} changes{}{}",
                 s.name,
                 r.upstream,
                 or_dash(r.healed_at_s, |x| format!("{x:.1}")),
@@ -131,6 +144,9 @@ pub fn table(replay: &Replay) -> String {
             );
         }
     }
+    if replay.classes.len() > 1 {
+        by_class(&mut out, replay);
+    }
     if let Some(w) = &replay.setup.writeup {
         writeup(&mut out, replay, w);
     }
@@ -141,6 +157,44 @@ pub fn table(replay: &Replay) -> String {
         text.push('\n');
         text
     })
+}
+
+/// Per class of traffic (model, or model and API key), every request.
+fn by_class(out: &mut String, replay: &Replay) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "by traffic (model or model/api key), every request: requests, errors, rejected, answered p99, cost"
+    );
+    let w = replay
+        .classes
+        .iter()
+        .map(|c| c.len())
+        .max()
+        .unwrap_or(0)
+        .max(18);
+    let sw = replay
+        .stacks
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
+    for s in &replay.stacks {
+        for (class, f) in replay.classes.iter().zip(&s.by_class) {
+            let _ = writeln!(
+                out,
+                "  {:<sw$} {:<w$} {:>6} {:>7} {:>6} {:>8} {:>9.2}",
+                s.name,
+                class,
+                f.requests,
+                or_dash(f.user_error_rate, |x| format!("{:.1}%", x * 100.0)),
+                f.rejected,
+                secs(f.answered_wait.map(|w| w.p99_s)),
+                f.cost_usd
+            );
+        }
+    }
 }
 
 /// The write-up's own table, its figures beside the replay's for the outage.
@@ -234,6 +288,9 @@ struct JsonStack<'a> {
     outage: Option<JsonOutage<'a>>,
     upstreams: Keyed<'a, JsonRecovery>,
     transitions: Vec<JsonTransition<'a>>,
+    /// Only with more than one class of traffic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    by_key: Option<Keyed<'a, JsonFigures<'a>>>,
 }
 
 #[derive(Serialize)]
@@ -265,6 +322,11 @@ struct JsonFigures<'a> {
     amplification: Option<f64>,
     cost_usd: f64,
     wasted_cost_usd: f64,
+    /// Only when users gave up or were answered 429.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cancelled: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_limited: Option<u64>,
 }
 
 impl<'a> JsonFigures<'a> {
@@ -290,6 +352,8 @@ impl<'a> JsonFigures<'a> {
             amplification: f.amplification.map(micro),
             cost_usd: micro(f.cost_usd),
             wasted_cost_usd: micro(f.wasted_cost_usd),
+            cancelled: (f.cancelled > 0).then_some(f.cancelled),
+            rate_limited: (f.rate_limited > 0).then_some(f.rate_limited),
         }
     }
 }
@@ -359,6 +423,16 @@ pub fn json(replay: &Replay) -> String {
                         })
                         .collect(),
                 ),
+                by_key: (!s.by_class.is_empty()).then(|| {
+                    Keyed(
+                        replay
+                            .classes
+                            .iter()
+                            .zip(&s.by_class)
+                            .map(|(c, f)| (c.as_str(), JsonFigures::of(f)))
+                            .collect(),
+                    )
+                }),
                 transitions: s
                     .transitions
                     .iter()
@@ -377,121 +451,390 @@ pub fn json(replay: &Replay) -> String {
 // === SVG ===
 
 const WIDTH: f64 = 1200.0;
-const LEFT: f64 = 220.0;
-const RIGHT: f64 = 20.0;
-const BINS: usize = 240;
-const ROW: f64 = 46.0;
+const LEFT: f64 = 210.0;
+const RIGHT: f64 = 110.0;
+/// Height of a stack's stacked request bars.
+const BARS: f64 = 56.0;
+/// Height of a stack's wait chart.
+const WAITS: f64 = 36.0;
 const BAND: f64 = 10.0;
 const GAP: f64 = 8.0;
+/// Most breaker state rows drawn per stack (keys, replicas).
+const MAX_BANDS: usize = 8;
+/// A state shorter than this many pixels is drawn this wide.
+const MIN_STATE_PX: f64 = 3.0;
 
-/// A timeline per stack: arrivals, then per upstream its attempts (failed
-/// ones in red) and, for stacks with breakers, the breaker's state.
+pub const OK: &str = "#3b7dd8";
+pub const FAILED: &str = "#d7263d";
+pub const RATE_LIMITED: &str = "#f49d37";
+pub const REJECTED: &str = "#8d8d8d";
+pub const CLOSED: &str = "#b9e4b9";
+pub const OPEN: &str = "#5a2a82";
+pub const HALF_OPEN: &str = "#f2c500";
+pub const HEALTHY: &str = "#dcefdc";
+pub const FAILING: &str = "#7f0000";
+pub const SLOW: &str = "#b07aa1";
+const STACK_COLOURS: [&str; 8] = [
+    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#444444",
+];
+
+/// Where each stack's request bars were drawn (top and bottom y), for
+/// checks on the rendered picture.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    pub width: f64,
+    pub height: f64,
+    pub bars: Vec<(String, f64, f64)>,
+    /// Where the legend starts: everything above it is data.
+    pub legend: f64,
+}
+
+/// The post-mortem figure.
 pub fn svg(replay: &Replay) -> String {
+    svg_with_layout(replay).0
+}
+
+/// What an upstream's phase is, as the figure's ground truth.
+fn truth(
+    phase: &crate::scenario::Phase,
+    within: std::time::Duration,
+) -> (&'static str, &'static str) {
+    use crate::scenario::Kind;
+    let live = || phase.responses.iter().filter(|r| r.p > 0.0);
+    let failing: f64 = live().filter(|r| r.kind.is_failure()).map(|r| r.p).sum();
+    let limited: f64 = live()
+        .filter(|r| matches!(r.kind, Kind::Status { code: 429, .. }))
+        .map(|r| r.p)
+        .sum();
+    if failing > 0.01 + 1e-12 {
+        ("failing", FAILING)
+    } else if !phase.is_healthy(within) {
+        ("slow", SLOW)
+    } else if limited > 0.01 + 1e-12 {
+        ("rate limited", RATE_LIMITED)
+    } else {
+        ("healthy", HEALTHY)
+    }
+}
+
+/// A bin width that reads well: about 200 bins over the run.
+fn bin_width(end: f64) -> f64 {
+    [
+        0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    ]
+    .into_iter()
+    .find(|&w| end / w <= 200.0)
+    .unwrap_or_else(|| (end / 200.0).ceil())
+}
+
+/// The figure and where its rows are: per upstream the ground truth; per
+/// stack its requests by arrival bin, stacked by how they ended, on one
+/// scale for all stacks, the answered p50 and p99 wait per bin, and its
+/// breakers' states; the cumulative cost of every stack.
+pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
+    let setup = &replay.setup;
     let end = replay
         .stacks
         .iter()
-        .flat_map(|s| {
-            s.attempt_log
-                .iter()
-                .map(|a| a.t_s)
-                .chain(s.transitions.iter().map(|t| t.t_s))
-        })
+        .flat_map(|s| s.transitions.iter().map(|t| t.t_s))
         .fold(replay.duration_s, f64::max)
         .max(1.0);
     let plot = WIDTH - LEFT - RIGHT;
     let x = |t: f64| LEFT + plot * (t / end).clamp(0.0, 1.0);
-    let bin_of = |t: f64| ((t / end * BINS as f64) as usize).min(BINS - 1);
-    let bin_w = plot / BINS as f64;
+    let width = bin_width(end);
+    let bins = (end / width).ceil() as usize;
+    let bin_of = |t: f64| ((t / width) as usize).min(bins - 1);
+    let bin_px = plot * width / end;
 
     let mut body = String::new();
-    let mut y = 40.0;
+    let mut layout = Layout {
+        width: WIDTH,
+        height: 0.0,
+        bars: Vec::new(),
+        legend: 0.0,
+    };
     let _ = writeln!(
         body,
-        r##"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">outage replay: {} (seed {}), {} requests</text>"##,
+        r##"<text x="8" y="22" font-size="15" font-weight="bold">outage replay: {} (seed {}), {} requests over {:.0} s</text>"##,
         esc(&replay.scenario),
         replay.seed,
-        replay.arrivals_s.len()
+        replay.arrivals_s.len(),
+        replay.duration_s
     );
+    let _ = writeln!(
+        body,
+        r##"<text x="8" y="40" font-size="11" fill="#444">bin width {} s; requests by arrival bin, by how they ended (one scale for every stack); answered wait p50 and p99 of the requests that arrived in the bin</text>"##,
+        fmt_num(width)
+    );
+    let mut y = 56.0;
 
-    // Arrivals, the same for every stack.
-    let mut arrivals = vec![0u64; BINS];
+    // Ground truth, the same for every stack.
+    let within = setup.answer_within();
+    let _ = writeln!(
+        body,
+        r##"<text x="8" y="{:.1}" font-size="12" font-weight="bold">ground truth</text>"##,
+        y + 9.0
+    );
+    for u in &setup.upstreams {
+        let label = match u.capacity {
+            Some(c) => format!("{} (capacity {} + queue {})", u.name, c.concurrent, c.queue),
+            None => u.name.clone(),
+        };
+        let _ = writeln!(
+            body,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{}</text>"##,
+            LEFT - 6.0,
+            y + BAND - 1.0,
+            esc(&label)
+        );
+        for phase in &u.phases {
+            let (what, colour) = truth(phase, within);
+            let (from, to) = (phase.from.as_secs_f64(), phase.until.as_secs_f64().max(end));
+            let to = u
+                .phases
+                .iter()
+                .find(|p| p.from > phase.from)
+                .map_or(to, |p| p.from.as_secs_f64());
+            let _ = writeln!(
+                body,
+                r##"<rect x="{:.2}" y="{y:.1}" width="{:.2}" height="{BAND}" fill="{colour}"><title>{} {what} from {from:.1} s</title></rect>"##,
+                x(from),
+                (x(to) - x(from)).max(MIN_STATE_PX),
+                esc(&u.name)
+            );
+        }
+        y += BAND + 3.0;
+    }
+    y += GAP;
+
+    // One scale for every stack: the most requests that arrived in a bin.
+    let mut arrivals = vec![0u64; bins];
     for &t in &replay.arrivals_s {
         arrivals[bin_of(t)] += 1;
     }
-    histogram(&mut body, "arrivals", &arrivals, None, y, bin_w, "#777");
-    y += ROW + GAP * 2.0;
+    let most = arrivals.iter().copied().max().unwrap_or(1).max(1) as f64;
+    let answered_p = |s: &crate::engine::StackRun, p: f64| -> Vec<Option<f64>> {
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); bins];
+        for r in s.requests.iter().filter(|r| r.fate == Fate::Succeeded) {
+            per[bin_of(r.arrival_s)].push(r.wait_s);
+        }
+        per.into_iter()
+            .map(|mut w| {
+                w.sort_by(f64::total_cmp);
+                (!w.is_empty())
+                    .then(|| w[((p * w.len() as f64).ceil() as usize).clamp(1, w.len()) - 1])
+            })
+            .collect()
+    };
+    let p99s: Vec<Vec<Option<f64>>> = replay.stacks.iter().map(|s| answered_p(s, 0.99)).collect();
+    let slowest = p99s
+        .iter()
+        .flatten()
+        .flatten()
+        .copied()
+        .fold(0.0, f64::max)
+        .max(0.1);
 
-    for stack in &replay.stacks {
+    for (si, stack) in replay.stacks.iter().enumerate() {
         let _ = writeln!(
             body,
-            r##"<text x="8" y="{:.1}" font-size="13" font-weight="bold">{}</text>"##,
-            y + 4.0,
-            esc(stack.name)
-        );
-        let _ = writeln!(
-            body,
-            r##"<text x="{LEFT}" y="{:.1}" font-size="11" fill="#444">{} ok, {} failed, {} rejected; wait mean {:.2} s, p99 {:.2} s</text>"##,
-            y + 4.0,
+            r##"<text x="8" y="{:.1}" font-size="13" font-weight="bold">{}</text><text x="{LEFT}" y="{:.1}" font-size="11" fill="#444">{} ok, {} failed ({} rate limited, {} given up), {} rejected; answered p99 {}; cost ${:.2}, wasted ${:.2}</text>"##,
+            y + 10.0,
+            esc(stack.name),
+            y + 10.0,
             stack.all.succeeded,
             stack.all.failed,
+            stack.all.rate_limited,
+            stack.all.cancelled,
             stack.all.rejected,
-            stack.all.wait.map_or(0.0, |w| w.mean_s),
-            stack.all.wait.map_or(0.0, |w| w.p99_s)
+            secs(stack.all.answered_wait.map(|w| w.p99_s)),
+            stack.all.cost_usd,
+            stack.all.wasted_cost_usd
         );
-        y += 12.0;
-        for (i, (upstream, _)) in stack.all.attempts.iter().enumerate() {
-            let mut all = vec![0u64; BINS];
-            let mut failed = vec![0u64; BINS];
-            for a in stack.attempt_log.iter().filter(|a| a.upstream == i) {
-                all[bin_of(a.t_s)] += 1;
-                if a.failed {
-                    failed[bin_of(a.t_s)] += 1;
+        y += 16.0;
+        // Requests by arrival bin, stacked: ok, failed, rate limited, rejected.
+        let mut stacks = vec![[0u64; 4]; bins];
+        for r in &stack.requests {
+            let which = match r.fate {
+                Fate::Succeeded => 0,
+                Fate::Failed if r.rate_limited => 2,
+                Fate::Failed => 1,
+                Fate::Rejected => 3,
+            };
+            stacks[bin_of(r.arrival_s)][which] += 1;
+        }
+        let _ = writeln!(
+            body,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">requests per bin</text><text x="{:.1}" y="{:.1}" font-size="9" fill="#666" text-anchor="end">scale: {most:.0} per bin</text>"##,
+            LEFT - 6.0,
+            y + BARS / 2.0,
+            LEFT - 6.0,
+            y + BARS / 2.0 + 11.0
+        );
+        for (b, counts) in stacks.iter().enumerate() {
+            let mut top = y + BARS;
+            for (n, colour) in counts.iter().zip([OK, FAILED, RATE_LIMITED, REJECTED]) {
+                if *n == 0 {
+                    continue;
                 }
-            }
-            histogram(
-                &mut body,
-                &format!("{upstream} attempts"),
-                &all,
-                Some(&failed),
-                y,
-                bin_w,
-                "#4a7bd0",
-            );
-            y += ROW;
-            let changes: Vec<_> = stack
-                .transitions
-                .iter()
-                .filter(|t| &t.upstream == upstream)
-                .collect();
-            if stack.name == "breaker" || stack.name == "failover" {
+                let h = BARS * *n as f64 / most;
+                top -= h;
                 let _ = writeln!(
                     body,
-                    r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">breaker</text>"##,
-                    LEFT - 6.0,
-                    y + BAND - 1.0
+                    r##"<rect x="{:.2}" y="{top:.2}" width="{:.2}" height="{h:.2}" fill="{colour}"/>"##,
+                    LEFT + b as f64 * bin_px,
+                    bin_px
                 );
-                let mut from = 0.0;
-                let mut state = "closed";
-                for t in changes.iter().map(|t| (t.t_s, t.to)).chain([(end, "")]) {
-                    let _ = writeln!(
-                        body,
-                        r##"<rect x="{:.2}" y="{:.1}" width="{:.2}" height="{BAND}" fill="{}"><title>{} from {:.1} s</title></rect>"##,
-                        x(from),
-                        y,
-                        // Keep short states (a half-open probe cycle) visible.
-                        (x(t.0) - x(from)).max(if state == "closed" { 0.0 } else { 1.0 }),
-                        state_colour(state),
-                        state,
-                        from
-                    );
-                    from = t.0;
-                    state = t.1;
-                }
-                y += BAND + GAP;
             }
         }
-        y += GAP * 2.0;
+        layout.bars.push((stack.name.to_owned(), y, y + BARS));
+        y += BARS + 4.0;
+        // Answered waits over time, one scale for every stack.
+        let _ = writeln!(
+            body,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">answered wait p50, p99</text><text x="{:.1}" y="{:.1}" font-size="9" fill="#666" text-anchor="end">scale: 0 to {} s</text><line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-width="0.5"/>"##,
+            LEFT - 6.0,
+            y + WAITS / 2.0,
+            LEFT - 6.0,
+            y + WAITS / 2.0 + 11.0,
+            fmt_num((slowest * 100.0).round() / 100.0),
+            WIDTH - RIGHT,
+            y + WAITS,
+            y + WAITS
+        );
+        for (values, colour, dash) in [
+            (
+                answered_p(stack, 0.5),
+                "#555555",
+                r#" stroke-dasharray="3,2""#,
+            ),
+            (p99s[si].clone(), "#000000", ""),
+        ] {
+            let points: Vec<String> = values
+                .iter()
+                .enumerate()
+                .filter_map(|(b, v)| {
+                    v.map(|v| {
+                        format!(
+                            "{:.1},{:.1}",
+                            LEFT + (b as f64 + 0.5) * bin_px,
+                            y + WAITS - WAITS * v / slowest
+                        )
+                    })
+                })
+                .collect();
+            if !points.is_empty() {
+                let _ = writeln!(
+                    body,
+                    r##"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1"{dash}/>"##,
+                    points.join(" ")
+                );
+            }
+        }
+        y += WAITS + 6.0;
+        // Breaker states.
+        // Every breaker that changed state, and every upstream's breaker
+        // that never did (closed throughout).
+        let mut labels: Vec<&str> = Vec::new();
+        let has_breakers = !matches!(stack.name, "no-breaker" | "naive-failover");
+        for r in stack.recovery.iter().filter(|_| has_breakers) {
+            let mine = stack
+                .transitions
+                .iter()
+                .filter(|t| belongs(&t.upstream, &r.upstream));
+            let before = labels.len();
+            for t in mine {
+                if !labels.contains(&t.upstream.as_str()) {
+                    labels.push(&t.upstream);
+                }
+            }
+            if labels.len() == before {
+                labels.push(&r.upstream);
+            }
+        }
+        for label in labels.iter().take(MAX_BANDS) {
+            let _ = writeln!(
+                body,
+                r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">breaker {}</text>"##,
+                LEFT - 6.0,
+                y + BAND - 1.0,
+                esc(label)
+            );
+            let mut from = 0.0;
+            let mut state = "closed";
+            let changes = stack.transitions.iter().filter(|t| t.upstream == *label);
+            // Half-open periods last, so the state after a short one does
+            // not cover the width it was widened to.
+            let mut rects = Vec::new();
+            for (t, to) in changes.map(|t| (t.t_s, t.to)).chain([(end, "")]) {
+                let w = (x(t) - x(from)).max(if state == "closed" { 0.0 } else { MIN_STATE_PX });
+                rects.push((state == "half-open", format!(
+                    r##"<rect x="{:.2}" y="{y:.1}" width="{w:.2}" height="{BAND}" fill="{}"><title>{state} from {from:.1} s</title></rect>"##,
+                    x(from),
+                    state_colour(state)
+                )));
+                from = t;
+                state = to;
+            }
+            rects.sort_by_key(|(on_top, _)| *on_top);
+            for (_, rect) in rects {
+                let _ = writeln!(body, "{rect}");
+            }
+            y += BAND + 3.0;
+        }
+        if labels.len() > MAX_BANDS {
+            let _ = writeln!(
+                body,
+                r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">(+{} more breakers)</text>"##,
+                LEFT - 6.0,
+                y + 9.0,
+                labels.len() - MAX_BANDS
+            );
+            y += 13.0;
+        }
+        y += GAP * 1.5;
     }
+
+    // Cumulative cost, one line per stack.
+    let cost_h = 70.0;
+    let totals: Vec<f64> = replay.stacks.iter().map(|s| s.all.cost_usd).collect();
+    let most_cost = totals.iter().copied().fold(0.0, f64::max).max(0.01);
+    let _ = writeln!(
+        body,
+        r##"<text x="8" y="{:.1}" font-size="12" font-weight="bold">cumulative cost</text><text x="{:.1}" y="{:.1}" font-size="9" fill="#666" text-anchor="end">scale: $0 to ${most_cost:.2}</text><line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-width="0.5"/>"##,
+        y + 10.0,
+        LEFT - 6.0,
+        y + cost_h / 2.0,
+        WIDTH - RIGHT,
+        y + cost_h,
+        y + cost_h
+    );
+    for (si, stack) in replay.stacks.iter().enumerate() {
+        let mut per = vec![0.0; bins];
+        for a in &stack.attempt_log {
+            per[bin_of(a.t_s)] += a.cost_usd;
+        }
+        let mut sum = 0.0;
+        let mut points = vec![format!("{LEFT:.1},{:.1}", y + cost_h)];
+        for (b, c) in per.iter().enumerate() {
+            sum += c;
+            points.push(format!(
+                "{:.1},{:.1}",
+                LEFT + (b as f64 + 1.0) * bin_px,
+                y + cost_h - cost_h * sum / most_cost
+            ));
+        }
+        let colour = STACK_COLOURS[si % STACK_COLOURS.len()];
+        let _ = writeln!(
+            body,
+            r##"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{} ${sum:.2}</text>"##,
+            points.join(" "),
+            WIDTH - RIGHT + 4.0,
+            y + cost_h - cost_h * sum / most_cost + 3.0,
+            esc(stack.name)
+        );
+    }
+    y += cost_h + 8.0;
 
     // Time axis.
     let step = nice_step(end);
@@ -499,7 +842,7 @@ pub fn svg(replay: &Replay) -> String {
     while t <= end + 1e-9 {
         let _ = writeln!(
             body,
-            r##"<line x1="{0:.1}" x2="{0:.1}" y1="34" y2="{1:.1}" stroke="#ddd" stroke-width="0.5"/><text x="{0:.1}" y="{2:.1}" font-size="10" text-anchor="middle">{3} s</text>"##,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="50" y2="{1:.1}" stroke="#ddd" stroke-width="0.5"/><text x="{0:.1}" y="{2:.1}" font-size="10" text-anchor="middle">{3} s</text>"##,
             x(t),
             y,
             y + 12.0,
@@ -507,101 +850,55 @@ pub fn svg(replay: &Replay) -> String {
         );
         t += step;
     }
-    y += 36.0;
+    y += 34.0;
+    layout.legend = y - 12.0;
     let legend = [
-        ("#4a7bd0", "attempts"),
-        ("#d04a4a", "failed attempts"),
-        (state_colour("closed"), "closed"),
-        (state_colour("open"), "open"),
-        (state_colour("half-open"), "half-open"),
+        (OK, "ok"),
+        (FAILED, "failed"),
+        (RATE_LIMITED, "rate limited (429)"),
+        (REJECTED, "rejected"),
+        (CLOSED, "closed"),
+        (OPEN, "open"),
+        (HALF_OPEN, "half-open"),
+        (HEALTHY, "healthy"),
+        (FAILING, "failing"),
+        (SLOW, "slow"),
     ];
-    let mut lx = LEFT;
+    let mut lx = 8.0;
     for (colour, label) in legend {
         let _ = writeln!(
             body,
-            r##"<rect x="{lx:.1}" y="{:.1}" width="12" height="10" fill="{colour}"/><text x="{:.1}" y="{:.1}" font-size="11">{label}</text>"##,
+            r##"<rect x="{lx:.1}" y="{:.1}" width="12" height="10" fill="{colour}" stroke="#999" stroke-width="0.3"/><text x="{:.1}" y="{:.1}" font-size="11">{label}</text>"##,
             y - 9.0,
             lx + 16.0,
             y
         );
-        lx += 30.0 + label.len() as f64 * 6.5;
+        lx += 26.0 + label.len() as f64 * 6.2;
     }
     y += 12.0;
-
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{:.0}" viewBox="0 0 {WIDTH} {:.0}" font-family="sans-serif">
+    layout.height = y;
+    let svg = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y:.0}" viewBox="0 0 {WIDTH} {y:.0}" font-family="sans-serif">
 <rect width="100%" height="100%" fill="white"/>
-<g>
-<line x1="{LEFT}" x2="{LEFT}" y1="34" y2="{:.1}" stroke="#999"/>
-</g>
 {body}</svg>
-"##,
-        y,
-        y,
-        y - 36.0
-    )
+"##
+    );
+    (svg, layout)
 }
 
-/// One row of bars scaled to its own maximum, with that maximum printed.
-fn histogram(
-    out: &mut String,
-    label: &str,
-    counts: &[u64],
-    over: Option<&[u64]>,
-    y: f64,
-    bin_w: f64,
-    colour: &str,
-) {
-    let max = counts.iter().copied().max().unwrap_or(0).max(1);
-    let h = ROW - 8.0;
-    let _ = writeln!(
-        out,
-        r##"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{:.1}" y="{:.1}" font-size="9" fill="#666" text-anchor="end">max {max}/bin</text>"##,
-        LEFT - 6.0,
-        y + h / 2.0,
-        esc(label),
-        LEFT - 6.0,
-        y + h / 2.0 + 11.0
-    );
-    for (i, &n) in counts.iter().enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let bh = h * n as f64 / max as f64;
-        let bx = LEFT + i as f64 * bin_w;
-        let _ = writeln!(
-            out,
-            r##"<rect x="{bx:.2}" y="{:.2}" width="{:.2}" height="{bh:.2}" fill="{colour}"/>"##,
-            y + h - bh,
-            bin_w
-        );
-        if let Some(over) = over {
-            let f = over[i];
-            if f > 0 {
-                let fh = h * f as f64 / max as f64;
-                let _ = writeln!(
-                    out,
-                    r##"<rect x="{bx:.2}" y="{:.2}" width="{:.2}" height="{fh:.2}" fill="#d04a4a"/>"##,
-                    y + h - fh,
-                    bin_w
-                );
-            }
-        }
+fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
     }
-    let _ = writeln!(
-        out,
-        r##"<line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-width="0.5"/>"##,
-        WIDTH - RIGHT,
-        y + h,
-        y + h
-    );
 }
 
 fn state_colour(state: &str) -> &'static str {
     match state {
-        "open" | "forced-open" => "#d04a4a",
-        "half-open" => "#e8b13a",
-        _ => "#5cb85c",
+        "open" | "forced-open" => OPEN,
+        "half-open" => HALF_OPEN,
+        _ => CLOSED,
     }
 }
 

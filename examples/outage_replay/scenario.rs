@@ -4,6 +4,7 @@
 //! error names the key and the line it is on. `scenarios/README.md` is the
 //! format's reference.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -33,9 +34,85 @@ pub struct Scenario {
     pub upstreams: Vec<Upstream>,
     pub billing: Billing,
     pub writeup: Option<Writeup>,
+    /// Who sends the requests: empty, everything goes to the primary.
+    pub traffic: Vec<Traffic>,
+    /// Arrival rates from later times on (`rate_per_s` holds from 0).
+    pub rates: Vec<(Duration, f64)>,
+    /// Batches of requests on top of the arrivals.
+    pub bursts: Vec<Burst>,
+    /// Processes serving the traffic, each request by one of them in turn.
+    pub replicas: u32,
+    /// The `[sweep]` grid: breaker keys and the values to try.
+    pub sweep: Vec<(String, Vec<String>)>,
+}
+
+/// A share of the traffic: which model it asks for, under which API key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Traffic {
+    pub p: f64,
+    pub upstream: usize,
+    pub api_key: Option<String>,
+}
+
+/// `requests` sent evenly over `over` from `at`, by `upstream` and
+/// `api_key`, or drawn from the traffic mix when neither is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Burst {
+    pub at: Duration,
+    pub requests: u32,
+    pub over: Duration,
+    pub source: Option<(usize, Option<String>)>,
+}
+
+/// What an upstream does with the attempts beyond its capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// Attempts served at once.
+    pub concurrent: u32,
+    /// Attempts that wait for a slot (first come, first served); beyond
+    /// them, a 429.
+    pub queue: u32,
+    /// The 429's `Retry-After`.
+    pub retry_after: Option<Duration>,
+}
+
+/// What keys the breakers of the `breaker` stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyedBy {
+    Model,
+    ModelAndKey,
 }
 
 impl Scenario {
+    /// The breaker settings of upstream `i`: its own `[upstream.breaker]`,
+    /// or the scenario's.
+    pub fn breaker_for(&self, i: usize) -> &BreakerConfig {
+        self.upstreams[i].breaker.as_ref().unwrap_or(&self.breaker)
+    }
+
+    /// Whether requests go to more than the primary.
+    pub fn has_mix(&self) -> bool {
+        !self.traffic.is_empty() || self.bursts.iter().any(|b| b.source.is_some())
+    }
+
+    /// The stacks this scenario replays.
+    pub fn stacks(&self) -> Vec<StackKind> {
+        let mut kinds = vec![StackKind::NoBreaker, StackKind::Breaker];
+        if self.breaker.keyed_by.is_some() {
+            kinds.push(StackKind::GlobalBreaker);
+        }
+        if self.replicas > 1 {
+            kinds.push(StackKind::BreakerIndependent);
+        }
+        if self.upstreams.len() > 1 && !self.has_mix() {
+            kinds.extend([StackKind::NaiveFailover, StackKind::Failover]);
+            if self.replicas > 1 {
+                kinds.push(StackKind::FailoverIndependent);
+            }
+        }
+        kinds
+    }
+
     /// How fast a healthy answer comes: the slow threshold, or the attempt
     /// timeout when there is none.
     pub fn answer_within(&self) -> Duration {
@@ -68,6 +145,13 @@ pub enum StackKind {
     NaiveFailover,
     /// total timeout -> retry -> failover -> per upstream: breaker -> attempt timeout.
     Failover,
+    /// With `keyed_by`: the breaker stack with one breaker for all traffic.
+    GlobalBreaker,
+    /// With `replicas`: the breaker stack in every replica, each with
+    /// breakers of its own (no sharing).
+    BreakerIndependent,
+    /// With `replicas`: the failover stack in every replica, unshared.
+    FailoverIndependent,
 }
 
 impl StackKind {
@@ -84,6 +168,9 @@ impl StackKind {
             StackKind::Breaker => "breaker",
             StackKind::NaiveFailover => "naive-failover",
             StackKind::Failover => "failover",
+            StackKind::GlobalBreaker => "global-breaker",
+            StackKind::BreakerIndependent => "breaker-independent",
+            StackKind::FailoverIndependent => "failover-independent",
         }
     }
 
@@ -94,7 +181,18 @@ impl StackKind {
     }
 
     pub fn uses_fallbacks(self) -> bool {
-        matches!(self, StackKind::NaiveFailover | StackKind::Failover)
+        matches!(
+            self,
+            StackKind::NaiveFailover | StackKind::Failover | StackKind::FailoverIndependent
+        )
+    }
+
+    /// Whether each replica has breakers of its own.
+    pub fn independent(self) -> bool {
+        matches!(
+            self,
+            StackKind::BreakerIndependent | StackKind::FailoverIndependent
+        )
     }
 }
 
@@ -232,6 +330,8 @@ pub struct Client {
     pub max_retries: u32,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// The share of users who give up, and after how long.
+    pub cancel: Option<(f64, Duration)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -257,6 +357,10 @@ pub struct BreakerConfig {
     /// How often a health probe asks a circuit that is not closed; `None`:
     /// no health probes.
     pub health_probe_interval: Option<Duration>,
+    /// The volume guard: calls and period.
+    pub volume_guard: Option<(u32, Duration)>,
+    /// Keyed breakers in the `breaker` stack.
+    pub keyed_by: Option<KeyedBy>,
 }
 
 #[derive(Debug, Clone)]
@@ -264,18 +368,74 @@ pub struct Upstream {
     pub name: String,
     pub phases: Vec<Phase>,
     pub cost: Cost,
+    /// Its own breaker settings (`[upstream.breaker]` over `[breaker]`).
+    pub breaker: Option<BreakerConfig>,
+    pub capacity: Option<Capacity>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Phase {
     pub from: Duration,
+    /// The start of the next phase, or the end of the run.
+    pub until: Duration,
     pub responses: Vec<Response>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Response {
     pub p: f64,
+    /// With the latency of a fixed answer; see `latency`.
     pub kind: Kind,
+    pub latency: Latency,
+}
+
+/// How long an answer takes to its head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// `latency_ms`, every time.
+    Fixed,
+    /// Lognormal around a median of `latency_ms`.
+    Lognormal { sigma: f64 },
+    /// From `latency_ms` at the phase's start to `to` at its end.
+    Ramp { to: Duration },
+}
+
+impl Kind {
+    /// The latency to the response head, when it has one.
+    pub fn latency(&self) -> Option<Duration> {
+        match *self {
+            Kind::Ok { latency, .. }
+            | Kind::Status { latency, .. }
+            | Kind::Reset { latency }
+            | Kind::SseError { latency, .. }
+            | Kind::ContentFilter { latency } => Some(latency),
+            Kind::Hang => None,
+        }
+    }
+
+    fn with_latency(mut self, to: Duration) -> Kind {
+        match &mut self {
+            Kind::Ok { latency, .. }
+            | Kind::Status { latency, .. }
+            | Kind::Reset { latency }
+            | Kind::SseError { latency, .. }
+            | Kind::ContentFilter { latency } => *latency = to,
+            Kind::Hang => {}
+        }
+        self
+    }
+}
+
+impl Response {
+    /// The slowest head it gives (the 99th percentile of a lognormal).
+    pub fn slowest(&self) -> Option<Duration> {
+        let base = self.kind.latency()?;
+        Some(match self.latency {
+            Latency::Fixed => base,
+            Latency::Lognormal { sigma } => base.mul_f64((2.326 * sigma).exp()),
+            Latency::Ramp { to } => base.max(to),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -349,10 +509,8 @@ impl Phase {
         for r in self.responses.iter().filter(|r| r.p > 0.0) {
             match r.kind {
                 kind if kind.is_failure() => failing += r.p,
-                Kind::Ok { latency, .. }
-                | Kind::Status { latency, .. }
-                | Kind::ContentFilter { latency }
-                    if latency > within =>
+                Kind::Ok { .. } | Kind::Status { .. } | Kind::ContentFilter { .. }
+                    if r.slowest().is_some_and(|l| l > within) =>
                 {
                     return false
                 }
@@ -363,7 +521,7 @@ impl Phase {
     }
 
     /// The response picked by a uniform draw `u` in `[0, 1)`.
-    pub fn pick(&self, u: f64) -> Kind {
+    fn response(&self, u: f64) -> &Response {
         let mut acc = 0.0;
         let mut last = None;
         for r in &self.responses {
@@ -371,13 +529,41 @@ impl Phase {
                 continue;
             }
             acc += r.p;
-            last = Some(r.kind);
+            last = Some(r);
             if u < acc {
-                return r.kind;
+                return r;
             }
         }
         // Rounding: the probabilities add up to 1 within 1e-9.
         last.expect("a phase has a response with p > 0")
+    }
+
+    /// What an attempt at `t` gets for the uniform draws `u` (which
+    /// response) and `v`, `w` (its latency).
+    pub fn draw(&self, t: Duration, u: f64, v: f64, w: f64) -> Kind {
+        let r = self.response(u);
+        let Some(base) = r.kind.latency() else {
+            return r.kind;
+        };
+        match r.latency {
+            Latency::Fixed => r.kind,
+            Latency::Lognormal { sigma } => {
+                // Box-Muller: a standard normal from two uniforms.
+                let z = (-2.0 * (1.0 - v).ln()).sqrt() * (std::f64::consts::TAU * w).cos();
+                let secs = (base.as_secs_f64() * (sigma * z).exp()).min(315_360_000.0);
+                r.kind.with_latency(Duration::from_secs_f64(secs))
+            }
+            Latency::Ramp { to } => {
+                let span = self.until.saturating_sub(self.from).as_secs_f64();
+                let x = if span > 0.0 {
+                    (t.saturating_sub(self.from).as_secs_f64() / span).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                let secs = base.as_secs_f64() + (to.as_secs_f64() - base.as_secs_f64()) * x;
+                r.kind.with_latency(Duration::from_secs_f64(secs.max(0.0)))
+            }
+        }
     }
 }
 
@@ -431,6 +617,9 @@ impl Source<'_> {
 
 type S<T> = Spanned<T>;
 
+/// A `[sweep]` table: breaker keys and their values.
+type RawGrid = BTreeMap<S<String>, S<Vec<toml::Value>>>;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
@@ -444,6 +633,44 @@ struct RawScenario {
     upstream: S<Vec<S<RawUpstream>>>,
     billing: Option<S<RawBilling>>,
     writeup: Option<S<RawWriteup>>,
+    traffic: Option<S<Vec<S<RawTraffic>>>>,
+    rate: Option<S<Vec<S<RawRate>>>>,
+    burst: Option<S<Vec<S<RawBurst>>>>,
+    replicas: Option<S<u32>>,
+    sweep: Option<S<RawGrid>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTraffic {
+    p: S<f64>,
+    model: Option<S<String>>,
+    api_key: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRate {
+    from_s: S<f64>,
+    per_s: S<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBurst {
+    at_s: S<f64>,
+    requests: S<u32>,
+    over_s: S<f64>,
+    model: Option<S<String>>,
+    api_key: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCapacity {
+    concurrent: S<u32>,
+    queue: Option<S<u32>>,
+    retry_after_s: Option<S<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -454,25 +681,91 @@ struct RawClient {
     max_retries: S<u32>,
     backoff_base_ms: S<u64>,
     backoff_max_ms: S<u64>,
+    cancel_p: Option<S<f64>>,
+    cancel_after_s: Option<S<f64>>,
 }
 
-#[derive(Deserialize)]
+/// `[breaker]`, or an upstream's `breaker` over it (every key optional
+/// there).
+#[derive(Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]
 struct RawBreaker {
     window: Option<S<u32>>,
     window_s: Option<S<f64>>,
-    min_calls: S<u32>,
-    failure_rate: S<f64>,
-    consecutive_failures: S<u32>,
-    slow_call_ms: S<u64>,
-    slow_call_rate: S<f64>,
-    open_s: S<f64>,
-    open_max_s: S<f64>,
-    probes: S<u32>,
-    close_after: S<u32>,
+    min_calls: Option<S<u32>>,
+    failure_rate: Option<S<f64>>,
+    consecutive_failures: Option<S<u32>>,
+    slow_call_ms: Option<S<u64>>,
+    slow_call_rate: Option<S<f64>>,
+    open_s: Option<S<f64>>,
+    open_max_s: Option<S<f64>>,
+    probes: Option<S<u32>>,
+    close_after: Option<S<u32>>,
     probe_timeout_s: Option<S<f64>>,
     health_probe_interval_s: Option<S<f64>>,
+    volume_limit: Option<S<u32>>,
+    volume_period_s: Option<S<f64>>,
+    keyed_by: Option<S<String>>,
 }
+
+impl RawBreaker {
+    /// These settings with `over`'s keys in their place (a window given
+    /// there replaces both window keys).
+    fn with(&self, over: &RawBreaker) -> RawBreaker {
+        fn pick<T: Clone>(base: &Option<S<T>>, over: &Option<S<T>>) -> Option<S<T>> {
+            over.clone().or_else(|| base.clone())
+        }
+        let window_over = over.window.is_some() || over.window_s.is_some();
+        let (window, window_s) = if window_over {
+            (over.window.clone(), over.window_s.clone())
+        } else {
+            (self.window.clone(), self.window_s.clone())
+        };
+        RawBreaker {
+            window,
+            window_s,
+            min_calls: pick(&self.min_calls, &over.min_calls),
+            failure_rate: pick(&self.failure_rate, &over.failure_rate),
+            consecutive_failures: pick(&self.consecutive_failures, &over.consecutive_failures),
+            slow_call_ms: pick(&self.slow_call_ms, &over.slow_call_ms),
+            slow_call_rate: pick(&self.slow_call_rate, &over.slow_call_rate),
+            open_s: pick(&self.open_s, &over.open_s),
+            open_max_s: pick(&self.open_max_s, &over.open_max_s),
+            probes: pick(&self.probes, &over.probes),
+            close_after: pick(&self.close_after, &over.close_after),
+            probe_timeout_s: pick(&self.probe_timeout_s, &over.probe_timeout_s),
+            health_probe_interval_s: pick(
+                &self.health_probe_interval_s,
+                &over.health_probe_interval_s,
+            ),
+            volume_limit: pick(&self.volume_limit, &over.volume_limit),
+            volume_period_s: pick(&self.volume_period_s, &over.volume_period_s),
+            keyed_by: self.keyed_by.clone(),
+        }
+    }
+}
+
+/// The breaker keys a `[sweep]` may vary.
+pub const SWEEP_KEYS: [&str; 15] = [
+    "window",
+    "window_s",
+    "min_calls",
+    "failure_rate",
+    "consecutive_failures",
+    "slow_call_ms",
+    "slow_call_rate",
+    "open_s",
+    "open_max_s",
+    "probes",
+    "close_after",
+    "probe_timeout_s",
+    "health_probe_interval_s",
+    "volume_limit",
+    "volume_period_s",
+];
+
+/// Most combinations a sweep replays.
+pub const MAX_SWEEP: usize = 256;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -480,6 +773,8 @@ struct RawUpstream {
     name: S<String>,
     phase: S<Vec<S<RawPhase>>>,
     cost: Option<S<RawCost>>,
+    breaker: Option<S<RawBreaker>>,
+    capacity: Option<S<RawCapacity>>,
 }
 
 #[derive(Deserialize)]
@@ -532,6 +827,8 @@ struct RawResponse {
     code: Option<S<u16>>,
     retry_after_s: Option<S<f64>>,
     stream_ms: Option<S<u64>>,
+    latency_sigma: Option<S<f64>>,
+    latency_to_ms: Option<S<u64>>,
 }
 
 // === parsing ===
@@ -579,7 +876,7 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         ));
     }
     let client = client(&src, raw.client.get_ref())?;
-    let breaker = breaker(&src, &raw.breaker, &client)?;
+    let breaker = breaker(&src, &raw.breaker, raw.breaker.get_ref(), &client)?;
 
     let raw_upstreams = raw.upstream.get_ref();
     if raw_upstreams.is_empty() {
@@ -596,7 +893,13 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
     }
     let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw_upstreams.len());
     for raw_upstream in raw_upstreams {
-        let u = upstream(&src, raw_upstream.get_ref())?;
+        let u = upstream(
+            &src,
+            raw_upstream.get_ref(),
+            &raw.breaker,
+            &client,
+            duration,
+        )?;
         if upstreams.iter().any(|o| o.name == u.name) {
             return Err(src.at(
                 &raw_upstream.get_ref().name,
@@ -614,7 +917,154 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         None => None,
     };
 
+    let model = |v: &S<String>| {
+        upstreams
+            .iter()
+            .position(|u| &u.name == v.get_ref())
+            .ok_or_else(|| {
+                src.at(
+                    v,
+                    format!(
+                        "`model` {:?} is not an upstream of this scenario",
+                        v.get_ref()
+                    ),
+                )
+            })
+    };
+    let api_key = |v: &Option<S<String>>| match v {
+        None => Ok(None),
+        Some(k) => {
+            let key = k.get_ref();
+            if key.is_empty()
+                || key.contains(['/', '#', '"', '\\'])
+                || key.chars().any(char::is_control)
+            {
+                Err(src.at(
+                    k,
+                    "`api_key` must be non-empty, without `/`, `#`, quotes, backslashes or control characters",
+                ))
+            } else {
+                Ok(Some(key.clone()))
+            }
+        }
+    };
+    let mut traffic = Vec::new();
+    if let Some(t) = &raw.traffic {
+        let mut sum = 0.0;
+        for entry in t.get_ref() {
+            let e = entry.get_ref();
+            let p = *e.p.get_ref();
+            if !(0.0..=1.0).contains(&p) {
+                return Err(src.at(&e.p, format!("`p` must be between 0 and 1, got {p}")));
+            }
+            sum += p;
+            let upstream = match &e.model {
+                Some(m) => model(m)?,
+                None => 0,
+            };
+            traffic.push(Traffic {
+                p,
+                upstream,
+                api_key: api_key(&e.api_key)?,
+            });
+        }
+        if traffic.is_empty() {
+            return Err(src.at(t, "`traffic` is empty"));
+        }
+        if (sum - 1.0).abs() > 1e-9 {
+            return Err(src.at(
+                t,
+                format!("`traffic`: the shares `p` add up to {sum}, not 1"),
+            ));
+        }
+    }
+    let mut rates: Vec<(Duration, f64)> = Vec::new();
+    let mut total = duration_s * rate_per_s;
+    if let Some(r) = &raw.rate {
+        for entry in r.get_ref() {
+            let e = entry.get_ref();
+            let from = seconds(&src, &e.from_s, "from_s")?;
+            let per_s = if *e.per_s.get_ref() == 0.0 {
+                0.0
+            } else {
+                positive(&src, &e.per_s, "per_s")?
+            };
+            if from.is_zero() || from >= duration {
+                return Err(src.at(
+                    &e.from_s,
+                    "`from_s`: a [[rate]] starts after 0 (`rate_per_s` holds from 0) and before `duration_s`",
+                ));
+            }
+            if rates.last().is_some_and(|&(prev, _)| from <= prev) {
+                return Err(src.at(
+                    &e.from_s,
+                    "`from_s`: [[rate]] tables must be listed in increasing order of `from_s`",
+                ));
+            }
+            total += per_s * duration_s;
+            if total > MAX_REQUESTS {
+                return Err(src.at(
+                    &e.per_s,
+                    format!("`per_s`: more than {MAX_REQUESTS:.0} requests"),
+                ));
+            }
+            rates.push((from, per_s));
+        }
+    }
+    let mut bursts = Vec::new();
+    if let Some(b) = &raw.burst {
+        for entry in b.get_ref() {
+            let e = entry.get_ref();
+            let at = seconds(&src, &e.at_s, "at_s")?;
+            let over = seconds(&src, &e.over_s, "over_s")?;
+            if at + over > duration {
+                return Err(src.at(&e.over_s, "`over_s`: the burst ends after `duration_s`"));
+            }
+            let requests = *e.requests.get_ref();
+            total += f64::from(requests);
+            if requests == 0 || total > MAX_REQUESTS {
+                return Err(src.at(
+                    &e.requests,
+                    format!(
+                        "`requests` must be 1 or more, and all requests at most {MAX_REQUESTS:.0}"
+                    ),
+                ));
+            }
+            let source = match (&e.model, &e.api_key) {
+                (None, None) => None,
+                (m, _) => Some((
+                    match m {
+                        Some(m) => model(m)?,
+                        None => 0,
+                    },
+                    api_key(&e.api_key)?,
+                )),
+            };
+            bursts.push(Burst {
+                at,
+                requests,
+                over,
+                source,
+            });
+        }
+    }
+    let replicas = match &raw.replicas {
+        None => 1,
+        Some(v) => match *v.get_ref() {
+            n @ 1..=64 => n,
+            n => return Err(src.at(v, format!("`replicas` must be 1 to 64, got {n}"))),
+        },
+    };
+    let sweep = match &raw.sweep {
+        None => Vec::new(),
+        Some(t) => sweep_grid(&src, t)?,
+    };
     Ok(Scenario {
+        traffic,
+        rates,
+        bursts,
+        replicas,
+        sweep,
         name,
         seed: *raw.seed.get_ref(),
         duration,
@@ -658,7 +1108,24 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
             "`backoff_max_ms` is below `backoff_base_ms`",
         ));
     }
+    let cancel = match (&raw.cancel_p, &raw.cancel_after_s) {
+        (None, None) => None,
+        (Some(p), Some(after)) => {
+            let share = *p.get_ref();
+            if !(0.0..=1.0).contains(&share) {
+                return Err(src.at(p, format!("`cancel_p` must be in [0, 1], got {share}")));
+            }
+            let after_d = seconds(src, after, "cancel_after_s")?;
+            if after_d.is_zero() {
+                return Err(src.at(after, "`cancel_after_s` must be greater than 0"));
+            }
+            (share > 0.0).then_some((share, after_d))
+        }
+        (Some(v), None) => return Err(src.at(v, "`cancel_p` needs `cancel_after_s`")),
+        (None, Some(v)) => return Err(src.at(v, "`cancel_after_s` needs `cancel_p`")),
+    };
     Ok(Client {
+        cancel,
         attempt_timeout: attempt,
         total_timeout: (!total.is_zero()).then_some(total),
         max_retries,
@@ -667,12 +1134,39 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
     })
 }
 
+fn need<'a, T>(
+    src: &Source<'_>,
+    table: &Spanned<RawBreaker>,
+    v: &'a Option<S<T>>,
+    key: &str,
+) -> Result<&'a S<T>, ScenarioError> {
+    v.as_ref()
+        .ok_or_else(|| src.at(table, format!("[breaker] needs `{key}`")))
+}
+
+/// Validates breaker settings: `raw`, the `[breaker]` table `table` or an
+/// upstream's keys over it.
 fn breaker(
     src: &Source<'_>,
-    spanned: &Spanned<RawBreaker>,
+    table: &Spanned<RawBreaker>,
+    raw: &RawBreaker,
     client: &Client,
 ) -> Result<BreakerConfig, ScenarioError> {
-    let raw = spanned.get_ref();
+    let spanned = table;
+    let min_calls_v = need(src, table, &raw.min_calls, "min_calls")?;
+    let failure_rate_v = need(src, table, &raw.failure_rate, "failure_rate")?;
+    let slow_call_rate_v = need(src, table, &raw.slow_call_rate, "slow_call_rate")?;
+    let slow_call_ms_v = need(src, table, &raw.slow_call_ms, "slow_call_ms")?;
+    let consecutive_failures_v = need(
+        src,
+        table,
+        &raw.consecutive_failures,
+        "consecutive_failures",
+    )?;
+    let open_s_v = need(src, table, &raw.open_s, "open_s")?;
+    let open_max_s_v = need(src, table, &raw.open_max_s, "open_max_s")?;
+    let probes_v = need(src, table, &raw.probes, "probes")?;
+    let close_after_v = need(src, table, &raw.close_after, "close_after")?;
     let window = match (&raw.window, &raw.window_s) {
         (Some(n), None) => match *n.get_ref() {
             0 => WindowConfig::Off,
@@ -708,56 +1202,56 @@ fn breaker(
             ));
         }
     };
-    let min_calls = *raw.min_calls.get_ref();
+    let min_calls = *min_calls_v.get_ref();
     if let WindowConfig::Count(n) = window {
         if min_calls > n {
             return Err(src.at(
-                &raw.min_calls,
+                min_calls_v,
                 format!("`min_calls` ({min_calls}) is larger than `window` ({n})"),
             ));
         }
     }
-    let failure_rate = rate(src, &raw.failure_rate, "failure_rate")?;
-    let slow_call_rate = rate(src, &raw.slow_call_rate, "slow_call_rate")?;
-    let slow_call = match *raw.slow_call_ms.get_ref() {
+    let failure_rate = rate(src, failure_rate_v, "failure_rate")?;
+    let slow_call_rate = rate(src, slow_call_rate_v, "slow_call_rate")?;
+    let slow_call = match *slow_call_ms_v.get_ref() {
         0 => None,
         ms => {
             let threshold = Duration::from_millis(ms);
             if window == WindowConfig::Off {
                 return Err(src.at(
-                    &raw.slow_call_ms,
+                    slow_call_ms_v,
                     "`slow_call_ms` needs a window (`window` or `window_s` above 0)",
                 ));
             }
             if threshold >= client.attempt_timeout {
                 return Err(src.at(
-                    &raw.slow_call_ms,
+                    slow_call_ms_v,
                     "`slow_call_ms` is not below `attempt_timeout_s`: no call could be slow",
                 ));
             }
             Some((threshold, slow_call_rate))
         }
     };
-    let consecutive_failures = match *raw.consecutive_failures.get_ref() {
+    let consecutive_failures = match *consecutive_failures_v.get_ref() {
         0 => None,
         n => Some(n),
     };
-    let open = seconds(src, &raw.open_s, "open_s")?;
+    let open = seconds(src, open_s_v, "open_s")?;
     if open.is_zero() {
-        return Err(src.at(&raw.open_s, "`open_s` must be greater than 0"));
+        return Err(src.at(open_s_v, "`open_s` must be greater than 0"));
     }
-    let open_max = seconds(src, &raw.open_max_s, "open_max_s")?;
+    let open_max = seconds(src, open_max_s_v, "open_max_s")?;
     if open_max < open {
-        return Err(src.at(&raw.open_max_s, "`open_max_s` is below `open_s`"));
+        return Err(src.at(open_max_s_v, "`open_max_s` is below `open_s`"));
     }
-    let probes = *raw.probes.get_ref();
+    let probes = *probes_v.get_ref();
     if probes == 0 {
-        return Err(src.at(&raw.probes, "`probes` must be at least 1"));
+        return Err(src.at(probes_v, "`probes` must be at least 1"));
     }
-    let close_after = *raw.close_after.get_ref();
+    let close_after = *close_after_v.get_ref();
     if close_after == 0 || close_after > probes {
         return Err(src.at(
-            &raw.close_after,
+            close_after_v,
             format!("`close_after` must be between 1 and `probes` ({probes}), got {close_after}"),
         ));
     }
@@ -779,7 +1273,41 @@ fn breaker(
         Some(v) => Some(seconds(src, v, "health_probe_interval_s")?).filter(|d| !d.is_zero()),
         None => None,
     };
+    let volume_guard = match (&raw.volume_limit, &raw.volume_period_s) {
+        (None, None) => None,
+        (Some(limit), Some(period)) => {
+            let period_d = seconds(src, period, "volume_period_s")?;
+            if period_d.is_zero() {
+                return Err(src.at(period, "`volume_period_s` must be greater than 0"));
+            }
+            match *limit.get_ref() {
+                0 => return Err(src.at(limit, "`volume_limit` must be at least 1")),
+                n => Some((n, period_d)),
+            }
+        }
+        (Some(v), None) => {
+            return Err(src.at(v, "`volume_limit` needs `volume_period_s`"));
+        }
+        (None, Some(v)) => {
+            return Err(src.at(v, "`volume_period_s` needs `volume_limit`"));
+        }
+    };
+    let keyed_by = match &raw.keyed_by {
+        None => None,
+        Some(v) => match v.get_ref().as_str() {
+            "model" => Some(KeyedBy::Model),
+            "model+api_key" => Some(KeyedBy::ModelAndKey),
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`keyed_by` {other:?} is not \"model\" or \"model+api_key\""),
+                ))
+            }
+        },
+    };
     Ok(BreakerConfig {
+        volume_guard,
+        keyed_by,
         window,
         min_calls,
         failure_rate,
@@ -794,7 +1322,13 @@ fn breaker(
     })
 }
 
-fn upstream(src: &Source<'_>, raw: &RawUpstream) -> Result<Upstream, ScenarioError> {
+fn upstream(
+    src: &Source<'_>,
+    raw: &RawUpstream,
+    global: &Spanned<RawBreaker>,
+    client: &Client,
+    duration: Duration,
+) -> Result<Upstream, ScenarioError> {
     let name = raw.name.get_ref().trim().to_owned();
     if name.is_empty() || name.contains(['"', '\\']) || name.chars().any(char::is_control) {
         return Err(src.at(
@@ -843,15 +1377,57 @@ fn upstream(src: &Source<'_>, raw: &RawUpstream) -> Result<Upstream, ScenarioErr
                 format!("`responses`: the probabilities `p` add up to {sum}, not 1"),
             ));
         }
-        phases.push(Phase { from, responses });
+        if let Some(prev) = phases.last_mut() {
+            prev.until = from;
+        }
+        phases.push(Phase {
+            from,
+            until: duration.max(from),
+            responses,
+        });
     }
+    let breaker = match &raw.breaker {
+        None => None,
+        Some(over) => {
+            if let Some(k) = &over.get_ref().keyed_by {
+                return Err(src.at(k, "`keyed_by` belongs in [breaker], not an upstream's"));
+            }
+            let merged = global.get_ref().with(over.get_ref());
+            Some(breaker(src, global, &merged, client)?)
+        }
+    };
+    let capacity = match &raw.capacity {
+        None => None,
+        Some(c) => {
+            let c = c.get_ref();
+            let concurrent = *c.concurrent.get_ref();
+            if concurrent == 0 {
+                return Err(src.at(&c.concurrent, "`concurrent` must be at least 1"));
+            }
+            let retry_after = match &c.retry_after_s {
+                Some(v) => Some(seconds(src, v, "retry_after_s")?),
+                None => None,
+            };
+            Some(Capacity {
+                concurrent,
+                queue: c.queue.as_ref().map_or(0, |q| *q.get_ref()),
+                retry_after,
+            })
+        }
+    };
     let cost = match &raw.cost {
         Some(c) => cost(src, c)?,
         None => Cost::PerRequest {
             usd: DEFAULT_USD_PER_REQUEST,
         },
     };
-    Ok(Upstream { name, phases, cost })
+    Ok(Upstream {
+        name,
+        phases,
+        cost,
+        breaker,
+        capacity,
+    })
 }
 
 fn cost(src: &Source<'_>, spanned: &Spanned<RawCost>) -> Result<Cost, ScenarioError> {
@@ -1008,15 +1584,19 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
     }
     let kind_name = raw.kind.get_ref().as_str();
     // Which optional keys each kind takes, and which it needs.
+    const LAT: [&str; 3] = ["latency_ms", "latency_sigma", "latency_to_ms"];
     let (allowed, needed): (&[&str], &[&str]) = match kind_name {
-        "ok" => (&["latency_ms", "stream_ms"], &["latency_ms"]),
-        "reset" | "content_filter" => (&["latency_ms"], &["latency_ms"]),
+        "ok" => (&[LAT[0], LAT[1], LAT[2], "stream_ms"], &["latency_ms"]),
+        "reset" | "content_filter" => (&LAT, &["latency_ms"]),
         "status" => (
-            &["latency_ms", "code", "retry_after_s"],
+            &[LAT[0], LAT[1], LAT[2], "code", "retry_after_s"],
             &["latency_ms", "code"],
         ),
         "hang" => (&[], &[]),
-        "sse_error" => (&["latency_ms", "stream_ms"], &["latency_ms", "stream_ms"]),
+        "sse_error" => (
+            &[LAT[0], LAT[1], LAT[2], "stream_ms"],
+            &["latency_ms", "stream_ms"],
+        ),
         other => {
             return Err(src.at(
                 &raw.kind,
@@ -1027,7 +1607,15 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             ))
         }
     };
-    let present: [(&str, Option<usize>); 4] = [
+    let present: [(&str, Option<usize>); 6] = [
+        (
+            "latency_sigma",
+            raw.latency_sigma.as_ref().map(|s| s.span().start),
+        ),
+        (
+            "latency_to_ms",
+            raw.latency_to_ms.as_ref().map(|s| s.span().start),
+        ),
         (
             "latency_ms",
             raw.latency_ms.as_ref().map(|s| s.span().start),
@@ -1083,7 +1671,26 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             }
         }
     };
-    Ok(Response { p, kind })
+    let latency = match (&raw.latency_sigma, &raw.latency_to_ms) {
+        (None, None) => Latency::Fixed,
+        (Some(sigma), None) => {
+            let x = *sigma.get_ref();
+            if !(x.is_finite() && (0.0..=3.0).contains(&x)) {
+                return Err(src.at(sigma, format!("`latency_sigma` must be in [0, 3], got {x}")));
+            }
+            Latency::Lognormal { sigma: x }
+        }
+        (None, Some(to)) => Latency::Ramp {
+            to: Duration::from_millis(*to.get_ref()),
+        },
+        (Some(_), Some(to)) => {
+            return Err(src.at(
+                to,
+                "`latency_to_ms`: a latency is a ramp or lognormal (`latency_sigma`), not both",
+            ))
+        }
+    };
+    Ok(Response { p, kind, latency })
 }
 
 // === numbers ===
@@ -1120,4 +1727,132 @@ fn rate(src: &Source<'_>, v: &Spanned<f64>, key: &str) -> Result<f64, ScenarioEr
     } else {
         Err(src.at(v, format!("`{key}` must be in (0, 1], got {x}")))
     }
+}
+
+/// The `[sweep]` grid: every key a breaker key, every value a number.
+fn sweep_grid(
+    src: &Source<'_>,
+    table: &Spanned<RawGrid>,
+) -> Result<Vec<(String, Vec<String>)>, ScenarioError> {
+    let mut grid = Vec::new();
+    let mut combinations = 1usize;
+    for (key, values) in table.get_ref() {
+        if !SWEEP_KEYS.contains(&key.get_ref().as_str()) {
+            return Err(src.at(
+                key,
+                format!(
+                    "`{}` is not a breaker key a sweep can vary ({})",
+                    key.get_ref(),
+                    SWEEP_KEYS.join(", ")
+                ),
+            ));
+        }
+        let mut shown = Vec::new();
+        for v in values.get_ref() {
+            match v {
+                toml::Value::Integer(i) if *i >= 0 => shown.push(i.to_string()),
+                toml::Value::Float(x) if x.is_finite() && *x >= 0.0 => shown.push(format!("{x:?}")),
+                other => {
+                    return Err(src.at(
+                        values,
+                        format!(
+                            "`{}`: sweep values are numbers, 0 or more, got {other}",
+                            key.get_ref()
+                        ),
+                    ))
+                }
+            }
+        }
+        if shown.is_empty() {
+            return Err(src.at(values, format!("`{}` has no values", key.get_ref())));
+        }
+        combinations = combinations.saturating_mul(shown.len());
+        if combinations > MAX_SWEEP {
+            return Err(src.at(
+                values,
+                format!("the sweep has more than {MAX_SWEEP} combinations"),
+            ));
+        }
+        grid.push((key.get_ref().clone(), shown));
+    }
+    Ok(grid)
+}
+
+/// The grid of a `--grid key=v1,v2` argument, read as a `[sweep]` table.
+pub fn parse_grid(args: &[String]) -> Result<Vec<(String, Vec<String>)>, ScenarioError> {
+    let text: String = args
+        .iter()
+        .map(|a| match a.split_once('=') {
+            Some((k, v)) => format!("{} = [{}]\n", k.trim(), v),
+            None => format!("{a}\n"),
+        })
+        .collect();
+    #[derive(Deserialize)]
+    struct Grid {
+        sweep: S<RawGrid>,
+    }
+    let text = format!("[sweep]\n{text}");
+    let src = Source {
+        text: &text,
+        file: "--grid",
+    };
+    let grid: Grid = toml::from_str(&text).map_err(|e| ScenarioError {
+        file: "--grid".to_owned(),
+        line: None,
+        message: e.message().trim().to_owned(),
+    })?;
+    sweep_grid(&src, &grid.sweep)
+}
+
+/// The scenario `text` with these `[breaker]` keys set to these values
+/// (replacing the key's line, or added after `[breaker]`), validated as a
+/// file of its own.
+pub fn with_breaker(
+    text: &str,
+    file: &str,
+    values: &[(&str, &str)],
+) -> Result<Scenario, ScenarioError> {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let header = lines
+        .iter()
+        .position(|l| l.trim() == "[breaker]")
+        .ok_or_else(|| ScenarioError {
+            file: file.to_owned(),
+            line: None,
+            message: "no [breaker] table to sweep".to_owned(),
+        })?;
+    let is_key = |l: &String, key: &str| {
+        l.trim_start()
+            .strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+    };
+    for &(key, value) in values {
+        // Setting one kind of window drops the other.
+        let other = match key {
+            "window" => "window_s",
+            "window_s" => "window",
+            _ => "",
+        };
+        let end = |lines: &[String]| {
+            lines[header + 1..]
+                .iter()
+                .position(|l| l.trim_start().starts_with('['))
+                .map_or(lines.len(), |e| header + 1 + e)
+        };
+        if !other.is_empty() {
+            let e = end(&lines);
+            if let Some(i) = lines[header + 1..e].iter().position(|l| is_key(l, other)) {
+                lines.remove(header + 1 + i);
+            }
+        }
+        let set = format!("{key} = {value}");
+        let e = end(&lines);
+        match lines[header + 1..e].iter().position(|l| is_key(l, key)) {
+            Some(i) => lines[header + 1 + i] = set,
+            None => lines.insert(header + 1, set),
+        }
+    }
+    let mut edited = lines.join("\n");
+    edited.push('\n');
+    parse(&edited, file)
 }

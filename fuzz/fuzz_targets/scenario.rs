@@ -68,6 +68,22 @@ fn check(s: &Scenario) {
     }
 
     assert!((1..=scenario::MAX_UPSTREAMS).contains(&s.upstreams.len()));
+    assert!((1..=64).contains(&s.replicas));
+    let shares: f64 = s.traffic.iter().map(|t| t.p).sum();
+    assert!(s.traffic.is_empty() || (shares - 1.0).abs() <= 1e-9);
+    assert!(s.traffic.iter().all(|t| t.upstream < s.upstreams.len()));
+    assert!(s.rates.windows(2).all(|w| w[0].0 < w[1].0));
+    assert!(s.rates.iter().all(|&(t, r)| t < s.duration && r >= 0.0 && r.is_finite()));
+    assert!(s.bursts.iter().all(|b| b.at + b.over <= s.duration && b.requests > 0));
+    assert!(s.sweep.len() <= scenario::SWEEP_KEYS.len());
+    if let Some((p, after)) = s.client.cancel {
+        assert!(p > 0.0 && p <= 1.0 && !after.is_zero());
+    }
+    assert!(b.volume_guard.is_none_or(|(n, d)| n > 0 && !d.is_zero()));
+    for u in &s.upstreams {
+        assert!(u.capacity.is_none_or(|c| c.concurrent > 0));
+        assert!(u.breaker.as_ref().is_none_or(|b| b.keyed_by.is_none()));
+    }
     for (i, u) in s.upstreams.iter().enumerate() {
         assert!(!u.name.is_empty() && u.name.trim() == u.name);
         assert!(!u.name.contains(['"', '\\']) && !u.name.chars().any(char::is_control));
@@ -103,8 +119,10 @@ fn check(s: &Scenario) {
             }
             // Every draw picks a response that can be drawn.
             for u in [0.0, 0.25, 0.5, 0.75, 0.999_999, 1.0 - f64::EPSILON / 2.0] {
-                let kind = phase.pick(u);
-                assert!(phase.responses.iter().any(|r| r.p > 0.0 && r.kind == kind));
+                let kind = phase.draw(phase.from, u, 0.5, 0.5);
+                assert!(phase.responses.iter().any(|r| r.p > 0.0
+                    && std::mem::discriminant(&r.kind) == std::mem::discriminant(&kind)));
+                assert!(kind.latency().is_none_or(|l| l <= TEN_YEARS));
             }
             for r in &phase.responses {
                 let billed = u.cost.billed(s.billing.generated(r.kind, Duration::MAX));
@@ -127,6 +145,12 @@ const BASES: &[&str] = &[
     include_str!("../../scenarios/seed-002-failover-slow.toml"),
     include_str!("../../scenarios/seed-000-writeup.toml"),
     include_str!("../../scenarios/seed-002-writeup.toml"),
+    include_str!("../../scenarios/brownout-ramp.toml"),
+    include_str!("../../scenarios/regional-outage-keyed.toml"),
+    include_str!("../../scenarios/sse-midstream-overload.toml"),
+    include_str!("../../scenarios/429-storm-capacity.toml"),
+    include_str!("../../scenarios/runaway-retry-loop.toml"),
+    include_str!("../../scenarios/replicas-shared-breaker.toml"),
 ];
 
 /// A shipped scenario with a few lines edited: a value (after one of the
