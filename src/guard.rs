@@ -137,6 +137,9 @@ where
 pub(crate) struct Guard {
     // Empty once the call has finished or handed its permit to the body.
     permit: Permit,
+    /// When the call started, if its time to first byte is reported.
+    #[cfg(feature = "metrics")]
+    start: Option<tokio::time::Instant>,
 }
 
 impl Guard {
@@ -146,7 +149,11 @@ impl Guard {
     where
         P: Select<R>,
     {
-        select.admit(request).map(|permit| Guard { permit })
+        select.admit(request).map(|permit| Guard {
+            #[cfg(feature = "metrics")]
+            start: permit.meter().and_then(crate::metrics::Meter::start),
+            permit,
+        })
     }
 
     /// Whether the outcome is recorded (or the body holds the permit).
@@ -179,6 +186,10 @@ impl Guard {
         headers: &HeaderMap,
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_received();
+        #[cfg(feature = "metrics")]
+        if let (Some(start), Some(meter)) = (self.start, self.permit.meter()) {
+            meter.head(start, self.permit.is_probe());
+        }
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {
                 self.permit.finish(outcome);

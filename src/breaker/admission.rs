@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use super::counters::Counter;
 use super::permit::{Kind, Permit};
+use super::rejection::{CircuitOpen, Rejection};
 use super::state::Packed;
 use super::window::SLOW;
 use super::{Control, Events, Shared, State};
-use super::rejection::{CircuitOpen, Rejection};
 use crate::sync::lock;
 
 impl Shared {
@@ -179,6 +179,8 @@ impl Shared {
             ));
         }
         self.counters.incr(Counter::Rejected);
+        #[cfg(feature = "metrics")]
+        self.meter.rejected(cause, self.load().state());
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,

@@ -144,6 +144,8 @@ pub(crate) struct Shared {
     /// with nothing but a permit.
     plain: bool,
     epoch: Instant,
+    #[cfg(feature = "metrics")]
+    pub(crate) meter: crate::metrics::Meter,
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -233,6 +235,16 @@ impl Breaker {
                 probe_deadline_ns: nanos(config.probe_deadline()),
                 lease_ns: config.probe_lease.map(nanos),
                 epoch: Instant::now(),
+                // A keyed set names each breaker by its key, never by the
+                // name it gave the set.
+                #[cfg(feature = "metrics")]
+                meter: crate::metrics::Meter::new(
+                    config.metrics.clone(),
+                    config.name.as_ref(),
+                    name.as_ref(),
+                    !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+                        && name.is_some(),
+                ),
                 name,
                 config,
             }),

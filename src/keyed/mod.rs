@@ -70,8 +70,8 @@ use tokio::time::Instant;
 
 use std::hash::BuildHasher;
 
-use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
 use crate::breaker::CircuitOpen;
+use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
 use crate::{Builder, Permit};
 
 const SHARDS: usize = 16;
