@@ -93,6 +93,9 @@ pub mod retry;
 mod rng;
 mod service;
 pub mod stack;
+#[cfg(feature = "status")]
+#[cfg_attr(docsrs, doc(cfg(feature = "status")))]
+pub mod status;
 mod sync;
 
 #[cfg(any(
