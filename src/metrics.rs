@@ -1,4 +1,4 @@
-//! Metrics through the [`metrics`](::metrics) facade: calls by outcome,
+//! Metrics through the [`metrics`] facade: calls by outcome,
 //! rejections by reason, transitions, the state as a gauge and the time to
 //! first byte as a histogram, for Prometheus (`metrics-exporter-prometheus`),
 //! OpenTelemetry bridges or any other recorder.

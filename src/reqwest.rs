@@ -5,7 +5,7 @@
 //! layer sees connections, never a status code). [`ReqwestService`] makes a
 //! `reqwest::Client` a `tower::Service` that takes an `http::Request<B>` and
 //! answers an `http::Response<reqwest::Body>`, so
-//! [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) wraps it like any other
+//! [`CircuitBreakerLayer`] wraps it like any other
 //! HTTP client. Use [`into_reqwest_response`] to get a `reqwest::Response`
 //! back, and [`reqwest_middleware`](crate::reqwest_middleware) to guard a
 //! `reqwest_middleware::ClientWithMiddleware` with the same breaker.
@@ -17,7 +17,7 @@
 //! sharing the layer's breaker.
 //!
 //! Errors round-trip: a `reqwest::Error` stays a `reqwest::Error` inside
-//! [`Error`](crate::Error) and the [`BoxError`] it converts into, so
+//! [`Error`] and the [`BoxError`] it converts into, so
 //! `is_connect()` and `is_timeout()` still answer. The classifier sees it as
 //! the inner error; the default classifiers count every transport error
 //! (connect, reset, timeout) as a failure.
@@ -264,7 +264,7 @@ impl Future for ResponseFuture {
 /// reqwest-middleware client and this client alike. A deferred
 /// classification (a streamed answer) sees the end of the body: the
 /// response's body carries the call's permit. Errors are
-/// [`Error`](crate::Error)s holding the `reqwest::Error`, or the
+/// [`Error`]s holding the `reqwest::Error`, or the
 /// [`CircuitOpen`](crate::CircuitOpen) of a rejection; both downcast out of
 /// a [`BoxError`]. Keyed breakers take their key with
 /// [`keyed::from_fn`](crate::keyed::from_fn) over `&reqwest::Request`.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{MAX_BUCKETS, MAX_COUNT_WINDOW};
 
-/// A configuration that [`Builder::build`] refused.
+/// A configuration that [`Builder::build`](crate::Builder::build) refused.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigError {
