@@ -137,9 +137,10 @@ where
 pub(crate) struct Guard {
     // Empty once the call has finished or handed its permit to the body.
     permit: Permit,
-    /// When the call started, if its time to first byte is reported.
+    /// When the call started, if its time to first byte is reported (see
+    /// [`Meter::start`](crate::metrics::Meter::start)).
     #[cfg(feature = "metrics")]
-    start: Option<tokio::time::Instant>,
+    start: u64,
 }
 
 impl Guard {
@@ -151,7 +152,7 @@ impl Guard {
     {
         select.admit(request).map(|permit| Guard {
             #[cfg(feature = "metrics")]
-            start: permit.meter().and_then(crate::metrics::Meter::start),
+            start: permit.meter().map_or(0, crate::metrics::Meter::start),
             permit,
         })
     }
@@ -187,8 +188,10 @@ impl Guard {
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_received();
         #[cfg(feature = "metrics")]
-        if let (Some(start), Some(meter)) = (self.start, self.permit.meter()) {
-            meter.head(start, self.permit.is_probe());
+        if self.start != 0 {
+            if let Some(meter) = self.permit.meter() {
+                meter.head(self.start, self.permit.is_probe());
+            }
         }
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {

@@ -206,6 +206,7 @@ pub(crate) struct Meter {
     breaker: SharedString,
     key: SharedString,
     series: OnceLock<Box<Series>>,
+    epoch: Instant,
 }
 
 /// Reasons whose series are built ahead; any other is built when it comes.
@@ -249,6 +250,7 @@ impl Meter {
             breaker: label(if keyed { breaker } else { name }),
             key: label(if keyed { name } else { None }),
             series: OnceLock::new(),
+            epoch: Instant::now(),
         }
     }
 
@@ -309,11 +311,11 @@ impl Meter {
 
     /// A call was rejected.
     #[inline]
-    pub(crate) fn rejected(&self, reason: Rejection, state: State) {
+    pub(crate) fn rejected(&self, reason: Rejection, state: impl FnOnce() -> State) {
         if !self.is_on() {
             return;
         }
-        let series = self.series(|| state);
+        let series = self.series(state);
         match REASONS.iter().position(|&r| r == reason) {
             Some(i) => increment(&series.rejections[i]),
             None => increment(&Key::from_parts(
@@ -323,23 +325,36 @@ impl Meter {
         }
     }
 
-    /// When a call admitted now starts, if it is to be timed.
+    /// When a call admitted now starts, in ns since the meter was made,
+    /// plus one, if it is to be timed; else 0. A word rather than an
+    /// `Option<Instant>`, so that every call's guard stays small.
     #[inline]
-    pub(crate) fn start(&self) -> Option<Instant> {
-        self.is_on().then(Instant::now)
+    pub(crate) fn start(&self) -> u64 {
+        if self.is_on() {
+            self.since_epoch() + 1
+        } else {
+            0
+        }
     }
 
-    /// The response head of a call that started at `start` came; `probe`:
-    /// the call is a half-open probe.
-    #[inline]
-    pub(crate) fn head(&self, start: Instant, probe: bool) {
+    #[cold]
+    fn since_epoch(&self) -> u64 {
+        // Far below u64::MAX: there is room for the one added.
+        crate::breaker::nanos(Instant::now().saturating_duration_since(self.epoch))
+            .min(u64::MAX - 1)
+    }
+
+    /// The response head of a call that started at `start` (see
+    /// [`start`](Self::start)) came; `probe`: the call is a half-open probe.
+    #[cold]
+    pub(crate) fn head(&self, start: u64, probe: bool) {
         let state = if probe {
             State::HalfOpen
         } else {
             State::Closed
         };
         let series = self.series(|| state);
-        let elapsed = start.elapsed().as_secs_f64();
+        let elapsed = (self.since_epoch() + 1).saturating_sub(start) as f64 / 1e9;
         ::metrics::with_recorder(|r| {
             r.register_histogram(&series.ttfb, &METADATA)
                 .record(elapsed)

@@ -180,7 +180,7 @@ impl Shared {
         }
         self.counters.incr(Counter::Rejected);
         #[cfg(feature = "metrics")]
-        self.meter.rejected(cause, self.load().state());
+        self.meter.rejected(cause, || self.load().state());
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,
