@@ -53,8 +53,9 @@
 //!
 //! # Cost
 //!
-//! Built without the `metrics` feature, or with metrics off, nothing is
-//! reported and nothing is spent but a check of the switch. On, every
+//! Built without the `metrics` feature, nothing is compiled in. Built with
+//! it, a breaker with metrics off checks its switch at admission, at the
+//! response head and at the outcome, and reports nothing. On, every
 //! report is one lookup of the current recorder and one call into it, with
 //! the series' name and labels built once per breaker (when it first
 //! reports): so a recorder installed after the breaker was built is used from
