@@ -2,8 +2,8 @@
 //! own routes: one model failing, one healthy.
 //!
 //! ```text
-//! cargo run --example status_page --features status
-//! open http://127.0.0.1:9899/ops/breakers
+//! cargo run --example status_page --features status            # fetches its own JSON once, prints it
+//! cargo run --example status_page --features status -- --serve # then open http://127.0.0.1:9899/ops/breakers
 //! ```
 //!
 //! `STATUS_ADDR` sets the address. In a real service, mount the page behind
@@ -55,14 +55,33 @@ async fn main() -> Result<(), BoxError> {
             axum::routing::get(|| async { "the service's own routes" }),
         )
         .nest_service("/ops/breakers", page);
-    let addr = std::env::var("STATUS_ADDR").unwrap_or_else(|_| "127.0.0.1:9899".into());
+    let serve = std::env::args().any(|a| a == "--serve");
+    let default = if serve {
+        "127.0.0.1:9899"
+    } else {
+        "127.0.0.1:0"
+    };
+    let addr = std::env::var("STATUS_ADDR").unwrap_or_else(|_| default.into());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!(
-        "status page: http://{}/ops/breakers (Ctrl-C to stop)",
-        listener.local_addr()?
-    );
+    let url = format!("http://{}/ops/breakers", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    if !serve {
+        // Three failures open gpt-4o within 1.5 s; then read what the page
+        // polls, over a real connection.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let res = client.get(format!("{url}?format=json").parse()?).await?;
+        let body = http_body_util::BodyExt::collect(res.into_body())
+            .await?
+            .to_bytes();
+        println!("{}", String::from_utf8_lossy(&body));
+        return Ok(());
+    }
+    println!("status page: {url} (Ctrl-C to stop)");
     tokio::select! {
-        served = axum::serve(listener, app) => served?,
+        served = server => served??,
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())

@@ -30,6 +30,17 @@ pub fn breaker_layer() -> CircuitBreakerLayer {
         .expect("a valid configuration")
 }
 
+/// `GET url`, as Prometheus scrapes it.
+#[allow(dead_code)] // the test scrapes with its own client
+pub async fn scrape(url: &str) -> Result<String, tower_circuit_breaker::BoxError> {
+    use http_body_util::{BodyExt, Empty};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let res = client.get(url.parse()?).await?;
+    let body = res.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8(body.to_vec())?)
+}
+
 /// Serves `GET /metrics` in Prometheus' text format.
 pub async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) -> std::io::Result<()> {
     let app = axum::Router::new().route(

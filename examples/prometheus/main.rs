@@ -2,8 +2,8 @@
 //! fails, the breaker in front of it, and `GET /metrics`.
 //!
 //! ```text
-//! cargo run --example prometheus --features metrics
-//! curl http://127.0.0.1:9898/metrics
+//! cargo run --example prometheus --features metrics            # scrapes itself once, prints it
+//! cargo run --example prometheus --features metrics -- --serve # then: curl http://127.0.0.1:9898/metrics
 //! ```
 //!
 //! `METRICS_ADDR` sets the address (default `127.0.0.1:9898`).
@@ -39,14 +39,29 @@ async fn main() -> Result<(), BoxError> {
         }
     }
 
-    let addr = std::env::var("METRICS_ADDR").unwrap_or_else(|_| "127.0.0.1:9898".into());
+    let serve = std::env::args().any(|a| a == "--serve");
+    let default = if serve {
+        "127.0.0.1:9898"
+    } else {
+        "127.0.0.1:0"
+    };
+    let addr = std::env::var("METRICS_ADDR").unwrap_or_else(|_| default.into());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!(
-        "scrape http://{}/metrics (Ctrl-C to stop)",
-        listener.local_addr()?
-    );
+    let url = format!("http://{}/metrics", listener.local_addr()?);
+    let server = tokio::spawn(app::serve_metrics(listener, handle));
+    if !serve {
+        // What Prometheus would read, over a real connection.
+        let scrape = app::scrape(&url).await?;
+        for line in scrape.lines() {
+            if line.starts_with("circuit_breaker_") && !line.contains("quantile") {
+                println!("{line}");
+            }
+        }
+        return Ok(());
+    }
+    println!("scrape {url} (Ctrl-C to stop)");
     tokio::select! {
-        served = app::serve_metrics(listener, handle) => served?,
+        served = server => served??,
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
