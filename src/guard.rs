@@ -155,6 +155,10 @@ where
 pub(crate) struct Guard {
     // Empty once the call has finished or handed its permit to the body.
     permit: Permit,
+    /// When the call started, if its time to first byte is reported (see
+    /// [`Meter::start`](crate::metrics::Meter::start)).
+    #[cfg(feature = "metrics")]
+    start: u64,
 }
 
 impl Guard {
@@ -164,7 +168,11 @@ impl Guard {
     where
         P: Select<R>,
     {
-        select.admit(request).map(|permit| Guard { permit })
+        select.admit(request).map(|permit| Guard {
+            #[cfg(feature = "metrics")]
+            start: permit.meter().map_or(0, crate::metrics::Meter::start),
+            permit,
+        })
     }
 
     /// Whether the outcome is recorded (or the body holds the permit).
@@ -197,6 +205,12 @@ impl Guard {
         headers: &HeaderMap,
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
+        #[cfg(feature = "metrics")]
+        if self.start != 0 {
+            if let Some(meter) = self.permit.meter() {
+                meter.head(self.start, self.permit.is_probe());
+            }
+        }
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {
                 self.permit

@@ -5,7 +5,6 @@
 #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
 pub(crate) type DefaultClassifier = crate::classify::LlmClassifier;
 
-#[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
 pub(crate) use self::reqwest_response::record_response;
 
 #[cfg(feature = "reqwest")]
@@ -19,7 +18,6 @@ pub(crate) use self::reqwest_response::keep_url;
 mod reqwest_response {
     use ::reqwest::{ResponseBuilderExt, Url};
 
-    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
     use crate::{body::ResponseBody, classify::Classify, guard::Guard};
 
     /// Records a response head and, when the classifier defers, hands the
@@ -28,7 +26,6 @@ mod reqwest_response {
     /// reqwest keeps the body behind its own type, so the body takes a detour:
     /// `reqwest::Response` -> `http::Response<reqwest::Body>` -> wrapped in
     /// [`ResponseBody`] -> `reqwest::Body::wrap` -> `reqwest::Response`.
-    #[cfg(any(feature = "reqwest-middleware", feature = "async-openai"))]
     pub(crate) fn record_response<C>(
         guard: &mut Guard,
         classifier: &C,

@@ -100,6 +100,9 @@ mod guard;
 pub mod health;
 pub mod keyed;
 mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -108,6 +111,9 @@ pub mod retry;
 mod rng;
 mod service;
 pub mod stack;
+#[cfg(feature = "status")]
+#[cfg_attr(docsrs, doc(cfg(feature = "status")))]
+pub mod status;
 mod sync;
 
 #[cfg(any(

@@ -5,13 +5,19 @@
 //! layer sees connections, never a status code). [`ReqwestService`] makes a
 //! `reqwest::Client` a `tower::Service` that takes an `http::Request<B>` and
 //! answers an `http::Response<reqwest::Body>`, so
-//! [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) wraps it like any other
+//! [`CircuitBreakerLayer`] wraps it like any other
 //! HTTP client. Use [`into_reqwest_response`] to get a `reqwest::Response`
 //! back, and [`reqwest_middleware`](crate::reqwest_middleware) to guard a
 //! `reqwest_middleware::ClientWithMiddleware` with the same breaker.
 //!
+//! Code written against reqwest's own types keeps them: [`ReqwestClient`]
+//! is a service over `reqwest::Request` that answers a `reqwest::Response`,
+//! and [`RequestBuilderExt::send_through`] ends a `reqwest::RequestBuilder`
+//! chain (`client.post(url).json(&body).send_through(&layer)`), both
+//! sharing the layer's breaker.
+//!
 //! Errors round-trip: a `reqwest::Error` stays a `reqwest::Error` inside
-//! [`Error`](crate::Error) and the [`BoxError`] it converts into, so
+//! [`Error`] and the [`BoxError`] it converts into, so
 //! `is_connect()` and `is_timeout()` still answer. The classifier sees it as
 //! the inner error; the default classifiers count every transport error
 //! (connect, reset, timeout) as a failure.
@@ -56,15 +62,18 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::Body as HttpBody;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::integrations::keep_url;
-use crate::BoxError;
+use crate::classify::Classify;
+use crate::classify::HttpClassifier;
+use crate::guard::Guard;
+use crate::integrations::{keep_url, record_response};
+use crate::{BoxError, Breaker, CircuitBreakerLayer, Error, Select};
 
 /// A [`reqwest::Client`] as a `tower::Service` over `http`
 /// types.
@@ -235,6 +244,323 @@ impl Future for ResponseFuture {
                 response
             }),
             KindProj::Invalid { error } => {
+                Poll::Ready(Err(error.take().expect("polled after completion")))
+            }
+        }
+    }
+}
+
+// === ReqwestClient ===
+
+/// A `reqwest::Client` behind a breaker, keeping reqwest's own types: a
+/// `tower::Service` that takes a `reqwest::Request` and answers a
+/// `reqwest::Response`, so code written against reqwest keeps its
+/// builder, `json()`, `text()` and `error_for_status()`. (Where a whole
+/// request is built with a `reqwest::RequestBuilder`,
+/// [`RequestBuilderExt::send_through`] sends it through the same layer.)
+///
+/// It shares the state of the [`CircuitBreakerLayer`] it was made from: the
+/// same breaker (or keyed breakers) and classifier guard a tower stack, a
+/// reqwest-middleware client and this client alike. A deferred
+/// classification (a streamed answer) sees the end of the body: the
+/// response's body carries the call's permit. Errors are
+/// [`Error`]s holding the `reqwest::Error`, or the
+/// [`CircuitOpen`](crate::CircuitOpen) of a rejection; both downcast out of
+/// a [`BoxError`]. Keyed breakers take their key with
+/// [`keyed::from_fn`](crate::keyed::from_fn) over `&reqwest::Request`.
+///
+/// `CircuitBreaker<reqwest::Client>` cannot be this service: tower's
+/// `CircuitBreaker` serves any inner service that answers an
+/// `http::Response`, and Rust does not let a second impl cover a client
+/// that answers a `reqwest::Response`.
+///
+/// # Example
+///
+/// ```
+/// use tower::{Service, ServiceExt};
+/// use tower_circuit_breaker::reqwest::ReqwestClient;
+/// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
+/// let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+/// let layer = CircuitBreakerLayer::builder().consecutive_failures(1).build()?;
+/// let http = reqwest::Client::new();
+/// let mut client = ReqwestClient::new(http.clone(), &layer);
+///
+/// let request = http.get(format!("http://{closed}/v1/models")).build()?;
+/// let err = client.ready().await?.call(request).await.unwrap_err();
+/// assert!(err.inner().is_some_and(|e| e.is::<reqwest::Error>()));
+/// assert_eq!(layer.breaker().state(), State::Open);
+///
+/// let request = http.get(format!("http://{closed}/v1/models")).build()?;
+/// let err = client.execute(request).await.unwrap_err();
+/// assert!(err.is_circuit_open());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReqwestClient<C = HttpClassifier, P = Breaker> {
+    client: ::reqwest::Client,
+    select: P,
+    classifier: C,
+}
+
+impl<C: Clone, P: Clone> ReqwestClient<C, P> {
+    /// Sends with `client`, admitted by `layer`'s breaker (or keyed
+    /// breakers) and judged by its classifier.
+    pub fn new(client: ::reqwest::Client, layer: &CircuitBreakerLayer<C, P>) -> Self {
+        ReqwestClient::with_select(client, layer.select().clone(), layer.classifier().clone())
+    }
+}
+
+impl<C> ReqwestClient<C> {
+    /// The breaker, for snapshots and manual control.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{reqwest::ReqwestClient, CircuitBreakerLayer};
+    /// let layer = CircuitBreakerLayer::builder().name("chat").build().unwrap();
+    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
+    /// assert!(client.breaker().ptr_eq(layer.breaker()));
+    /// ```
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<C, P> ReqwestClient<C, P> {
+    /// Sends with `client`, choosing a breaker per request with `select` (a
+    /// [`Breaker`], or [`Keyed`](crate::keyed::Keyed) breakers) and
+    /// classifying with `classifier`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let breaker = Breaker::builder().name("chat").build().unwrap();
+    /// let client = ReqwestClient::with_select(reqwest::Client::new(), breaker, LlmClassifier::new());
+    /// assert_eq!(client.select().name(), Some("chat"));
+    /// ```
+    pub const fn with_select(client: ::reqwest::Client, select: P, classifier: C) -> Self {
+        ReqwestClient {
+            client,
+            select,
+            classifier,
+        }
+    }
+
+    /// What chooses the breaker for each request.
+    pub fn select(&self) -> &P {
+        &self.select
+    }
+
+    /// The classifier that judges every call.
+    pub fn classifier(&self) -> &C {
+        &self.classifier
+    }
+
+    /// The client.
+    pub fn get_ref(&self) -> &::reqwest::Client {
+        &self.client
+    }
+
+    /// The client.
+    pub fn into_inner(self) -> ::reqwest::Client {
+        self.client
+    }
+
+    /// Sends `request` through the breaker, like `reqwest::Client::execute`.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{reqwest::ReqwestClient, Breaker, classify::HttpClassifier};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
+    /// let breaker = Breaker::builder().build()?;
+    /// breaker.force_open();
+    /// let client = ReqwestClient::with_select(reqwest::Client::new(), breaker, HttpClassifier);
+    /// let request = client.get_ref().get("http://127.0.0.1:9/").build()?;
+    /// assert!(client.execute(request).await.unwrap_err().is_circuit_open());
+    /// # Ok(()) }
+    /// ```
+    pub fn execute(&self, request: ::reqwest::Request) -> SendFuture<C>
+    where
+        C: Classify + Clone,
+        C::Stream: Send + Sync + 'static,
+        P: Select<::reqwest::Request>,
+    {
+        send(&self.select, &self.classifier, &self.client, request)
+    }
+}
+
+impl<C, P> Service<::reqwest::Request> for ReqwestClient<C, P>
+where
+    C: Classify + Clone,
+    C::Stream: Send + Sync + 'static,
+    P: Select<::reqwest::Request>,
+{
+    type Response = ::reqwest::Response;
+    type Error = Error;
+    type Future = SendFuture<C>;
+
+    #[inline]
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: ::reqwest::Request) -> Self::Future {
+        self.execute(request)
+    }
+}
+
+fn send<C, P>(
+    select: &P,
+    classifier: &C,
+    client: &::reqwest::Client,
+    request: ::reqwest::Request,
+) -> SendFuture<C>
+where
+    C: Classify + Clone,
+    P: Select<::reqwest::Request>,
+{
+    match Guard::admit(select, &request) {
+        Ok(guard) => SendFuture {
+            kind: SendKind::Called {
+                future: Service::call(&mut client.clone(), request),
+                guard,
+                classifier: classifier.clone(),
+            },
+        },
+        Err(open) => SendFuture {
+            kind: SendKind::Done {
+                error: Some(Error::open(open)),
+            },
+        },
+    }
+}
+
+// === RequestBuilderExt ===
+
+/// Sends a `reqwest::RequestBuilder` through a breaker, so reqwest's API is
+/// kept to the last call: `.send_through(&layer)` instead of `.send()`.
+///
+/// The request goes out on the builder's own client, admitted and recorded
+/// by the layer's breaker (or keyed breakers) and classifier, exactly as
+/// [`ReqwestClient`] would. A
+/// request that fails to build is not admitted: its `reqwest::Error`
+/// (`is_builder()`) comes back at once.
+///
+/// # Example
+///
+/// ```
+/// use tower_circuit_breaker::reqwest::RequestBuilderExt;
+/// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
+/// let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+/// let layer = CircuitBreakerLayer::builder().name("chat").consecutive_failures(1).build()?;
+/// let client = reqwest::Client::new();
+///
+/// let url = format!("http://{closed}/v1/chat/completions");
+/// let err = client.post(&url).body("{}").send_through(&layer).await.unwrap_err();
+/// assert!(!err.is_circuit_open(), "refused: a reqwest error");
+/// assert_eq!(layer.breaker().state(), State::Open);
+///
+/// let err = client.post(&url).body("{}").send_through(&layer).await.unwrap_err();
+/// assert_eq!(err.circuit_open().and_then(|o| o.key()), Some("chat"));
+/// # Ok(()) }
+/// ```
+pub trait RequestBuilderExt: sealed::Sealed {
+    /// Builds the request and sends it through `layer`'s breaker.
+    fn send_through<C, P>(self, layer: &CircuitBreakerLayer<C, P>) -> SendFuture<C>
+    where
+        C: Classify + Clone,
+        C::Stream: Send + Sync + 'static,
+        P: Select<::reqwest::Request>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for ::reqwest::RequestBuilder {}
+}
+
+impl RequestBuilderExt for ::reqwest::RequestBuilder {
+    fn send_through<C, P>(self, layer: &CircuitBreakerLayer<C, P>) -> SendFuture<C>
+    where
+        C: Classify + Clone,
+        C::Stream: Send + Sync + 'static,
+        P: Select<::reqwest::Request>,
+    {
+        match self.build_split() {
+            (client, Ok(request)) => send(layer.select(), layer.classifier(), &client, request),
+            (_, Err(error)) => SendFuture {
+                kind: SendKind::Done {
+                    error: Some(Error::from_inner(Box::new(error))),
+                },
+            },
+        }
+    }
+}
+
+// === SendFuture ===
+
+pin_project! {
+    /// Response future of [`ReqwestClient`] and
+    /// [`RequestBuilderExt::send_through`].
+    ///
+    /// Dropping it before it completes releases the call's permit as
+    /// [`Ignored`](crate::Outcome::Ignored).
+    pub struct SendFuture<C> {
+        #[pin]
+        kind: SendKind<C>,
+    }
+}
+
+pin_project! {
+    #[project = SendProj]
+    enum SendKind<C> {
+        Called {
+            #[pin]
+            future: Pending,
+            guard: Guard,
+            classifier: C,
+        },
+        Done {
+            error: Option<Error>,
+        },
+    }
+}
+
+impl<C> fmt::Debug for SendFuture<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendFuture").finish_non_exhaustive()
+    }
+}
+
+impl<C> Future for SendFuture<C>
+where
+    C: Classify,
+    C::Stream: Send + Sync + 'static,
+{
+    type Output = Result<::reqwest::Response, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            SendProj::Called {
+                future,
+                guard,
+                classifier,
+            } => {
+                assert!(!guard.is_finished(), "polled after completion");
+                Poll::Ready(match ready!(future.poll(cx)) {
+                    Ok(response) => Ok(record_response(guard, classifier, response)),
+                    Err(error) => {
+                        guard.on_error(classifier, &error);
+                        Err(Error::from_inner(Box::new(error)))
+                    }
+                })
+            }
+            SendProj::Done { error } => {
                 Poll::Ready(Err(error.take().expect("polled after completion")))
             }
         }

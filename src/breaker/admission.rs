@@ -233,6 +233,8 @@ impl Shared {
             ));
         }
         self.counters.incr(Counter::Rejected);
+        #[cfg(feature = "metrics")]
+        self.meter.rejected(cause, || self.load().state());
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,

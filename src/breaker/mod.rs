@@ -155,6 +155,8 @@ pub(crate) struct Shared {
     /// the circuit, in ns.
     quota_gate_ns: Option<u64>,
     epoch: Instant,
+    #[cfg(feature = "metrics")]
+    pub(crate) meter: crate::metrics::Meter,
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -257,6 +259,16 @@ impl Breaker {
                 probe_deadline_ns: nanos(config.probe_deadline()),
                 lease_ns: config.probe_lease.map(nanos),
                 epoch: Instant::now(),
+                // A keyed set names each breaker by its key, never by the
+                // name it gave the set.
+                #[cfg(feature = "metrics")]
+                meter: crate::metrics::Meter::new(
+                    config.metrics.clone(),
+                    config.name.as_ref(),
+                    name.as_ref(),
+                    !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+                        && name.is_some(),
+                ),
                 name,
                 config,
             }),

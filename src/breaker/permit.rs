@@ -222,6 +222,12 @@ impl Permit {
             return;
         };
         shared.counters.incr(counter);
+        #[cfg(feature = "metrics")]
+        shared
+            .meter
+            .outcome(outcome, matches!(counter, Counter::Dropped), || {
+                shared.load().state()
+            });
         // The healthy steady state: a success in a full, clean window with no
         // streak to break changes nothing, so it writes nothing.
         let unchanged = outcome == Outcome::Success
@@ -232,6 +238,13 @@ impl Permit {
             shared.record(self.ticket, &mut self.head, outcome, announced);
         }
         spare::give_back(shared);
+    }
+
+    /// The breaker's metrics, while the permit holds its call.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn meter(&self) -> Option<&crate::metrics::Meter> {
+        self.shared.as_deref().map(|s| &s.meter)
     }
 
     #[cold]

@@ -60,7 +60,7 @@ pub enum Rejection {
 /// assert_eq!(open.state(), State::ForcedOpen);
 /// assert_eq!(open.retry_after(), None);
 /// assert_eq!(open.retry_at(), None);
-/// assert_eq!(open.to_string(), "circuit open");
+/// assert_eq!(open.to_string(), "circuit 'gpt' forced open");
 /// # }
 /// ```
 #[derive(Clone)]
@@ -165,9 +165,84 @@ impl fmt::Debug for CircuitOpen {
     }
 }
 
+/// Names the breaker (its stored key: a hashed key stays hashed), says why,
+/// and how long until a call may be admitted again:
+/// `circuit 'gpt-4o' open; next probe in 12 s`,
+/// `circuit 'gpt-4o' volume guard: call limit reached; next call in 3 s`.
+/// Waits are rounded up, so a caller that waits that long finds the circuit
+/// ready.
 impl fmt::Display for CircuitOpen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("circuit open")
+        f.write_str("circuit ")?;
+        if let Some(key) = self.key.as_deref() {
+            // A key is request data: escaped, so it cannot forge a log line.
+            write!(f, "'{}' ", key.escape_debug())?;
+        }
+        f.write_str(self.cause.describe())?;
+        if let Some(wait) = self.retry_after() {
+            write!(f, "; {} in {}", self.cause.waits_for(), Wait(wait))?;
+        }
+        Ok(())
+    }
+}
+
+impl Rejection {
+    /// A short lowercase name for the reason, fit for a metrics label
+    /// (`"open"`, `"half_open_full"`, `"forced_open"`, `"volume_guard"`).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::Rejection;
+    /// assert_eq!(Rejection::VolumeGuard.as_str(), "volume_guard");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Open => "open",
+            Rejection::HalfOpenFull => "half_open_full",
+            Rejection::ForcedOpen => "forced_open",
+            Rejection::VolumeGuard => "volume_guard",
+            Rejection::Quota => "quota",
+            Rejection::RateLimited => "rate_limited",
+        }
+    }
+
+    /// What the rejection's message says after the breaker's name.
+    const fn describe(self) -> &'static str {
+        match self {
+            Rejection::Open => "open",
+            Rejection::HalfOpenFull => "half-open; its probes are out",
+            Rejection::ForcedOpen => "forced open",
+            Rejection::VolumeGuard => "volume guard: call limit reached",
+            Rejection::Quota => "open: the quota ran out",
+            Rejection::RateLimited => "paced: the upstream's rate limit has not reset",
+        }
+    }
+
+    /// What the wait in the message is for.
+    const fn waits_for(self) -> &'static str {
+        match self {
+            Rejection::Open | Rejection::HalfOpenFull | Rejection::Quota => "next probe",
+            _ => "next call",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A wait, rounded up: whole seconds from one second on, else milliseconds.
+struct Wait(std::time::Duration);
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ns = self.0.as_nanos();
+        if ns >= 1_000_000_000 {
+            write!(f, "{} s", ns.div_ceil(1_000_000_000))
+        } else {
+            write!(f, "{} ms", ns.div_ceil(1_000_000))
+        }
     }
 }
 

@@ -110,6 +110,8 @@ impl Shared {
     /// caught.
     pub(super) fn emit(&self, events: Events) {
         for t in events.list.into_iter().flatten() {
+            #[cfg(feature = "metrics")]
+            self.meter.transition(&t);
             tracing::info!(
                 target: "tower_circuit_breaker",
                 key = t.key.as_deref().unwrap_or(""),

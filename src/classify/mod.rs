@@ -108,6 +108,12 @@ pub enum Verdict<S> {
 /// headers.insert("x-upstream-degraded", "1".parse().unwrap());
 /// assert!(matches!(Degraded.classify_response(StatusCode::OK, &headers), Verdict::Done(Outcome::Failure)));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a response classifier: it does not implement `Classify`",
+    label = "not a classifier",
+    note = "a classifier implements `tower_circuit_breaker::classify::Classify`; use `HttpClassifier`, `LlmClassifier` or `GrpcClassifier`, or a closure `Fn(Attempt<'_>) -> Outcome`",
+    note = "a closure over `Attempt` must take it by value and return an `Outcome` (not a `Verdict`)"
+)]
 pub trait Classify {
     /// The end-of-stream classifier this one may defer to.
     type Stream: ClassifyStream;
@@ -124,6 +130,11 @@ pub trait Classify {
 ///
 /// Any method may be the last one called: the body stops consulting the
 /// classifier once [`on_data`](Self::on_data) returns a verdict.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify a response body: it does not implement `ClassifyStream`",
+    label = "not a stream classifier",
+    note = "`Classify::Stream` must implement `tower_circuit_breaker::classify::ClassifyStream` (at least `on_end`); use `NeverDefer` when the head decides"
+)]
 pub trait ClassifyStream {
     /// Sees each data chunk; returns an outcome to decide early (an SSE error
     /// event, or a final event after which the rest is irrelevant).

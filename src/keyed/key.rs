@@ -183,6 +183,11 @@ impl fmt::Debug for Key<'_> {
 ///
 /// Implemented by [`header`], [`header_hashed`], [`authority`],
 /// [`extension`] and [`from_fn`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot take a breaker key from a `{Req}`: it does not implement `KeyFn<{Req}>`",
+    label = "not a key function for `{Req}`",
+    note = "use `keyed::header`, `keyed::header_hashed`, `keyed::authority` or `keyed::extension` (for `http::Request`), or wrap a closure in `keyed::from_fn(|req| ...)`: a bare closure is not a `KeyFn`"
+)]
 pub trait KeyFn<Req> {
     /// The request's key.
     fn key<'a>(&self, request: &'a Req) -> Option<Key<'a>>;

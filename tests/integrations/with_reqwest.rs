@@ -318,3 +318,98 @@ async fn any_deferring_classifier_plugs_in() {
     into_reqwest_response(res).text().await.unwrap();
     assert_eq!(breaker.snapshot().counters.failures, 1);
 }
+
+// === reqwest's own types: ReqwestClient and send_through ===
+
+fn chat_request(client: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(r#"{"model":"gpt-test","messages":[]}"#)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reqwest_client_behind_the_breaker_takes_and_answers_reqwest_types() {
+    use tower_circuit_breaker::reqwest::ReqwestClient;
+
+    let server = OpenAiServer::start(Mode::ServerError(503)).await;
+    let layer = layer();
+    let http = client();
+    let mut svc = ReqwestClient::new(http.clone(), &layer);
+    let url = server.chat_url();
+
+    for _ in 0..4 {
+        let request: reqwest::Request = chat_request(&http, &url).build().unwrap();
+        let res: reqwest::Response = svc.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(res.status(), 503);
+        assert_eq!(res.url().as_str(), url);
+        assert!(res.error_for_status_ref().is_err());
+        assert!(res.text().await.unwrap().contains("error"));
+    }
+    assert_eq!(layer.breaker().state(), State::Open);
+
+    let request = chat_request(&http, &url).build().unwrap();
+    let err = svc.execute(request).await.unwrap_err();
+    assert_eq!(
+        err.circuit_open().unwrap().retry_after(),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(
+        server.hits(),
+        4,
+        "an open circuit does not call the upstream"
+    );
+
+    server.set(Mode::Json);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    for _ in 0..2 {
+        let request = chat_request(&http, &url).build().unwrap();
+        let res = svc.execute(request).await.unwrap();
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["choices"][0]["message"]["content"], "pong");
+    }
+    assert_eq!(layer.breaker().state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_through_keeps_the_builder_and_a_stream_is_decided_at_its_events() {
+    use tower_circuit_breaker::reqwest::RequestBuilderExt;
+
+    let server = OpenAiServer::start(Mode::StreamError).await;
+    let layer = layer().with_classifier(LlmClassifier::new());
+    let http = client();
+
+    let res = chat_request(&http, &server.chat_url())
+        .send_through(&layer)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        layer.breaker().snapshot().counters.failures,
+        0,
+        "not read yet"
+    );
+    assert!(res.text().await.unwrap().contains("overloaded_error"));
+    assert_eq!(layer.breaker().snapshot().counters.failures, 1);
+
+    // A request that does not build is not admitted.
+    let err = http
+        .post("not a url")
+        .send_through(&layer)
+        .await
+        .unwrap_err();
+    let inner: BoxError = err.into();
+    assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_builder());
+    assert_eq!(layer.breaker().snapshot().counters.admitted, 1);
+
+    // A refused connection stays a reqwest::Error, and is a failure.
+    let closed = closed_port();
+    let err = http
+        .get(format!("http://{closed}/v1/models"))
+        .send_through(&layer)
+        .await
+        .unwrap_err();
+    let inner: BoxError = err.into();
+    assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_connect());
+    assert_eq!(layer.breaker().snapshot().counters.failures, 2);
+}

@@ -10,6 +10,7 @@ mod controls;
 mod failover;
 mod grpc;
 mod llm_stream;
+mod messages;
 mod quota_pacing;
 mod real_connection;
 mod recovery;

@@ -389,7 +389,7 @@ async fn question_mark_converts_into_box_dyn_error_and_keeps_the_downcast() {
 
     global.force_open();
     let err = send(&mut svc, "big-model").await.unwrap_err();
-    assert_eq!(err.to_string(), "circuit open");
+    assert_eq!(err.to_string(), "circuit 'global' forced open");
     assert_eq!(
         err.downcast_ref::<CircuitOpen>().unwrap().key(),
         Some("global")

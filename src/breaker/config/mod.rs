@@ -64,6 +64,8 @@ pub(crate) struct Config {
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
     pub(crate) stripes_when_busy: bool,
     pub(crate) listeners: Vec<Listener>,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: Option<crate::metrics::MetricsSwitch>,
 }
 
 impl fmt::Debug for Config {
@@ -117,6 +119,8 @@ impl Default for Config {
             counter_stripes: 16,
             stripes_when_busy: false,
             listeners: Vec::new(),
+            #[cfg(feature = "metrics")]
+            metrics: None,
         }
     }
 }

@@ -418,6 +418,11 @@ impl<'a> SseEvent<'a> {
 /// assert_eq!(stream.on_data(b"event: tick\ndata: 1\n\n"), None);
 /// assert_eq!(stream.on_data(b"event: failure\ndata: disk full\n\n"), Some(Outcome::Failure));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify server-sent events: it does not implement `ClassifyEvent`",
+    label = "not an SSE event classifier",
+    note = "implement `tower_circuit_breaker::classify::ClassifyEvent`, or pass a closure `FnMut(&SseEvent<'_>) -> Option<Outcome>`"
+)]
 pub trait ClassifyEvent {
     /// Classifies one event.
     fn classify_event(&mut self, event: &SseEvent<'_>) -> Option<Outcome>;

@@ -1,0 +1,301 @@
+//! The `metrics` feature: what a recorder sees, and the Prometheus example's
+//! scrape over a real connection.
+//!
+//! Only the scrape test installs the global recorder; the others set a
+//! Prometheus recorder as the thread's local one, on a current-thread
+//! runtime with time paused.
+
+#[path = "../../examples/prometheus/app.rs"]
+mod app;
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use tower::{Layer, Service, ServiceExt};
+use tower_circuit_breaker::keyed::{self, KeyFn, KeySecret, KeyedBreakers};
+use tower_circuit_breaker::metrics::MetricsSwitch;
+use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, Outcome, State};
+
+fn failing() -> impl Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = std::convert::Infallible,
+> + Clone {
+    tower::service_fn(|_: http::Request<String>| async {
+        Ok(http::Response::builder()
+            .status(503)
+            .body(String::new())
+            .unwrap())
+    })
+}
+
+/// The sample of the series whose name and labels start with `series`.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_counts() {
+    // Built first: the recorder installed afterwards is the one it reports to.
+    let mut client = app::breaker_layer().layer(failing());
+    let breaker = client.breaker().clone();
+    let handle = app::install_recorder();
+
+    for _ in 0..3 {
+        let res = client
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(String::new()))
+            .await;
+        assert_eq!(res.unwrap().status(), 503);
+    }
+    assert_eq!(breaker.state(), State::Open);
+    for _ in 0..2 {
+        let err = client
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(String::new()))
+            .await;
+        assert!(err.unwrap_err().is_circuit_open());
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(app::serve_metrics(listener, handle));
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let res = http
+        .get(format!("http://{addr}/metrics").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let scrape = String::from_utf8(body.to_vec()).unwrap();
+
+    let labels = r#"breaker="gpt-4o",key="""#;
+    let at = |series: &str| {
+        sample(&scrape, series).unwrap_or_else(|| panic!("no {series} in the scrape:\n{scrape}"))
+    };
+    assert_eq!(
+        at(&format!("circuit_breaker_state{{{labels}}}")),
+        1.0,
+        "open"
+    );
+    assert_eq!(
+        at(&format!(
+            r#"circuit_breaker_calls_total{{{labels},outcome="failure"}}"#
+        )),
+        3.0
+    );
+    assert_eq!(
+        at(&format!(
+            r#"circuit_breaker_rejections_total{{{labels},reason="open"}}"#
+        )),
+        2.0
+    );
+    assert_eq!(
+        at(&format!(
+            r#"circuit_breaker_transitions_total{{{labels},from="closed",to="open"}}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        at(&format!(
+            "circuit_breaker_time_to_first_byte_seconds_count{{{labels}}}"
+        )),
+        3.0
+    );
+    assert!(scrape.contains("# HELP circuit_breaker_state "), "{scrape}");
+}
+
+/// Runs `f` with a Prometheus recorder as this thread's, and renders it.
+fn with_recorder(f: impl FnOnce()) -> String {
+    let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, f);
+    handle.render()
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_outcome_is_counted_under_its_own_label() {
+    let breaker = Breaker::builder()
+        .name("outcomes")
+        .metrics(true)
+        .build()
+        .unwrap();
+    let scrape = with_recorder(|| {
+        breaker.admit().unwrap().record(Outcome::Success);
+        breaker.admit().unwrap().record(Outcome::Success);
+        breaker.admit().unwrap().record(Outcome::Ignored);
+        breaker
+            .admit()
+            .unwrap()
+            .record(Outcome::RateLimited { retry_after: None });
+        drop(breaker.admit().unwrap());
+    });
+    let calls = |o: &str| {
+        sample(
+            &scrape,
+            &format!(r#"circuit_breaker_calls_total{{breaker="outcomes",key="",outcome="{o}"}}"#),
+        )
+    };
+    assert_eq!(calls("success"), Some(2.0), "{scrape}");
+    assert_eq!(calls("ignored"), Some(1.0));
+    assert_eq!(calls("rate_limited"), Some(1.0));
+    assert_eq!(calls("dropped"), Some(1.0));
+    assert_eq!(calls("failure"), None, "never reported, never created");
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"circuit_breaker_state{breaker="outcomes",key=""}"#
+        ),
+        Some(0.0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_volume_guard_is_its_own_reason() {
+    let breaker = Breaker::builder()
+        .name("volume")
+        .volume_guard(1, Duration::from_secs(60))
+        .metrics(true)
+        .build()
+        .unwrap();
+    let scrape = with_recorder(|| {
+        breaker.admit().unwrap().record(Outcome::Success);
+        assert!(breaker.admit().is_err());
+    });
+    let series =
+        r#"circuit_breaker_rejections_total{breaker="volume",key="",reason="volume_guard"}"#;
+    assert_eq!(sample(&scrape, series), Some(1.0), "{scrape}");
+    assert!(!scrape.contains(r#"reason="open""#), "{scrape}");
+    assert_eq!(
+        sample(&scrape, r#"circuit_breaker_state{breaker="volume",key=""}"#),
+        Some(0.0),
+        "the circuit stays closed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
+    let set = KeyedBreakers::builder()
+        .name("chat")
+        .consecutive_failures(1)
+        .metrics(true)
+        .build()
+        .unwrap();
+    let secret = KeySecret::new("0123456789abcdef0123456789abcdef").unwrap();
+    let request = http::Request::builder()
+        .header("x-api-key", "sk-live-very-secret")
+        .body(())
+        .unwrap();
+    let hashed = keyed::header_hashed("x-api-key", &secret)
+        .key(&request)
+        .unwrap();
+    let scrape = with_recorder(|| {
+        set.admit(hashed.as_str()).unwrap().record(Outcome::Failure);
+        assert!(set.admit(hashed.as_str()).is_err());
+        set.admit("gpt-4o").unwrap().record(Outcome::Success);
+    });
+    assert!(!scrape.contains("sk-live"), "{scrape}");
+    let key = hashed.as_str();
+    assert_eq!(
+        sample(
+            &scrape,
+            &format!(r#"circuit_breaker_state{{breaker="chat",key="{key}"}}"#)
+        ),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"circuit_breaker_state{breaker="chat",key="gpt-4o"}"#
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            &format!(
+                r#"circuit_breaker_rejections_total{{breaker="chat",key="{key}",reason="open"}}"#
+            )
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_switch_turns_reporting_off_and_on_at_run_time() {
+    let switch = MetricsSwitch::new(true);
+    let layer = CircuitBreakerLayer::builder()
+        .name("switched")
+        .metrics_switch(&switch)
+        .build()
+        .unwrap();
+    let breaker = layer.breaker().clone();
+    let scrape = with_recorder(|| {
+        breaker.admit().unwrap().record(Outcome::Success);
+        switch.set(false);
+        breaker.admit().unwrap().record(Outcome::Success);
+        breaker.admit().unwrap().record(Outcome::Success);
+        switch.set(true);
+        breaker.admit().unwrap().record(Outcome::Success);
+    });
+    let series = r#"circuit_breaker_calls_total{breaker="switched",key="",outcome="success"}"#;
+    assert_eq!(sample(&scrape, series), Some(2.0), "{scrape}");
+    assert_eq!(breaker.snapshot().counters.successes, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_built_without_metrics_reports_nothing() {
+    let breaker = Breaker::builder()
+        .name("quiet")
+        .consecutive_failures(1)
+        .build()
+        .unwrap();
+    let scrape = with_recorder(|| {
+        breaker.admit().unwrap().record(Outcome::Failure);
+        assert!(breaker.admit().is_err());
+    });
+    assert!(!scrape.contains("quiet"), "{scrape}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
+    let layer = CircuitBreakerLayer::builder()
+        .name("ttfb")
+        .metrics(true)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    }));
+    let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(http::Request::new(String::new()))
+        .await;
+    assert_eq!(res.unwrap().status(), 200);
+    let scrape = handle.render();
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"circuit_breaker_time_to_first_byte_seconds_sum{breaker="ttfb",key=""}"#
+        ),
+        Some(1.5),
+        "{scrape}"
+    );
+}
