@@ -15,9 +15,11 @@
 //! [`StackBuilder::build`] refuses pieces that do not fit, with
 //! [`StackError::Misfit`]: a total timeout shorter than one attempt, a time
 //! window shorter than two attempt timeouts, a slow-call threshold the
-//! attempt timeout never lets a call reach, a probe lease that expires
-//! before the attempt timeout can judge the probe, a `Retry-After` cap the
-//! total timeout would cut short.
+//! attempt timeout never lets a call reach, a probe timeout longer than the
+//! attempt timeout (the default one is capped there), a probe lease that
+//! expires before the attempt timeout, a stall or first-frame deadline
+//! longer than the total timeout, a `Retry-After` cap the total timeout
+//! would cut short.
 //!
 //! # Example
 //!
