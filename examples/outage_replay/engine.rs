@@ -354,9 +354,7 @@ fn run_stack(
                     (0..replicas).map(|r| breaker(&sim, &log, r)).collect();
                 drive(stacks?, &sim, &arrivals).await?
             }
-            StackKind::NaiveFailover => {
-                drive(vec![naive_failover(&sim)?], &sim, &arrivals).await?
-            }
+            StackKind::NaiveFailover => drive(vec![naive_failover(&sim)?], &sim, &arrivals).await?,
             StackKind::Failover | StackKind::FailoverIndependent => {
                 let stacks: Result<Vec<_>, String> =
                     (0..replicas).map(|r| failover(&sim, &log, r)).collect();
@@ -648,10 +646,10 @@ fn naive_failover(sim: &Arc<Sim>) -> Result<SimStack, String> {
                 .with_classifier(LlmClassifier::new());
             for upstream in &scenario.upstreams[1..] {
                 let model = upstream.name.clone();
-                failover = failover.fallback_with(
-                    route(attempt(sim))?,
-                    move |req: &mut Request<String>| *req.body_mut() = chat_body(&model),
-                );
+                failover = failover
+                    .fallback_with(route(attempt(sim))?, move |req: &mut Request<String>| {
+                        *req.body_mut() = chat_body(&model)
+                    });
             }
             failover
         }};
@@ -716,9 +714,10 @@ fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStac
     }
     Ok(match stream_deadlines(scenario) {
         None => boxed(outer.service(chain!(Ok::<_, String>))),
-        Some(d) => boxed(outer.service(chain!(|b: CircuitBreaker<_, _>| b
-            .stream_deadlines(d)
-            .map_err(|e| format!("the stream deadlines do not fit: {e}"))))),
+        Some(d) => boxed(outer.service(chain!(|b: CircuitBreaker<_, _>| {
+            b.stream_deadlines(d)
+                .map_err(|e| format!("the stream deadlines do not fit: {e}"))
+        }))),
     })
 }
 

@@ -269,9 +269,10 @@ impl Billing {
             Kind::SseError { latency, .. } if ran >= latency => self.stream_error,
             Kind::SseError { .. } => 0.0,
             // Its tokens were generated whether or not anyone read them.
-            Kind::Stall { latency, stall_after } if ran >= latency && !stall_after.is_zero() => {
-                self.stall
-            }
+            Kind::Stall {
+                latency,
+                stall_after,
+            } if ran >= latency && !stall_after.is_zero() => self.stall,
             Kind::Stall { .. } => 0.0,
             Kind::Status { .. } | Kind::Reset { .. } | Kind::ContentFilter { .. } => self.error,
         }
@@ -1162,7 +1163,10 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
         let Some(v) = v else { return Ok(None) };
         let d = seconds(src, v, key)?;
         if d.is_zero() {
-            return Err(src.at(v, format!("`{key}` must be greater than 0 (leave it out for none)")));
+            return Err(src.at(
+                v,
+                format!("`{key}` must be greater than 0 (leave it out for none)"),
+            ));
         }
         Ok(Some(d))
     };
@@ -1435,8 +1439,8 @@ fn upstream(
             let response = response(src, r)?;
             // A stalled stream ends only at a stall deadline or when its
             // user gives up.
-            let ends = client.stall_timeout.is_some()
-                || client.cancel.is_some_and(|(p, _)| p >= 1.0);
+            let ends =
+                client.stall_timeout.is_some() || client.cancel.is_some_and(|(p, _)| p >= 1.0);
             if matches!(response.kind, Kind::Stall { .. }) && response.p > 0.0 && !ends {
                 return Err(src.at(
                     &r.get_ref().kind,
