@@ -1605,3 +1605,181 @@ proptest::proptest! {
         check_error(&(edited.join("\n") + "\n"), i + 1, key);
     }
 }
+
+// === stream deadlines and the retry budget ===
+
+/// Upstream `i`'s slowest good answer, to its end: the 99th-percentile head
+/// plus the stream.
+fn slowest_answer(scenario: &scenario::Scenario, i: usize) -> Duration {
+    scenario.upstreams[i]
+        .phases
+        .iter()
+        .flat_map(|p| &p.responses)
+        .filter_map(|r| match r.kind {
+            Kind::Ok { stream, .. } => Some(r.slowest().unwrap() + stream),
+            _ => None,
+        })
+        .max()
+        .expect("the fallback answers")
+}
+
+#[test]
+fn streams_that_stall_for_minutes_open_the_breaker_with_a_stall_deadline() {
+    let scenario = load("stalled-streams.toml");
+    let stall = scenario.client.stall_timeout.expect("a stall deadline");
+    let replay = replayed("stalled-streams.toml");
+    assert_consistent(replay);
+    let bound = stall.as_secs_f64() + slowest_answer(&scenario, 1).as_secs_f64() + 2.5;
+    let failover = outage(replay, "failover");
+    let p99 = failover.answered_wait.unwrap().p99_s;
+    assert!(
+        p99 <= bound,
+        "failover's answered p99 {p99} s over {bound} s"
+    );
+    for name in ["breaker", "failover"] {
+        assert!(
+            stack(replay, name).recovery[0].time_to_trip_s.is_some(),
+            "{name}: the primary's breaker never opened"
+        );
+    }
+    // No stalled stream holds its user until they give up.
+    for run in &replay.stacks {
+        assert_eq!(run.all.cancelled, 0, "{}", run.name);
+    }
+    let plain = outage(replay, "no-breaker");
+    assert!(failover.user_error_rate.unwrap() * 5.0 < plain.user_error_rate.unwrap());
+
+    // Without the deadlines a stalled stream is never a failure: no breaker
+    // opens, and users wait until they give up.
+    let mut without = scenario.clone();
+    without.client.stall_timeout = None;
+    without.client.ttft_timeout = None;
+    let without = engine::replay(&without).unwrap();
+    assert_consistent(&without);
+    for name in ["breaker", "failover"] {
+        assert!(stack(&without, name).recovery[0].time_to_trip_s.is_none());
+    }
+    let stalled = outage(&without, "failover");
+    assert!(stalled.cancelled > 0);
+    assert!(stalled.user_error_rate.unwrap() > failover.user_error_rate.unwrap() * 5.0);
+    let (patience_s, waited_s) = (
+        scenario.client.cancel.unwrap().1.as_secs_f64(),
+        stalled.wait.unwrap().p99_s,
+    );
+    assert!(close(waited_s, patience_s), "{waited_s}");
+}
+
+#[test]
+fn a_retry_budget_caps_the_amplification_of_a_503_storm() {
+    let scenario = load("503-storm-retry-budget.toml");
+    assert_eq!(scenario.client.retry_budget_percent, Some(20.0));
+    assert_eq!(scenario.client.max_retries, 3);
+    let replay = replayed("503-storm-retry-budget.toml");
+    assert_consistent(replay);
+    for run in &replay.stacks {
+        let amplification = run.outage.as_ref().unwrap().amplification.unwrap();
+        assert!(amplification <= 1.25, "{}: {amplification}", run.name);
+    }
+    let mut without = scenario.clone();
+    without.client.retry_budget_percent = None;
+    let without = engine::replay(&without).unwrap();
+    let amplification = outage(&without, "no-breaker").amplification.unwrap();
+    assert!(
+        (1.5..1.9).contains(&amplification),
+        "without a budget: {amplification}"
+    );
+}
+
+#[test]
+fn the_stall_kind_and_the_client_deadline_keys_are_checked_where_they_are() {
+    let stall = GOOD.replace(
+        "{ p = 0.5, kind = \"ok\", latency_ms = 100 }",
+        "{ p = 0.5, kind = \"stall\", latency_ms = 100, stall_after_ms = 300 }",
+    );
+    // A stalled stream never ends without a stall deadline or impatient users.
+    check_error(&stall, line_of(&stall, "\"stall\""), "stall_timeout_s");
+    let with = |keys: &str| {
+        stall.replace(
+            "backoff_max_ms = 1000",
+            &format!("backoff_max_ms = 1000\n{keys}"),
+        )
+    };
+    let s = parse(&with(
+        "stall_timeout_s = 2\nttft_timeout_s = 1.5\nretry_budget_percent = 20",
+    ))
+    .unwrap();
+    assert_eq!(s.client.stall_timeout, Some(Duration::from_secs(2)));
+    assert_eq!(s.client.ttft_timeout, Some(Duration::from_millis(1500)));
+    assert_eq!(s.client.retry_budget_percent, Some(20.0));
+    assert_eq!(
+        s.upstreams[0].phases[0].responses[0].kind,
+        Kind::Stall {
+            latency: Duration::from_millis(100),
+            stall_after: Duration::from_millis(300)
+        }
+    );
+    assert_consistent(&engine::replay(&s).unwrap());
+    assert!(parse(&with("cancel_p = 1.0\ncancel_after_s = 5")).is_ok());
+    assert!(parse(&with("cancel_p = 0.5\ncancel_after_s = 5")).is_err());
+    let base = with("stall_timeout_s = 2");
+    for (keys, key) in [
+        ("ttft_timeout_s = 0", "ttft_timeout_s"),
+        ("ttft_timeout_s = -1", "ttft_timeout_s"),
+        ("retry_budget_percent = -5", "retry_budget_percent"),
+        ("retry_budget_percent = 1001", "retry_budget_percent"),
+    ] {
+        let text = base.replace(
+            "stall_timeout_s = 2",
+            &format!("stall_timeout_s = 2\n{keys}"),
+        );
+        check_error(&text, line_of(&text, keys), key);
+    }
+    let text = base
+        .replace("total_timeout_s = 0", "total_timeout_s = 5")
+        .replace("stall_timeout_s = 2", "stall_timeout_s = 6");
+    check_error(&text, line_of(&text, "stall_timeout_s"), "stall_timeout_s");
+    let text = base.replace(
+        "stall_after_ms = 300",
+        "stall_after_ms = 300, stream_ms = 9",
+    );
+    check_error(&text, line_of(&text, "stream_ms"), "stream_ms");
+    let text = base.replace(", stall_after_ms = 300", "");
+    check_error(&text, line_of(&text, "\"stall\""), "stall_after_ms");
+    let text = base.replace(
+        "kind = \"status\", code = 503",
+        "kind = \"status\", stall_after_ms = 1, code = 503",
+    );
+    check_error(
+        &text,
+        line_of(&text, "stall_after_ms = 1,"),
+        "stall_after_ms",
+    );
+}
+
+#[test]
+fn a_stalled_stream_bills_what_it_generated_until_the_stall() {
+    let billing = Billing::default();
+    let ms = Duration::from_millis;
+    let stall = Kind::Stall {
+        latency: ms(700),
+        stall_after: ms(1500),
+    };
+    assert!(stall.is_failure());
+    assert_eq!(billing.generated(stall, ms(700)), billing.stall);
+    assert_eq!(
+        billing.generated(stall, ms(300)),
+        0.0,
+        "given up before its head"
+    );
+    let silent = Kind::Stall {
+        latency: ms(700),
+        stall_after: ms(0),
+    };
+    assert_eq!(
+        billing.generated(silent, ms(700)),
+        0.0,
+        "no token was generated"
+    );
+    let text = GOOD.replace("[breaker]", "[billing]\nstall = 2.0\n\n[breaker]");
+    check_error(&text, line_of(&text, "stall = 2.0"), "stall");
+}

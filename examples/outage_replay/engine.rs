@@ -24,17 +24,20 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::retry::RetryLayer;
 use tower::timeout::{Timeout, TimeoutLayer};
+use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
+use tower_circuit_breaker::deadline::StreamDeadlines;
 use tower_circuit_breaker::failover::Failover;
 use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::{self, KeyedBreakers};
-use tower_circuit_breaker::retry::RetryPolicy;
+use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::{
     BoxError, Breaker, Build, Builder, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, State,
@@ -43,7 +46,7 @@ use tower_circuit_breaker::{
 
 use crate::figures::{Figures, Recovery};
 pub use crate::scenario::StackKind;
-use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig};
+use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig, TOKEN_EVERY};
 
 /// Buckets of a time window (`window_s`).
 pub const TIME_BUCKETS: u32 = 20;
@@ -339,7 +342,7 @@ fn run_stack(
         // One stack per replica, each with breakers of its own.
         let keyed = scenario.breaker.keyed_by.is_some();
         let requests = match kind {
-            StackKind::NoBreaker => drive(vec![no_breaker(&sim)], &sim, &arrivals).await?,
+            StackKind::NoBreaker => drive(vec![no_breaker(&sim)?], &sim, &arrivals).await?,
             StackKind::Breaker | StackKind::BreakerIndependent if keyed => {
                 let stacks: Result<Vec<_>, String> = (0..replicas)
                     .map(|r| keyed_breaker(&sim, &log, r))
@@ -351,7 +354,7 @@ fn run_stack(
                     (0..replicas).map(|r| breaker(&sim, &log, r)).collect();
                 drive(stacks?, &sim, &arrivals).await?
             }
-            StackKind::NaiveFailover => drive(vec![naive_failover(&sim)], &sim, &arrivals).await?,
+            StackKind::NaiveFailover => drive(vec![naive_failover(&sim)?], &sim, &arrivals).await?,
             StackKind::Failover | StackKind::FailoverIndependent => {
                 let stacks: Result<Vec<_>, String> =
                     (0..replicas).map(|r| failover(&sim, &log, r)).collect();
@@ -406,14 +409,70 @@ fn spawn_keyed_health_probe(sim: &Arc<Sim>, set: &KeyedBreakers) {
     tokio::spawn(prober.run_keyed(set.clone()));
 }
 
+/// The client's retry: with `retry_budget_percent`, a budget of its own
+/// (one per stack and replica, made on the stack's paused clock).
 fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
     let c = &scenario.client;
-    RetryPolicy::new()
+    let mut policy = RetryPolicy::new()
         .max_retries(c.max_retries)
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
-        .seed(scenario.seed)
-        .with_classifier(LlmClassifier::new())
+        .seed(scenario.seed);
+    if let Some(percent) = c.retry_budget_percent {
+        let budget = RetryBudget::new(percent).expect("the parser checked the percentage");
+        policy = policy.budget(budget);
+    }
+    policy.with_classifier(LlmClassifier::new())
+}
+
+/// The client's stream deadlines (`ttft_timeout_s`, `stall_timeout_s`),
+/// when it sets any.
+pub fn stream_deadlines(scenario: &Scenario) -> Option<StreamDeadlines> {
+    let c = &scenario.client;
+    let mut d = StreamDeadlines::new();
+    if let Some(t) = c.ttft_timeout {
+        d = d.first_frame(t);
+    }
+    if let Some(t) = c.stall_timeout {
+        d = d.stall(t);
+    }
+    (!d.is_empty()).then_some(d)
+}
+
+/// Every stack, boxed: with stream deadlines and without, the stacks have
+/// different types.
+pub type SimStack = BoxCloneService<Request<String>, Response<StackBody>, BoxError>;
+pub type StackBody = UnsyncBoxBody<Bytes, BoxError>;
+
+fn boxed<S, B>(service: S) -> SimStack
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    BoxCloneService::new(
+        service
+            .map_response(|r: Response<B>| r.map(|b| b.map_err(Into::into).boxed_unsync()))
+            .map_err(Into::into),
+    )
+}
+
+/// The stream deadlines on a stack without a breaker: the crate keeps them
+/// in its breaker's body wrapper, so a breaker that is disabled (it admits
+/// every call and records nothing) carries them, and nothing else.
+fn deadlines_only<S>(
+    inner: S,
+    deadlines: StreamDeadlines,
+) -> Result<CircuitBreaker<S, LlmClassifier, Breaker, StreamDeadlines>, String> {
+    let breaker = Breaker::builder()
+        .build()
+        .map_err(|e| format!("cannot build a deadline carrier: {e}"))?;
+    breaker.disable();
+    CircuitBreaker::with_classifier(inner, breaker, LlmClassifier::new())
+        .stream_deadlines(deadlines)
+        .map_err(|e| format!("the stream deadlines do not fit: {e}"))
 }
 
 fn retry_after_cap(scenario: &Scenario) -> Duration {
@@ -481,35 +540,23 @@ fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
     builder
 }
 
-fn no_breaker(
-    sim: &Arc<Sim>,
-) -> impl Service<Request<String>, Response = Response<SimBody>, Error = BoxError, Future: Send>
-       + Clone
-       + Send
-       + 'static {
+fn no_breaker(sim: &Arc<Sim>) -> Result<SimStack, String> {
     let c = &sim.scenario.client;
-    ServiceBuilder::new()
+    let attempt = Timeout::new(client(sim), c.attempt_timeout);
+    let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
-        .layer(RetryLayer::new(retry_policy(&sim.scenario)))
-        .layer(TimeoutLayer::new(c.attempt_timeout))
-        .service(client(sim))
+        .layer(RetryLayer::new(retry_policy(&sim.scenario)));
+    Ok(match stream_deadlines(&sim.scenario) {
+        None => boxed(outer.service(attempt)),
+        Some(d) => boxed(
+            outer
+                .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
+                .service(deadlines_only(attempt, d)?),
+        ),
+    })
 }
 
-fn breaker(
-    sim: &Arc<Sim>,
-    log: &TransitionLog,
-    replica: u32,
-) -> Result<
-    impl Service<
-            Request<String>,
-            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
-            Error = BoxError,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-    String,
-> {
+fn breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let mut builder = Stack::builder()
@@ -523,30 +570,27 @@ fn breaker(
     if let Some(total) = c.total_timeout {
         builder = builder.total_timeout(total);
     }
-    let layer = builder
-        .build()
-        .map_err(|e| format!("the breaker stack does not accept this scenario: {e}"))?;
-    spawn_health_probe(sim, 0, layer.breaker());
-    Ok(layer.layer(client(sim)))
+    if c.retry_budget_percent.is_some() {
+        builder = builder.retry(retry_policy(scenario));
+    }
+    let refused = |e| format!("the breaker stack does not accept this scenario: {e}");
+    Ok(match stream_deadlines(scenario) {
+        None => {
+            let layer = builder.build().map_err(refused)?;
+            spawn_health_probe(sim, 0, layer.breaker());
+            boxed(layer.layer(client(sim)))
+        }
+        Some(d) => {
+            let layer = builder.stream_deadlines(d).build().map_err(refused)?;
+            spawn_health_probe(sim, 0, layer.breaker());
+            boxed(layer.layer(client(sim)))
+        }
+    })
 }
 
 /// The breaker stack with keyed breakers: one per model (or model and API
 /// key), each upstream's own settings for its keys.
-fn keyed_breaker(
-    sim: &Arc<Sim>,
-    log: &TransitionLog,
-    replica: u32,
-) -> Result<
-    impl Service<
-            Request<String>,
-            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
-            Error = BoxError,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-    String,
-> {
+fn keyed_breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let suffix = replica_suffix(replica);
@@ -571,91 +615,110 @@ fn keyed_breaker(
     // open, and a request's retry waits on its own key only; the retry
     // after it is rejected at once.
     let policy = retry_policy(scenario);
-    Ok(ServiceBuilder::new()
+    let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
-        .layer(RetryLayer::new(policy))
-        .layer(
-            CircuitBreakerLayer::keyed(set, keyed::header(BREAKER_KEY))
-                .with_classifier(LlmClassifier::new()),
-        )
-        .layer(TimeoutLayer::new(c.attempt_timeout))
-        .service(client(sim)))
+        .layer(RetryLayer::new(policy));
+    let breakers = CircuitBreakerLayer::keyed(set, keyed::header(BREAKER_KEY))
+        .with_classifier(LlmClassifier::new());
+    let attempt = Timeout::new(client(sim), c.attempt_timeout);
+    Ok(match stream_deadlines(scenario) {
+        None => boxed(outer.layer(breakers).service(attempt)),
+        Some(d) => {
+            let breakers = breakers
+                .stream_deadlines(d)
+                .map_err(|e| format!("the stream deadlines do not fit: {e}"))?;
+            boxed(outer.layer(breakers).service(attempt))
+        }
+    })
 }
 
-fn naive_failover(
-    sim: &Arc<Sim>,
-) -> impl Service<Request<String>, Response = Response<SimBody>, Error = BoxError, Future: Send>
-       + Clone
-       + Send
-       + 'static {
+fn naive_failover(sim: &Arc<Sim>) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let attempt = |sim: &Arc<Sim>| Timeout::new(client(sim), c.attempt_timeout);
-    let mut failover = Failover::new(attempt(sim))
-        .jitter(Duration::ZERO, Duration::ZERO)
-        .with_classifier(LlmClassifier::new());
-    for upstream in &scenario.upstreams[1..] {
-        let model = upstream.name.clone();
-        failover = failover.fallback_with(attempt(sim), move |req: &mut Request<String>| {
-            *req.body_mut() = chat_body(&model)
-        });
+    // The same chain of upstreams, each attempt wrapped by `route`.
+    macro_rules! chain {
+        ($route:expr) => {{
+            let route = $route;
+            let mut failover = Failover::new(route(attempt(sim))?)
+                .jitter(Duration::ZERO, Duration::ZERO)
+                .with_classifier(LlmClassifier::new());
+            for upstream in &scenario.upstreams[1..] {
+                let model = upstream.name.clone();
+                failover = failover
+                    .fallback_with(route(attempt(sim))?, move |req: &mut Request<String>| {
+                        *req.body_mut() = chat_body(&model)
+                    });
+            }
+            failover
+        }};
     }
-    ServiceBuilder::new()
+    let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
-        .layer(RetryLayer::new(retry_policy(scenario)))
-        .service(failover)
+        .layer(RetryLayer::new(retry_policy(scenario)));
+    Ok(match stream_deadlines(scenario) {
+        None => boxed(outer.service(chain!(Ok::<_, String>))),
+        Some(d) => boxed(
+            outer
+                .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
+                .service(chain!(|a| deadlines_only(a, d))),
+        ),
+    })
 }
 
-fn failover(
-    sim: &Arc<Sim>,
-    log: &TransitionLog,
-    replica: u32,
-) -> Result<
-    impl Service<
-            Request<String>,
-            Response = Response<impl Body<Data = Bytes> + Send + 'static>,
-            Error = BoxError,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-    String,
-> {
+fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let mut policy = retry_policy(scenario);
-    let mut routes = Vec::new();
+    let mut breakers = Vec::new();
     for i in 0..scenario.upstreams.len() {
         let breaker = breaker_builder(scenario, i, replica, log)
             .build()
             .map_err(|e| format!("the breaker does not accept this scenario: {e}"))?;
         policy = policy.watch_breaker(breaker.clone());
         spawn_health_probe(sim, i, &breaker);
-        let attempt = Timeout::new(client(sim), c.attempt_timeout);
-        routes.push(CircuitBreaker::with_classifier(
-            attempt,
-            breaker,
-            LlmClassifier::new(),
-        ));
+        breakers.push(breaker);
     }
-    let mut routes = routes.into_iter();
-    let primary = routes.next().expect("a scenario has an upstream");
-    let mut failover = Failover::new(primary)
-        .jitter(FAILOVER_JITTER.0, FAILOVER_JITTER.1)
-        .seed(mix(scenario.seed ^ 0xfa11))
-        .with_classifier(LlmClassifier::new());
-    for (route, upstream) in routes.zip(&scenario.upstreams[1..]) {
-        let model = upstream.name.clone();
-        failover = failover.fallback_with(route, move |req: &mut Request<String>| {
-            *req.body_mut() = chat_body(&model)
-        });
-    }
-    Ok(ServiceBuilder::new()
+    let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
-        .layer(RetryLayer::new(policy))
-        .service(failover))
+        .layer(RetryLayer::new(policy));
+    // Each upstream behind its breaker, made a route by `route`.
+    macro_rules! chain {
+        ($route:expr) => {{
+            let route = $route;
+            let mut routes = Vec::new();
+            for breaker in breakers {
+                let attempt = Timeout::new(client(sim), c.attempt_timeout);
+                routes.push(route(CircuitBreaker::with_classifier(
+                    attempt,
+                    breaker,
+                    LlmClassifier::new(),
+                ))?);
+            }
+            let mut routes = routes.into_iter();
+            let primary = routes.next().expect("a scenario has an upstream");
+            let mut failover = Failover::new(primary)
+                .jitter(FAILOVER_JITTER.0, FAILOVER_JITTER.1)
+                .seed(mix(scenario.seed ^ 0xfa11))
+                .with_classifier(LlmClassifier::new());
+            for (route, upstream) in routes.zip(&scenario.upstreams[1..]) {
+                let model = upstream.name.clone();
+                failover = failover.fallback_with(route, move |req: &mut Request<String>| {
+                    *req.body_mut() = chat_body(&model)
+                });
+            }
+            failover
+        }};
+    }
+    Ok(match stream_deadlines(scenario) {
+        None => boxed(outer.service(chain!(Ok::<_, String>))),
+        Some(d) => boxed(outer.service(chain!(|b: CircuitBreaker<_, _>| {
+            b.stream_deadlines(d)
+                .map_err(|e| format!("the stream deadlines do not fit: {e}"))
+        }))),
+    })
 }
 
 // === driving requests ===
@@ -960,6 +1023,7 @@ impl Service<Request<String>> for SimClient {
                 Ok(json(StatusCode::NOT_FOUND, r#"{"error":"unknown model"}"#))
             });
         };
+        let tokens = stream_deadlines(&sim.scenario).is_some();
         let capacity = sim.scenario.upstreams[upstream].capacity;
         let slots = sim.slots[upstream].clone();
         let (Some(capacity), Some(slots)) = (capacity, slots) else {
@@ -967,7 +1031,7 @@ impl Service<Request<String>> for SimClient {
             let ran = Ran::start(sim, attempt);
             return Box::pin(async move {
                 let _ran = ran;
-                answer(kind).await
+                answer(kind, tokens).await
             });
         };
         // Over capacity: wait for a slot while the queue has room, else a
@@ -991,7 +1055,7 @@ impl Service<Request<String>> for SimClient {
             let ran = Ran::start(sim, attempt);
             return Box::pin(async move {
                 let _ran = ran;
-                answer(kind).await
+                answer(kind, tokens).await
             });
         }
         let (kind, attempt) = sim.begin(upstream, id, None);
@@ -1008,7 +1072,7 @@ impl Service<Request<String>> for SimClient {
                 }
             };
             let _ran = Ran::start(&sim, attempt);
-            let answer = answer(kind).await;
+            let answer = answer(kind, tokens).await;
             drop(permit);
             answer
         })
@@ -1052,8 +1116,30 @@ impl Drop for Ran {
     }
 }
 
-async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
+const TOKEN: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n";
+const DONE: &[u8] = b"data: [DONE]\n\n";
+const OVERLOADED: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+
+/// What the upstream answers. With `tokens` (the scenario sets stream
+/// deadlines, which see the gaps), a stream sends a token every
+/// [`TOKEN_EVERY`] before its last event; without, only its last event.
+async fn answer(kind: Kind, tokens: bool) -> Result<Response<SimBody>, BoxError> {
     match kind {
+        Kind::Ok { latency, stream } if tokens && !stream.is_zero() => {
+            tokio::time::sleep(latency).await;
+            Ok(token_stream(stream, Some(DONE)))
+        }
+        Kind::SseError { latency, stream } if tokens => {
+            tokio::time::sleep(latency).await;
+            Ok(token_stream(stream, Some(OVERLOADED)))
+        }
+        Kind::Stall {
+            latency,
+            stall_after,
+        } => {
+            tokio::time::sleep(latency).await;
+            Ok(token_stream(stall_after, None))
+        }
         Kind::Ok { latency, stream } if !stream.is_zero() => {
             tokio::time::sleep(latency).await;
             Ok(sse(
@@ -1105,6 +1191,28 @@ async fn answer(kind: Kind) -> Result<Response<SimBody>, BoxError> {
             ))
         }
     }
+}
+
+/// A 200 event stream that sends a token every [`TOKEN_EVERY`] from now
+/// for `tokens_for`, then `last` at `tokens_for`, or (without `last`)
+/// nothing ever again, with the connection open.
+fn token_stream(tokens_for: Duration, last: Option<&'static [u8]>) -> Response<SimBody> {
+    let head = Instant::now();
+    let count = tokens_for.as_nanos().div_ceil(TOKEN_EVERY.as_nanos()) as u32;
+    let body = SimBody::Tokens {
+        head,
+        sent: 0,
+        count,
+        last_at: head + tokens_for,
+        last: last.map(Bytes::from_static),
+        next: Box::pin(tokio::time::sleep_until(head)),
+        ended: false,
+    };
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
 }
 
 /// A 200 event stream that sends `events` after `delay`.
@@ -1177,6 +1285,16 @@ enum SimBody {
         delay: Pin<Box<Sleep>>,
         event: Option<Bytes>,
     },
+    /// Tokens from `head`, `count` of them, then `last` (or silence).
+    Tokens {
+        head: Instant,
+        sent: u32,
+        count: u32,
+        last_at: Instant,
+        last: Option<Bytes>,
+        next: Pin<Box<Sleep>>,
+        ended: bool,
+    },
 }
 
 impl Body for SimBody {
@@ -1198,6 +1316,39 @@ impl Body for SimBody {
                     Poll::Pending => Poll::Pending,
                 }
             }
+            SimBody::Tokens {
+                head,
+                sent,
+                count,
+                last_at,
+                last,
+                next,
+                ended,
+            } => {
+                if *ended {
+                    return Poll::Ready(None);
+                }
+                let due = if *sent < *count {
+                    *head + TOKEN_EVERY * *sent
+                } else if last.is_some() {
+                    *last_at
+                } else {
+                    // Stalled: silent, and never done.
+                    return Poll::Pending;
+                };
+                if next.deadline() != due {
+                    next.as_mut().reset(due);
+                }
+                if next.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                if *sent < *count {
+                    *sent += 1;
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(TOKEN)))));
+                }
+                *ended = true;
+                Poll::Ready(last.take().map(|d| Ok(Frame::data(d))))
+            }
         }
     }
 
@@ -1205,6 +1356,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(data) => data.is_none(),
             SimBody::Sse { event, .. } => event.is_none(),
+            SimBody::Tokens { ended, .. } => *ended,
         }
     }
 }

@@ -241,6 +241,8 @@ pub struct Billing {
     pub stream_error: f64,
     /// An error answer (a non-2xx status, a content filter, a reset).
     pub error: f64,
+    /// A stream that stalled: what it generated until it went silent.
+    pub stall: f64,
 }
 
 impl Default for Billing {
@@ -249,6 +251,7 @@ impl Default for Billing {
             hang: 1.0,
             stream_error: 0.5,
             error: 0.0,
+            stall: 0.5,
         }
     }
 }
@@ -265,6 +268,12 @@ impl Billing {
             Kind::Hang => self.hang,
             Kind::SseError { latency, .. } if ran >= latency => self.stream_error,
             Kind::SseError { .. } => 0.0,
+            // Its tokens were generated whether or not anyone read them.
+            Kind::Stall {
+                latency,
+                stall_after,
+            } if ran >= latency && !stall_after.is_zero() => self.stall,
+            Kind::Stall { .. } => 0.0,
             Kind::Status { .. } | Kind::Reset { .. } | Kind::ContentFilter { .. } => self.error,
         }
     }
@@ -326,6 +335,13 @@ impl Figure {
 #[derive(Debug, Clone)]
 pub struct Client {
     pub attempt_timeout: Duration,
+    /// The first token's deadline, from the call (`ttft_timeout_s`).
+    pub ttft_timeout: Option<Duration>,
+    /// The longest gap between two body frames (`stall_timeout_s`).
+    pub stall_timeout: Option<Duration>,
+    /// Retries at most this percentage of first attempts over 10 s
+    /// (`retry_budget_percent`).
+    pub retry_budget_percent: Option<f64>,
     pub total_timeout: Option<Duration>,
     pub max_retries: u32,
     pub backoff_base: Duration,
@@ -408,6 +424,7 @@ impl Kind {
             | Kind::Status { latency, .. }
             | Kind::Reset { latency }
             | Kind::SseError { latency, .. }
+            | Kind::Stall { latency, .. }
             | Kind::ContentFilter { latency } => Some(latency),
             Kind::Hang => None,
         }
@@ -419,6 +436,7 @@ impl Kind {
             | Kind::Status { latency, .. }
             | Kind::Reset { latency }
             | Kind::SseError { latency, .. }
+            | Kind::Stall { latency, .. }
             | Kind::ContentFilter { latency } => *latency = to,
             Kind::Hang => {}
         }
@@ -462,7 +480,19 @@ pub enum Kind {
     ContentFilter {
         latency: Duration,
     },
+    /// A 200 event stream whose head comes after `latency`, then a token
+    /// every [`TOKEN_EVERY`] for `stall_after`, then silence with the
+    /// connection open: the body never ends.
+    Stall {
+        latency: Duration,
+        stall_after: Duration,
+    },
 }
+
+/// The gap between two tokens of a streamed answer (when the scenario sets
+/// stream deadlines; without them a stream is sent as one frame at its end,
+/// which no stack can tell apart), and of a stalling stream.
+pub const TOKEN_EVERY: Duration = Duration::from_millis(100);
 
 impl Kind {
     /// Whether the upstream failed (what a breaker should count).
@@ -470,7 +500,7 @@ impl Kind {
         match self {
             Kind::Ok { .. } | Kind::ContentFilter { .. } => false,
             Kind::Status { code, .. } => *code >= 500,
-            Kind::Hang | Kind::Reset { .. } | Kind::SseError { .. } => true,
+            Kind::Hang | Kind::Reset { .. } | Kind::SseError { .. } | Kind::Stall { .. } => true,
         }
     }
 }
@@ -683,6 +713,9 @@ struct RawClient {
     backoff_max_ms: S<u64>,
     cancel_p: Option<S<f64>>,
     cancel_after_s: Option<S<f64>>,
+    ttft_timeout_s: Option<S<f64>>,
+    stall_timeout_s: Option<S<f64>>,
+    retry_budget_percent: Option<S<f64>>,
 }
 
 /// `[breaker]`, or an upstream's `breaker` over it (every key optional
@@ -793,6 +826,7 @@ struct RawBilling {
     hang: Option<S<f64>>,
     stream_error: Option<S<f64>>,
     error: Option<S<f64>>,
+    stall: Option<S<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -829,6 +863,7 @@ struct RawResponse {
     stream_ms: Option<S<u64>>,
     latency_sigma: Option<S<f64>>,
     latency_to_ms: Option<S<u64>>,
+    stall_after_ms: Option<S<u64>>,
 }
 
 // === parsing ===
@@ -1124,7 +1159,44 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
         (Some(v), None) => return Err(src.at(v, "`cancel_p` needs `cancel_after_s`")),
         (None, Some(v)) => return Err(src.at(v, "`cancel_after_s` needs `cancel_p`")),
     };
+    let deadline = |v: &Option<S<f64>>, key: &str| -> Result<Option<Duration>, ScenarioError> {
+        let Some(v) = v else { return Ok(None) };
+        let d = seconds(src, v, key)?;
+        if d.is_zero() {
+            return Err(src.at(
+                v,
+                format!("`{key}` must be greater than 0 (leave it out for none)"),
+            ));
+        }
+        Ok(Some(d))
+    };
+    let ttft_timeout = deadline(&raw.ttft_timeout_s, "ttft_timeout_s")?;
+    let stall_timeout = deadline(&raw.stall_timeout_s, "stall_timeout_s")?;
+    if let (Some(stall), Some(v)) = (stall_timeout, &raw.stall_timeout_s) {
+        if !total.is_zero() && stall > total {
+            return Err(src.at(
+                v,
+                "`stall_timeout_s` is longer than `total_timeout_s`: the stall could never be seen",
+            ));
+        }
+    }
+    let retry_budget_percent = match &raw.retry_budget_percent {
+        None => None,
+        Some(v) => {
+            let x = *v.get_ref();
+            if !(x.is_finite() && (0.0..=1000.0).contains(&x)) {
+                return Err(src.at(
+                    v,
+                    format!("`retry_budget_percent` must be in [0, 1000], got {x}"),
+                ));
+            }
+            Some(x)
+        }
+    };
     Ok(Client {
+        ttft_timeout,
+        stall_timeout,
+        retry_budget_percent,
         cancel,
         attempt_timeout: attempt,
         total_timeout: (!total.is_zero()).then_some(total),
@@ -1365,6 +1437,17 @@ fn upstream(
         let mut sum = 0.0;
         for r in raw_phase.responses.get_ref() {
             let response = response(src, r)?;
+            // A stalled stream ends only at a stall deadline or when its
+            // user gives up.
+            let ends =
+                client.stall_timeout.is_some() || client.cancel.is_some_and(|(p, _)| p >= 1.0);
+            if matches!(response.kind, Kind::Stall { .. }) && response.p > 0.0 && !ends {
+                return Err(src.at(
+                    &r.get_ref().kind,
+                    "kind \"stall\" never ends: it needs `stall_timeout_s` in [client], or \
+                     `cancel_p = 1` (every user gives up)",
+                ));
+            }
             sum += response.p;
             responses.push(response);
         }
@@ -1498,6 +1581,7 @@ fn billing(src: &Source<'_>, raw: &RawBilling) -> Result<Billing, ScenarioError>
         ("hang", &raw.hang, &mut billing.hang),
         ("stream_error", &raw.stream_error, &mut billing.stream_error),
         ("error", &raw.error, &mut billing.error),
+        ("stall", &raw.stall, &mut billing.stall),
     ] {
         if let Some(v) = v {
             let x = *v.get_ref();
@@ -1597,17 +1681,21 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             &[LAT[0], LAT[1], LAT[2], "stream_ms"],
             &["latency_ms", "stream_ms"],
         ),
+        "stall" => (
+            &[LAT[0], LAT[1], LAT[2], "stall_after_ms"],
+            &["latency_ms", "stall_after_ms"],
+        ),
         other => {
             return Err(src.at(
                 &raw.kind,
                 format!(
                     "`kind` {other:?} is not one of \"ok\", \"status\", \"hang\", \"reset\", \
-                     \"sse_error\", \"content_filter\""
+                     \"sse_error\", \"content_filter\", \"stall\""
                 ),
             ))
         }
     };
-    let present: [(&str, Option<usize>); 6] = [
+    let present: [(&str, Option<usize>); 7] = [
         (
             "latency_sigma",
             raw.latency_sigma.as_ref().map(|s| s.span().start),
@@ -1626,6 +1714,10 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             raw.retry_after_s.as_ref().map(|s| s.span().start),
         ),
         ("stream_ms", raw.stream_ms.as_ref().map(|s| s.span().start)),
+        (
+            "stall_after_ms",
+            raw.stall_after_ms.as_ref().map(|s| s.span().start),
+        ),
     ];
     for (key, at) in present {
         if let Some(at) = at {
@@ -1653,6 +1745,10 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
         "sse_error" => Kind::SseError {
             latency,
             stream: ms(&raw.stream_ms),
+        },
+        "stall" => Kind::Stall {
+            latency,
+            stall_after: ms(&raw.stall_after_ms),
         },
         _ => {
             let code_s = raw.code.as_ref().expect("checked above");
