@@ -311,19 +311,26 @@ async fn a_streaming_probe_gives_its_slot_back_when_its_lease_expires() {
     assert_eq!(b.state(), State::Closed);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_probe_without_a_head_by_its_deadline_fails_and_reopens_then() {
+/// Tripped by one failure, open 10 s, probes failed 5 s after admission
+/// without a head; returned once half-open.
+async fn half_open_with_deadline(probes: u32, close_after: u32) -> Breaker {
     let b = base()
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(10))
-        .probes(3)
-        .close_after(2)
+        .probes(probes)
+        .close_after(close_after)
         .probe_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     record(&b, Outcome::Failure, 1);
     advance(Duration::from_secs(10)).await;
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_without_a_head_by_its_deadline_fails_and_reopens_then() {
+    let b = half_open_with_deadline(3, 2).await;
     let hung: Vec<_> = (0..3).map(|_| b.admit().unwrap()).collect();
     advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
     assert_eq!(b.state(), State::HalfOpen, "the deadline has not come");
@@ -346,17 +353,7 @@ async fn a_probe_without_a_head_by_its_deadline_fails_and_reopens_then() {
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_breaker_tells_its_state_at_the_deadline_it_passed() {
-    let b = base()
-        .no_window()
-        .consecutive_failures(1)
-        .open_duration(Duration::from_secs(10))
-        .probes(1)
-        .close_after(1)
-        .probe_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    record(&b, Outcome::Failure, 1);
-    advance(Duration::from_secs(10)).await;
+    let b = half_open_with_deadline(1, 1).await;
     let hung = b.admit().unwrap();
     // Nobody touches it for 100 s: the probe failed at 15 s, the circuit
     // reopened for 20 s, and went half-open again at 35 s.
