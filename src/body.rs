@@ -158,11 +158,11 @@ impl<B: Body, S: ClassifyStream> TimedBody<B, S> {
             sleep: None,
             ended,
         };
-        if !body.ended {
-            if let Some((at, next)) = body.deadline_after(Instant::now()) {
-                body.next = next;
-                body.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
-            }
+        if !body.ended
+            && let Some((at, next)) = body.deadline_after(Instant::now())
+        {
+            body.next = next;
+            body.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
         }
         body
     }
@@ -248,10 +248,10 @@ where
                         (None, None) => unreachable!("a timer is set only for a deadline"),
                     };
                     *this.next = next;
-                    if let Some(sleep) = this.sleep.as_mut() {
-                        if sleep.deadline() != at {
-                            sleep.as_mut().reset(at);
-                        }
+                    if let Some(sleep) = this.sleep.as_mut()
+                        && sleep.deadline() != at
+                    {
+                        sleep.as_mut().reset(at);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))

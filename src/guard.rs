@@ -206,10 +206,10 @@ impl Guard {
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
         #[cfg(feature = "metrics")]
-        if self.start != 0 {
-            if let Some(meter) = self.permit.meter() {
-                meter.head(self.start, self.permit.is_probe());
-            }
+        if self.start != 0
+            && let Some(meter) = self.permit.meter()
+        {
+            meter.head(self.start, self.permit.is_probe());
         }
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {

@@ -340,20 +340,20 @@ where
     type Future = Backoff;
 
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
-        if self.retries == 0 {
-            if let Some(budget) = &self.budget {
-                budget.deposit();
-            }
+        if self.retries == 0
+            && let Some(budget) = &self.budget
+        {
+            budget.deposit();
         }
         let outcome = match guard::judge(&self.classifier, result) {
             Judged::Said(outcome) => outcome,
             Judged::Rejected | Judged::Opaque => return None,
         };
         let wait = self.wait_for(outcome)?;
-        if let Some(budget) = &self.budget {
-            if !budget.withdraw() {
-                return None;
-            }
+        if let Some(budget) = &self.budget
+            && !budget.withdraw()
+        {
+            return None;
         }
         self.retries += 1;
         Some(Backoff::new(wait, &self.watch))

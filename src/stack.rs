@@ -294,19 +294,19 @@ impl<C: Clone, D: StackDeadlines> StackBuilder<C, D> {
         }
         let mut breaker = self.breaker;
         let config = &breaker.config;
-        if let Window::Time { span, .. } = config.window {
-            if span < attempt.saturating_mul(2) {
-                return Err(Misfit(
-                    "the time window is shorter than two attempt timeouts",
-                ));
-            }
+        if let Window::Time { span, .. } = config.window
+            && span < attempt.saturating_mul(2)
+        {
+            return Err(Misfit(
+                "the time window is shorter than two attempt timeouts",
+            ));
         }
-        if let Some((threshold, _)) = config.slow_call {
-            if threshold >= attempt {
-                return Err(Misfit(
-                    "the slow-call threshold is not below the attempt timeout",
-                ));
-            }
+        if let Some((threshold, _)) = config.slow_call
+            && threshold >= attempt
+        {
+            return Err(Misfit(
+                "the slow-call threshold is not below the attempt timeout",
+            ));
         }
         if config.probe_timeout.is_some_and(|t| t > attempt) {
             return Err(Misfit(

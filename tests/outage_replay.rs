@@ -1325,14 +1325,14 @@ fn replicas_are_replayed_as_bounds() {
 fn swept(name: &str) -> &'static sweep::Sweep {
     static RUNS: OnceLock<Mutex<HashMap<String, &'static sweep::Sweep>>> = OnceLock::new();
     let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
-    let run = runs.entry(name.to_owned()).or_insert_with(|| {
+
+    (runs.entry(name.to_owned()).or_insert_with(|| {
         let path = Path::new(ROOT).join("scenarios").join(name);
         let text = std::fs::read_to_string(&path).unwrap();
         let file = path.display().to_string();
         let grid = sweep::grid(&scenario::parse(&text, &file).unwrap(), Vec::new());
         Box::leak(Box::new(sweep::run(&text, &file, &grid).unwrap()))
-    });
-    run
+    })) as _
 }
 
 #[test]

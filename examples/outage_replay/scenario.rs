@@ -1172,13 +1172,14 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
     };
     let ttft_timeout = deadline(&raw.ttft_timeout_s, "ttft_timeout_s")?;
     let stall_timeout = deadline(&raw.stall_timeout_s, "stall_timeout_s")?;
-    if let (Some(stall), Some(v)) = (stall_timeout, &raw.stall_timeout_s) {
-        if !total.is_zero() && stall > total {
-            return Err(src.at(
-                v,
-                "`stall_timeout_s` is longer than `total_timeout_s`: the stall could never be seen",
-            ));
-        }
+    if let (Some(stall), Some(v)) = (stall_timeout, &raw.stall_timeout_s)
+        && !total.is_zero()
+        && stall > total
+    {
+        return Err(src.at(
+            v,
+            "`stall_timeout_s` is longer than `total_timeout_s`: the stall could never be seen",
+        ));
     }
     let retry_budget_percent = match &raw.retry_budget_percent {
         None => None,
@@ -1275,13 +1276,13 @@ fn breaker(
         }
     };
     let min_calls = *min_calls_v.get_ref();
-    if let WindowConfig::Count(n) = window {
-        if min_calls > n {
-            return Err(src.at(
-                min_calls_v,
-                format!("`min_calls` ({min_calls}) is larger than `window` ({n})"),
-            ));
-        }
+    if let WindowConfig::Count(n) = window
+        && min_calls > n
+    {
+        return Err(src.at(
+            min_calls_v,
+            format!("`min_calls` ({min_calls}) is larger than `window` ({n})"),
+        ));
     }
     let failure_rate = rate(src, failure_rate_v, "failure_rate")?;
     let slow_call_rate = rate(src, slow_call_rate_v, "slow_call_rate")?;
@@ -1425,13 +1426,13 @@ fn upstream(
                 format!("`from_s`: the first phase of {name:?} must start at 0"),
             ));
         }
-        if let Some(prev) = phases.last() {
-            if from <= prev.from {
-                return Err(src.at(
-                    &raw_phase.from_s,
-                    "`from_s`: phases must be listed in increasing order of `from_s`",
-                ));
-            }
+        if let Some(prev) = phases.last()
+            && from <= prev.from
+        {
+            return Err(src.at(
+                &raw_phase.from_s,
+                "`from_s`: phases must be listed in increasing order of `from_s`",
+            ));
         }
         let mut responses = Vec::new();
         let mut sum = 0.0;

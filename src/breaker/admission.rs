@@ -63,10 +63,10 @@ impl Shared {
     pub(super) fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
-            if until != 0 {
-                if let Some(rejected) = self.pace_check(until) {
-                    return rejected;
-                }
+            if until != 0
+                && let Some(rejected) = self.pace_check(until)
+            {
+                return rejected;
             }
         }
         if let Some(guard) = &self.volume {

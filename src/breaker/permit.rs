@@ -135,26 +135,29 @@ impl Permit {
     /// says how long until it resets, and is asked only with pacing on.
     #[inline]
     pub(crate) fn head_came(&mut self, exhausted: impl FnOnce() -> Option<Duration>) {
-        if let Some(shared) = &self.shared {
-            if self.head == Head::Pending && (self.ticket.kind == Kind::Probe || shared.head_work) {
-                if self.ticket.kind == Kind::Probe || shared.slow_ns.is_some() {
-                    self.head = shared.judge_head(self.ticket);
-                }
-                if shared.pace && self.ticket.kind != Kind::Passive {
-                    if let Some(wait) = exhausted() {
-                        shared.pace_for(wait);
-                    }
-                }
+        if let Some(shared) = &self.shared
+            && self.head == Head::Pending
+            && (self.ticket.kind == Kind::Probe || shared.head_work)
+        {
+            if self.ticket.kind == Kind::Probe || shared.slow_ns.is_some() {
+                self.head = shared.judge_head(self.ticket);
+            }
+            if shared.pace
+                && self.ticket.kind != Kind::Passive
+                && let Some(wait) = exhausted()
+            {
+                shared.pace_for(wait);
             }
         }
     }
 
     /// With pacing on: a known rate limit is used up for `wait`.
     pub(crate) fn pace_for(&self, wait: Duration) {
-        if let Some(shared) = &self.shared {
-            if shared.pace && self.ticket.kind != Kind::Passive {
-                shared.pace_for(wait);
-            }
+        if let Some(shared) = &self.shared
+            && shared.pace
+            && self.ticket.kind != Kind::Passive
+        {
+            shared.pace_for(wait);
         }
     }
 

@@ -28,16 +28,16 @@ thread_local! {
 pub(super) fn take(shared: &Arc<Shared>) -> Arc<Shared> {
     // Loom runs its model threads on one OS thread: a spare would pass
     // between them unseen, so the models count references as before.
-    if !cfg!(loom) {
-        if let Ok(Some(spare)) = SPARE.try_with(|slot| match slot.take() {
+    if !cfg!(loom)
+        && let Ok(Some(spare)) = SPARE.try_with(|slot| match slot.take() {
             Some(spare) if Arc::ptr_eq(&spare, shared) => Some(spare),
             other => {
                 slot.set(other);
                 None
             }
-        }) {
-            return spare;
-        }
+        })
+    {
+        return spare;
     }
     Arc::clone(shared)
 }

@@ -490,12 +490,12 @@ impl BackendBuilder {
                 "prefix must be non-empty and free of `{` and `}`",
             ));
         }
-        if let Some((span, buckets)) = self.settings.window {
-            if span < Duration::from_millis(1) || buckets == 0 || buckets > 1000 {
-                return Err(SetupError::Invalid(
-                    "window needs a span of at least 1ms and 1 to 1000 buckets",
-                ));
-            }
+        if let Some((span, buckets)) = self.settings.window
+            && (span < Duration::from_millis(1) || buckets == 0 || buckets > 1000)
+        {
+            return Err(SetupError::Invalid(
+                "window needs a span of at least 1ms and 1 to 1000 buckets",
+            ));
         }
         if self.settings.flush.is_zero()
             || self.settings.resync.is_zero()

@@ -174,13 +174,12 @@ impl Tracked {
         }
         // By this replica's clock the cluster's open period has outlasted
         // the open cap (the server's clock went back): end it.
-        if let (Some(v), Some((epoch, at))) = (self.view, self.opened) {
-            if matches!(v.cluster, Cluster::Open(_))
-                && v.epoch == epoch
-                && now >= later(at, self.longest())
-            {
-                req.overdue = true;
-            }
+        if let (Some(v), Some((epoch, at))) = (self.view, self.opened)
+            && matches!(v.cluster, Cluster::Open(_))
+            && v.epoch == epoch
+            && now >= later(at, self.longest())
+        {
+            req.overdue = true;
         }
         if active && local == State::Closed && view_closed && self.rule.aggregates() {
             req.calls = successes + failures;

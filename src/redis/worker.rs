@@ -325,13 +325,12 @@ impl Worker {
     /// Picks up keys new to the set and forgets evicted ones.
     fn refresh(&mut self, shared: bool) {
         let Target::Keyed(set) = &self.target else {
-            if self.tracked.is_empty() {
-                if let Target::One(b) = &self.target {
-                    if let Some(name) = b.name() {
-                        let t = Tracked::new(b.clone(), name.into(), &self.settings);
-                        self.tracked.insert(t.name.clone(), t);
-                    }
-                }
+            if self.tracked.is_empty()
+                && let Target::One(b) = &self.target
+                && let Some(name) = b.name()
+            {
+                let t = Tracked::new(b.clone(), name.into(), &self.settings);
+                self.tracked.insert(t.name.clone(), t);
             }
             return;
         };

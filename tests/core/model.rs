@@ -71,8 +71,8 @@ impl Lease {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mp {
-    Closed { gen: u64 },
-    Probe { gen: u64, id: u64 },
+    Closed { generation: u64 },
+    Probe { generation: u64, id: u64 },
     Passive,
 }
 
@@ -102,7 +102,7 @@ struct Model {
     cfg: Cfg,
     now: u64,
     state: State,
-    gen: u64,
+    generation: u64,
     open_until: u64,
     reopens: u32,
     /// The last `window` calls of this closed period; `true` = failed.
@@ -125,7 +125,7 @@ impl Model {
             cfg,
             now: 0,
             state: State::Closed,
-            gen: 0,
+            generation: 0,
             open_until: 0,
             reopens: 0,
             window: VecDeque::new(),
@@ -202,7 +202,7 @@ impl Model {
 
     fn go_at(&mut self, to: State, at: u64) {
         let from = self.state;
-        self.gen += 1;
+        self.generation += 1;
         self.leases.clear();
         self.successes = 0;
         self.failures = 0;
@@ -228,7 +228,9 @@ impl Model {
     fn admit(&mut self) -> Result<Mp, Option<u64>> {
         self.catch_up();
         let r = match self.state {
-            State::Closed => Ok(Mp::Closed { gen: self.gen }),
+            State::Closed => Ok(Mp::Closed {
+                generation: self.generation,
+            }),
             State::Disabled => Ok(Mp::Passive),
             State::ForcedOpen => Err(None),
             State::Open => Err(Some(self.open_until - self.now)),
@@ -243,7 +245,10 @@ impl Model {
                         verdict_at: Some(now + self.cfg.deadline()),
                         lease_at: self.cfg.lease.map(|l| now + l),
                     });
-                    Ok(Mp::Probe { gen: self.gen, id })
+                    Ok(Mp::Probe {
+                        generation: self.generation,
+                        id,
+                    })
                 } else {
                     Err(None)
                 }
@@ -274,8 +279,8 @@ impl Model {
         }
         match permit {
             Mp::Passive => {}
-            Mp::Closed { gen } => {
-                if self.state != State::Closed || gen != self.gen {
+            Mp::Closed { generation } => {
+                if self.state != State::Closed || generation != self.generation {
                     return; // from an older period
                 }
                 let failed = match fin {
@@ -300,9 +305,9 @@ impl Model {
                     self.go(State::Open);
                 }
             }
-            Mp::Probe { gen, id } => {
+            Mp::Probe { generation, id } => {
                 self.catch_up();
-                if self.state != State::HalfOpen || gen != self.gen {
+                if self.state != State::HalfOpen || generation != self.generation {
                     return; // from an older cycle
                 }
                 let Some(i) = self.leases.iter().position(|l| l.id == id) else {
@@ -323,12 +328,12 @@ impl Model {
     /// The probe's response head came: its deadline no longer applies.
     fn head(&mut self, permit: Mp) {
         self.catch_up();
-        if let Mp::Probe { gen, id } = permit {
-            if self.state == State::HalfOpen && gen == self.gen {
-                if let Some(l) = self.leases.iter_mut().find(|l| l.id == id) {
-                    l.verdict_at = None;
-                }
-            }
+        if let Mp::Probe { generation, id } = permit
+            && self.state == State::HalfOpen
+            && generation == self.generation
+            && let Some(l) = self.leases.iter_mut().find(|l| l.id == id)
+        {
+            l.verdict_at = None;
         }
     }
 

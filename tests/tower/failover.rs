@@ -21,8 +21,9 @@ fn upstream(
     name: &'static str,
     status: &Arc<AtomicU16>,
     calls: &Calls,
-) -> impl Service<Request<String>, Response = Response<String>, Error = BoxError, Future: Send> + Clone
-{
+) -> impl Service<Request<String>, Response = Response<String>, Error = BoxError, Future: Send>
+       + Clone
+       + use<> {
     let status = Arc::clone(status);
     let calls = Arc::clone(calls);
     tower::service_fn(move |req: Request<String>| {

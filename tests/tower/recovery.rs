@@ -46,8 +46,9 @@ impl Scripted {
         Request<String>,
         Response = Response<String>,
         Error = BoxError,
-        Future = impl Send,
-    > + Clone {
+        Future = impl Send + use<>,
+    > + Clone
+           + use<> {
         let me = self.clone();
         tower::service_fn(move |_req: Request<String>| {
             let me = me.clone();

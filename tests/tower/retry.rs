@@ -22,8 +22,9 @@ type Calls = Arc<Mutex<Vec<(Instant, String)>>>;
 /// and 200 after, anything else → 200.
 fn upstream(
     calls: &Calls,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send> + Clone
-{
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + use<> {
     let calls = Arc::clone(calls);
     tower::service_fn(move |req: Request<String>| {
         let calls = Arc::clone(&calls);

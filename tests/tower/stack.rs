@@ -16,8 +16,9 @@ use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, ConfigError, Outcome
 fn counted(
     status: u16,
     calls: &Arc<AtomicU32>,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send> + Clone
-{
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + use<> {
     let calls = Arc::clone(calls);
     tower::service_fn(move |_req: Request<String>| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -30,8 +31,9 @@ fn counted(
 
 fn hanging(
     calls: &Arc<AtomicU32>,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send> + Clone
-{
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + use<> {
     let calls = Arc::clone(calls);
     tower::service_fn(move |_req: Request<String>| {
         calls.fetch_add(1, Ordering::SeqCst);

@@ -287,13 +287,13 @@ impl Config {
                 });
             }
         }
-        if let Some(rate) = self.failure_rate {
-            if !rate_ok(rate) {
-                return Err(E::Rate {
-                    rule: "failure_rate",
-                    value: rate,
-                });
-            }
+        if let Some(rate) = self.failure_rate
+            && !rate_ok(rate)
+        {
+            return Err(E::Rate {
+                rule: "failure_rate",
+                value: rate,
+            });
         }
         if let Some((threshold, rate)) = self.slow_call {
             if threshold.is_zero() {
@@ -306,10 +306,10 @@ impl Config {
                 });
             }
         }
-        if let Some((limit, period)) = self.volume_guard {
-            if limit == 0 || period.is_zero() {
-                return Err(E::VolumeGuard);
-            }
+        if let Some((limit, period)) = self.volume_guard
+            && (limit == 0 || period.is_zero())
+        {
+            return Err(E::VolumeGuard);
         }
         if self.consecutive_failures == Some(0) {
             return Err(E::ZeroConsecutiveFailures);

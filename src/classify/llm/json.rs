@@ -133,14 +133,14 @@ fn value<'a>(
     if key == b"error" && is_string && !v.is_empty() && is_error_position(depth, frame.copied()) {
         f.error.get_or_insert_with(ErrorFields::default);
     }
-    if let (Some(fr), Some(e)) = (frame, f.error.as_mut()) {
-        if fr.error {
-            match key {
-                b"type" => e.ty = Some(v),
-                b"code" => e.code = Some(v),
-                b"status" => e.status = Some(v),
-                _ => {}
-            }
+    if let (Some(fr), Some(e)) = (frame, f.error.as_mut())
+        && fr.error
+    {
+        match key {
+            b"type" => e.ty = Some(v),
+            b"code" => e.code = Some(v),
+            b"status" => e.status = Some(v),
+            _ => {}
         }
     }
     if !is_string {
