@@ -79,6 +79,16 @@ const SHARDS: usize = 16;
 /// A bounded set of breakers, one per key, sharing one configuration.
 ///
 /// Cheap to clone; clones share the set. See the [module docs](self).
+///
+/// ```
+/// use tower_circuit_breaker::keyed::KeyedBreakers;
+/// use tower_circuit_breaker::Outcome;
+///
+/// let set = KeyedBreakers::builder().consecutive_failures(5).build().unwrap();
+/// let clone = set.clone();
+/// clone.admit("gpt-4o").unwrap().record(Outcome::Success);
+/// assert_eq!(set.len(), 1, "clones share the set");
+/// ```
 #[derive(Clone)]
 pub struct KeyedBreakers {
     inner: Arc<Inner>,
@@ -134,6 +144,19 @@ impl fmt::Debug for KeyedBreakers {
 impl sealed::Sealed for KeyedBreakers {}
 
 /// The settings only a keyed set has: its bounds and per-key overrides.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::keyed::KeyedBreakers;
+///
+/// // Set through the keyed builder:
+/// let set = KeyedBreakers::builder()
+///     .max_keys(1_000)
+///     .idle_timeout(Duration::from_secs(300))
+///     .build()
+///     .unwrap();
+/// # let _ = set;
+/// ```
 #[derive(Clone)]
 pub struct KeyedSettings {
     max_keys: usize,
@@ -209,11 +232,33 @@ impl Build for KeyedBreakers {
 impl KeyedBreakers {
     /// A builder with the default configuration; the breaker settings apply
     /// to every key.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let set = KeyedBreakers::builder()
+    ///     .failure_rate(0.5)
+    ///     .min_calls(20)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(set.is_empty());
+    /// ```
     pub fn builder() -> Builder<KeyedBreakers> {
         Builder::new()
     }
 
     /// Admits a call for `key`, creating its breaker on first use.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().consecutive_failures(1).build().unwrap();
+    /// set.admit("gpt-4o").unwrap().record(Outcome::Failure);
+    /// let rejected = set.admit("gpt-4o").unwrap_err();
+    /// assert_eq!(rejected.key(), Some("gpt-4o"));
+    /// assert!(set.admit("claude").is_ok());
+    /// ```
     #[inline]
     pub fn admit(&self, key: &str) -> Result<Permit, CircuitOpen> {
         let inner = &*self.inner;
@@ -234,11 +279,31 @@ impl KeyedBreakers {
     }
 
     /// Admits a call that carries no key (it shares the `(unkeyed)` breaker).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// set.admit_unkeyed().unwrap().record(Outcome::Success);
+    /// assert_eq!(set.len(), 0, "the unkeyed breaker is not a key");
+    /// ```
     pub fn admit_unkeyed(&self) -> Result<Permit, CircuitOpen> {
         self.inner.unkeyed.admit()
     }
 
     /// The breaker of `key`, if the set holds one.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    /// use tower_circuit_breaker::State;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// assert!(set.get("gpt-4o").is_none(), "no breaker before the first call");
+    /// set.admit("gpt-4o").unwrap().record(Outcome::Success);
+    /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::Closed);
+    /// ```
     pub fn get(&self, key: &str) -> Option<Breaker> {
         let hash = self.inner.hasher.hash_one(key);
         read(self.inner.shard(hash))
@@ -249,6 +314,16 @@ impl KeyedBreakers {
     /// The breaker of `key`, created if the set has none yet (the overflow
     /// breaker if the set is full). A shared-state backend uses this to apply
     /// another replica's decision to a key this one has not seen yet.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::State;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// // Another replica tripped "gpt-4o": apply it here before any call arrives.
+    /// set.get_or_insert("gpt-4o").force_open();
+    /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::ForcedOpen);
+    /// ```
     pub fn get_or_insert(&self, key: &str) -> Breaker {
         let hash = self.inner.hasher.hash_one(key);
         self.get(key)
@@ -256,11 +331,32 @@ impl KeyedBreakers {
     }
 
     /// How many keys the set holds.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// for key in ["a", "b", "a"] {
+    ///     set.admit(key).unwrap().record(Outcome::Success);
+    /// }
+    /// assert_eq!(set.len(), 2);
+    /// ```
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Relaxed)
     }
 
     /// Whether the set holds no key.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// assert!(set.is_empty());
+    /// set.admit("a").unwrap().record(Outcome::Success);
+    /// assert!(!set.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -268,12 +364,50 @@ impl KeyedBreakers {
     /// How many calls of a keyed layer over this set found its key function
     /// panicking (each was admitted by the `(overflow)` breaker instead; see
     /// the [module docs](self#when-the-key-function-panics)).
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// let buggy = keyed::from_fn(|_: &http::Request<()>| -> Option<keyed::Key<'_>> { panic!("bug") });
+    /// let layer = CircuitBreakerLayer::keyed(set.clone(), buggy);
+    /// let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// }));
+    /// # let hook = std::panic::take_hook();
+    /// # std::panic::set_hook(Box::new(|_| {}));
+    /// let answer = svc.oneshot(http::Request::new(())).await;
+    /// # std::panic::set_hook(hook);
+    /// assert!(answer.is_ok(), "the call still went through");
+    /// assert_eq!(set.key_fn_panics(), 1);
+    /// # }
+    /// ```
     pub fn key_fn_panics(&self) -> u64 {
         self.inner.key_fn_panics.load(Ordering::Relaxed)
     }
 
     /// A snapshot of every key's breaker, plus the `(overflow)` and
     /// `(unkeyed)` breakers once they have seen a call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::{Outcome, State};
+    ///
+    /// let set = KeyedBreakers::builder().consecutive_failures(1).build().unwrap();
+    /// set.admit("gpt-4o").unwrap().record(Outcome::Failure);
+    /// set.admit("claude").unwrap().record(Outcome::Success);
+    /// let open: Vec<_> = set
+    ///     .snapshots()
+    ///     .into_iter()
+    ///     .filter(|s| s.state == State::Open)
+    ///     .filter_map(|s| s.key)
+    ///     .collect();
+    /// assert_eq!(open.len(), 1);
+    /// assert_eq!(&*open[0], "gpt-4o");
+    /// ```
     pub fn snapshots(&self) -> Vec<Snapshot> {
         let mut out = Vec::with_capacity(self.len() + 2);
         for shard in self.inner.shards.iter() {
@@ -289,6 +423,21 @@ impl KeyedBreakers {
     }
 
     /// Every key's breaker, for manual control.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    /// use tower_circuit_breaker::State;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// set.admit("a").unwrap().record(Outcome::Success);
+    /// set.admit("b").unwrap().record(Outcome::Success);
+    /// // An operator's "stop everything":
+    /// for breaker in set.breakers() {
+    ///     breaker.force_open();
+    /// }
+    /// assert!(set.breakers().iter().all(|b| b.state() == State::ForcedOpen));
+    /// ```
     pub fn breakers(&self) -> Vec<Breaker> {
         let mut out = Vec::with_capacity(self.len());
         for shard in self.inner.shards.iter() {
@@ -410,6 +559,18 @@ impl Inner {
 impl Builder<KeyedBreakers> {
     /// The most keys the set holds (default 10,000). Beyond it, new keys
     /// share one overflow breaker until idle keys are evicted.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().max_keys(2).build().unwrap();
+    /// for key in ["a", "b", "c"] {
+    ///     set.admit(key).unwrap().record(Outcome::Success);
+    /// }
+    /// assert_eq!(set.len(), 2, "the third key shares the overflow breaker");
+    /// assert!(KeyedBreakers::builder().max_keys(0).build().is_err());
+    /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.extra.max_keys = max_keys;
         self
@@ -418,6 +579,18 @@ impl Builder<KeyedBreakers> {
     /// How long a closed key may go unused before it can be evicted (default
     /// 10 minutes). Eviction happens between one and two idle timeouts after
     /// the last use.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let set = KeyedBreakers::builder()
+    ///     .idle_timeout(Duration::from_secs(60))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = set;
+    /// assert!(KeyedBreakers::builder().idle_timeout(Duration::ZERO).build().is_err());
+    /// ```
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.extra.idle_timeout = idle;
         self
@@ -455,6 +628,15 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 /// Keyed breakers plus the function that takes the key from a request: what
 /// a keyed [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) selects with.
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// let set = KeyedBreakers::builder().build().unwrap();
+/// let layer = CircuitBreakerLayer::keyed(set, keyed::header("x-model"));
+/// assert!(layer.select().breakers().is_empty());
+/// ```
 #[derive(Debug, Clone)]
 pub struct Keyed<K> {
     breakers: KeyedBreakers,
@@ -467,6 +649,16 @@ impl<K> Keyed<K> {
     }
 
     /// The set of breakers.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::{CircuitBreakerLayer, Outcome};
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// let layer = CircuitBreakerLayer::keyed(set.clone(), keyed::header("x-model"));
+    /// set.admit("gpt-4o").unwrap().record(Outcome::Success);
+    /// assert_eq!(layer.select().breakers().len(), 1);
+    /// ```
     pub fn breakers(&self) -> &KeyedBreakers {
         &self.breakers
     }
