@@ -46,6 +46,23 @@ use ::http::{HeaderMap, StatusCode};
 pub type ErrorRef<'a> = &'a (dyn StdError + Send + Sync + 'static);
 
 /// One finished attempt, as a closure classifier sees it.
+///
+/// ```
+/// use tower_circuit_breaker::classify::Attempt;
+/// use tower_circuit_breaker::Outcome;
+///
+/// // Gateways that answer 200 with an `x-error` header on failure:
+/// let classify = |attempt: Attempt<'_>| match attempt {
+///     Attempt::Response { headers, .. } if headers.contains_key("x-error") => Outcome::Failure,
+///     Attempt::Response { status, .. } if status.is_server_error() => Outcome::Failure,
+///     Attempt::Response { .. } => Outcome::Success,
+///     Attempt::Error(_) => Outcome::Failure,
+/// };
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-error", "overloaded".parse().unwrap());
+/// let outcome = classify(Attempt::Response { status: http::StatusCode::OK, headers: &headers });
+/// assert_eq!(outcome, Outcome::Failure);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum Attempt<'a> {
     /// A response head arrived.
@@ -60,6 +77,17 @@ pub enum Attempt<'a> {
 }
 
 /// A classifier's answer to a response head.
+///
+/// ```
+/// use tower_circuit_breaker::classify::{Classify, HttpClassifier, Verdict};
+/// use tower_circuit_breaker::Outcome;
+///
+/// let headers = http::HeaderMap::new();
+/// match HttpClassifier.classify_response(http::StatusCode::SERVICE_UNAVAILABLE, &headers) {
+///     Verdict::Done(outcome) => assert_eq!(outcome, Outcome::Failure),
+///     Verdict::Defer(never) => match never {},
+/// }
+/// ```
 #[derive(Debug)]
 pub enum Verdict<S> {
     /// Decided now.
@@ -130,6 +158,32 @@ pub trait Classify {
 ///
 /// Any method may be the last one called: the body stops consulting the
 /// classifier once [`on_data`](Self::on_data) returns a verdict.
+///
+/// ```
+/// use tower_circuit_breaker::classify::ClassifyStream;
+/// use tower_circuit_breaker::Outcome;
+///
+/// /// A JSON-lines stream that reports failure as a line `{"error": ...}`.
+/// struct JsonLines;
+///
+/// impl ClassifyStream for JsonLines {
+///     fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
+///         chunk
+///             .split(|b| *b == b'\n')
+///             .any(|line| line.starts_with(br#"{"error""#))
+///             .then_some(Outcome::Failure)
+///     }
+///
+///     fn on_end(self) -> Outcome {
+///         Outcome::Success
+///     }
+/// }
+///
+/// let mut stream = JsonLines;
+/// assert_eq!(stream.on_data(b"{\"token\":\"hi\"}\n"), None);
+/// assert_eq!(stream.on_data(b"{\"error\":\"overloaded\"}\n"), Some(Outcome::Failure));
+/// assert_eq!(JsonLines.on_end(), Outcome::Success);
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot classify a response body: it does not implement `ClassifyStream`",
     label = "not a stream classifier",
@@ -138,12 +192,36 @@ pub trait Classify {
 pub trait ClassifyStream {
     /// Sees each data chunk; returns an outcome to decide early (an SSE error
     /// event, or a final event after which the rest is irrelevant).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, LlmEvents, SseStream};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // The SSE classifier decides as soon as an error event arrives.
+    /// let mut stream = SseStream::with_events(LlmEvents::default());
+    /// assert_eq!(stream.on_data(b"data: {\"token\":\"hi\"}\n\n"), None);
+    /// assert_eq!(stream.on_data(b"event: error\ndata: {}\n\n"), Some(Outcome::Failure));
+    /// ```
     fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
         let _ = chunk;
         None
     }
 
     /// Sees the trailers; returns an outcome to decide on them.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, GrpcClassifier, Classify, Verdict};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // gRPC reports its status in the trailers: 14 is UNAVAILABLE.
+    /// let head = http::HeaderMap::new();
+    /// let Verdict::Defer(mut stream) = GrpcClassifier.classify_response(http::StatusCode::OK, &head) else {
+    ///     panic!("a gRPC answer without a status in its head is decided by the trailers");
+    /// };
+    /// let mut trailers = http::HeaderMap::new();
+    /// trailers.insert("grpc-status", "14".parse().unwrap());
+    /// assert_eq!(stream.on_trailers(&trailers), Some(Outcome::Failure));
+    /// ```
     fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<Outcome> {
         let _ = trailers;
         None
@@ -153,6 +231,14 @@ pub trait ClassifyStream {
     fn on_end(self) -> Outcome;
 
     /// The body failed mid-stream.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, LlmEvents, SseStream};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // A body that fails mid-stream is a failure by default.
+    /// assert_eq!(SseStream::with_events(LlmEvents::default()).on_error(), Outcome::Failure);
+    /// ```
     fn on_error(self) -> Outcome
     where
         Self: Sized,
@@ -164,11 +250,26 @@ pub trait ClassifyStream {
     /// it said so (`Retry-After` on a quota answer): read just before the
     /// verdict, for quota gating (see
     /// [`Builder::quota_gate`](crate::Builder::quota_gate)). `None` by default.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, LlmEvents, SseStream};
+    ///
+    /// // Only quota answers announce a reset; a plain stream does not.
+    /// assert_eq!(SseStream::with_events(LlmEvents::default()).announced_reset(), None);
+    /// ```
     fn announced_reset(&self) -> Option<std::time::Duration> {
         None
     }
 
     /// The caller dropped the body before its end.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, LlmEvents, SseStream};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // A caller who hangs up says nothing about the upstream.
+    /// assert_eq!(SseStream::with_events(LlmEvents::default()).on_drop(), Outcome::Ignored);
+    /// ```
     fn on_drop(self) -> Outcome
     where
         Self: Sized,
@@ -179,6 +280,29 @@ pub trait ClassifyStream {
 
 /// The stream classifier of classifiers that always decide on the head. It
 /// cannot be constructed.
+///
+/// ```
+/// use tower_circuit_breaker::classify::{Classify, ErrorRef, NeverDefer, Verdict};
+/// use tower_circuit_breaker::Outcome;
+///
+/// /// Decides on the head alone: no stream classifier is ever made.
+/// struct StatusOnly;
+///
+/// impl Classify for StatusOnly {
+///     type Stream = NeverDefer;
+///
+///     fn classify_response(&self, status: http::StatusCode, _: &http::HeaderMap) -> Verdict<NeverDefer> {
+///         Verdict::Done(if status.is_server_error() { Outcome::Failure } else { Outcome::Success })
+///     }
+///
+///     fn classify_error(&self, _: ErrorRef<'_>) -> Outcome {
+///         Outcome::Failure
+///     }
+/// }
+///
+/// let headers = http::HeaderMap::new();
+/// assert!(matches!(StatusOnly.classify_response(http::StatusCode::OK, &headers), Verdict::Done(Outcome::Success)));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum NeverDefer {}
 
