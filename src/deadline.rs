@@ -99,6 +99,23 @@ use crate::breaker::ConfigError;
 pub use crate::error::StreamElapsed;
 
 /// Which stream deadline passed; see [`StreamElapsed::deadline`].
+///
+/// ```
+/// use tower_circuit_breaker::deadline::{StreamDeadline, StreamElapsed};
+/// use tower_circuit_breaker::BoxError;
+///
+/// // What to tell the user, by which deadline passed.
+/// fn explain(err: &BoxError) -> &'static str {
+///     match err.downcast_ref::<StreamElapsed>().map(StreamElapsed::deadline) {
+///         Some(StreamDeadline::FirstFrame) => "the model never started answering",
+///         Some(StreamDeadline::Stall) => "the answer stopped mid-way",
+///         Some(StreamDeadline::Total) => "the answer took too long",
+///         Some(_) | None => "another error",
+///     }
+/// }
+/// let other: BoxError = "connection reset".into();
+/// assert_eq!(explain(&other), "another error");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StreamDeadline {
@@ -134,6 +151,13 @@ pub struct StreamDeadlines {
 
 impl StreamDeadlines {
     /// No deadline set.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// assert!(StreamDeadlines::new().is_empty());
+    /// assert_eq!(StreamDeadlines::new(), StreamDeadlines::default());
+    /// ```
     pub const fn new() -> Self {
         StreamDeadlines {
             first_frame: None,
@@ -144,6 +168,15 @@ impl StreamDeadlines {
 
     /// The first body frame (the first token) must come within `timeout`
     /// of the call. The response future waits for it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// // A model that has not sent its first token in 10 s is treated as down.
+    /// let d = StreamDeadlines::new().first_frame(Duration::from_secs(10));
+    /// assert_eq!(d.first_frame_timeout(), Some(Duration::from_secs(10)));
+    /// ```
     pub const fn first_frame(mut self, timeout: Duration) -> Self {
         self.first_frame = Some(timeout);
         self
@@ -151,39 +184,104 @@ impl StreamDeadlines {
 
     /// No gap between two body frames (nor between the head and the first
     /// frame, without a first-frame deadline) may exceed `timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// // Tokens usually come every few hundred milliseconds; 15 s of silence is a stall.
+    /// let d = StreamDeadlines::new().stall(Duration::from_secs(15));
+    /// assert_eq!(d.stall_timeout(), Some(Duration::from_secs(15)));
+    /// ```
     pub const fn stall(mut self, timeout: Duration) -> Self {
         self.stall = Some(timeout);
         self
     }
 
     /// The whole call, body included, must end within `timeout` of the call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// let d = StreamDeadlines::new().total(Duration::from_secs(300));
+    /// assert_eq!(d.total_timeout(), Some(Duration::from_secs(300)));
+    /// ```
     pub const fn total(mut self, timeout: Duration) -> Self {
         self.total = Some(timeout);
         self
     }
 
     /// The first-frame deadline, if set.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// assert_eq!(StreamDeadlines::new().first_frame_timeout(), None);
+    /// let d = StreamDeadlines::new().first_frame(Duration::from_secs(5));
+    /// assert_eq!(d.first_frame_timeout(), Some(Duration::from_secs(5)));
+    /// ```
     pub const fn first_frame_timeout(&self) -> Option<Duration> {
         self.first_frame
     }
 
     /// The stall deadline, if set.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// assert_eq!(StreamDeadlines::new().stall_timeout(), None);
+    /// let d = StreamDeadlines::new().stall(Duration::from_secs(15));
+    /// assert_eq!(d.stall_timeout(), Some(Duration::from_secs(15)));
+    /// ```
     pub const fn stall_timeout(&self) -> Option<Duration> {
         self.stall
     }
 
     /// The total stream deadline, if set.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// assert_eq!(StreamDeadlines::new().total_timeout(), None);
+    /// let d = StreamDeadlines::new().total(Duration::from_secs(120));
+    /// assert_eq!(d.total_timeout(), Some(Duration::from_secs(120)));
+    /// ```
     pub const fn total_timeout(&self) -> Option<Duration> {
         self.total
     }
 
     /// Whether any deadline is set.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    ///
+    /// assert!(StreamDeadlines::new().is_empty());
+    /// assert!(!StreamDeadlines::new().total(Duration::from_secs(60)).is_empty());
+    /// ```
     pub const fn is_empty(&self) -> bool {
         self.first_frame.is_none() && self.stall.is_none() && self.total.is_none()
     }
 
     /// Refuses a zero deadline, and a first-frame or stall deadline longer
     /// than the total stream time (it could never pass).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    /// use tower_circuit_breaker::ConfigError;
+    ///
+    /// let ok = StreamDeadlines::new().stall(Duration::from_secs(15)).total(Duration::from_secs(300));
+    /// assert!(ok.validate().is_ok());
+    ///
+    /// // A stall deadline longer than the whole stream could never pass.
+    /// let never = StreamDeadlines::new().stall(Duration::from_secs(600)).total(Duration::from_secs(300));
+    /// assert!(matches!(never.validate(), Err(ConfigError::StreamDeadline(_))));
+    /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         let zero = [self.first_frame, self.stall, self.total]
             .into_iter()

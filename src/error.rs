@@ -115,12 +115,36 @@ impl Error {
 
     /// Whether this circuit, or one inside the inner service, rejected the
     /// call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Error};
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.force_open();
+    /// let err = Error::from(breaker.admit().unwrap_err());
+    /// assert!(err.is_circuit_open());
+    /// ```
     pub fn is_circuit_open(&self) -> bool {
         self.circuit_open().is_some()
     }
 
     /// The inner service's error, if the call reached the inner service (an
     /// inner breaker's rejection included).
+    ///
+    /// ```
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
+    /// let svc = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+    ///     Err::<http::Response<String>, _>(std::io::Error::other("connection refused"))
+    /// }));
+    /// let err = svc.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// assert!(!err.is_circuit_open());
+    /// assert_eq!(err.inner().unwrap().to_string(), "connection refused");
+    /// # }
+    /// ```
     pub fn inner(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
         match &self.kind {
             Kind::Inner(e) => Some(&**e),
@@ -129,6 +153,15 @@ impl Error {
     }
 
     /// Converts into a [`BoxError`]: the [`CircuitOpen`] or the inner error.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen, Error};
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// breaker.force_open();
+    /// let boxed: BoxError = Error::from(breaker.admit().unwrap_err()).into_box();
+    /// assert!(boxed.downcast_ref::<CircuitOpen>().is_some());
+    /// ```
     pub fn into_box(self) -> BoxError {
         self.into()
     }
@@ -210,6 +243,18 @@ impl StreamElapsed {
     }
 
     /// Which deadline passed.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
+    /// use tower_circuit_breaker::BoxError;
+    ///
+    /// fn first_token_late(err: &BoxError) -> bool {
+    ///     err.downcast_ref::<StreamElapsed>()
+    ///         .is_some_and(|e| e.deadline() == StreamDeadline::FirstFrame)
+    /// }
+    /// let other: BoxError = "connection reset".into();
+    /// assert!(!first_token_late(&other));
+    /// ```
     pub fn deadline(&self) -> StreamDeadline {
         self.deadline
     }
