@@ -81,6 +81,16 @@ use crate::CircuitBreakerLayer;
 /// around the breaker around `client`.
 ///
 /// See the [module docs](self) for an example.
+///
+/// ```
+/// use async_openai::{config::OpenAIConfig, Client};
+/// use tower_circuit_breaker::{async_openai::http_service, Breaker};
+///
+/// let breaker = Breaker::builder().name("openai").consecutive_failures(5).build().unwrap();
+/// let client = Client::with_config(OpenAIConfig::new())
+///     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+/// # let _ = client;
+/// ```
 pub fn http_service(
     client: ::reqwest::Client,
     breaker: Breaker,
@@ -120,6 +130,17 @@ pub fn circuit_open(error: &OpenAIError) -> Option<&CircuitOpen> {
 ///
 /// Like [`CircuitBreaker`](crate::CircuitBreaker), `poll_ready` only drives
 /// the inner service and the decision is made in `call`.
+///
+/// ```
+/// use async_openai::middleware::ReqwestService;
+/// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+/// use tower_circuit_breaker::Breaker;
+///
+/// let breaker = Breaker::builder().build().unwrap();
+/// let service = OpenAiCircuitBreaker::new(ReqwestService::new(reqwest::Client::new()), breaker);
+/// let client = async_openai::Client::new().with_http_service(service);
+/// # let _ = client;
+/// ```
 #[derive(Debug, Clone)]
 pub struct OpenAiCircuitBreaker<S = ReqwestService, C = DefaultClassifier, P = Breaker> {
     inner: S,
@@ -130,6 +151,16 @@ pub struct OpenAiCircuitBreaker<S = ReqwestService, C = DefaultClassifier, P = B
 impl<S> OpenAiCircuitBreaker<S> {
     /// Wraps `inner` (usually async-openai's `ReqwestService`), classifying
     /// with [`LlmClassifier`](crate::classify::LlmClassifier).
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let breaker = Breaker::builder().name("openai").build().unwrap();
+    /// let service = OpenAiCircuitBreaker::new(ReqwestService::new(reqwest::Client::new()), breaker);
+    /// assert_eq!(service.breaker().name(), Some("openai"));
+    /// ```
     pub fn new(inner: S, breaker: Breaker) -> Self {
         OpenAiCircuitBreaker {
             inner,
@@ -141,6 +172,19 @@ impl<S> OpenAiCircuitBreaker<S> {
 
 impl<S, C> OpenAiCircuitBreaker<S, C> {
     /// The breaker, for snapshots and manual control.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::{Breaker, State};
+    ///
+    /// let service = OpenAiCircuitBreaker::new(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    /// );
+    /// service.breaker().force_open();
+    /// assert_eq!(service.breaker().state(), State::ForcedOpen);
+    /// ```
     pub fn breaker(&self) -> &Breaker {
         &self.select
     }
@@ -149,6 +193,23 @@ impl<S, C> OpenAiCircuitBreaker<S, C> {
 impl<S, C, P> OpenAiCircuitBreaker<S, C, P> {
     /// Wraps `inner`, choosing a breaker per request with `select` and
     /// classifying with `classifier`.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// // One breaker, a classifier of your own:
+    /// let service = OpenAiCircuitBreaker::with_classifier(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    ///     LlmClassifier::default(),
+    /// );
+    /// # let _ = service;
+    /// # let _ = KeyedBreakers::builder();
+    /// ```
     pub const fn with_classifier(inner: S, select: P, classifier: C) -> Self {
         OpenAiCircuitBreaker {
             inner,
@@ -158,26 +219,87 @@ impl<S, C, P> OpenAiCircuitBreaker<S, C, P> {
     }
 
     /// What chooses the breaker for each request.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let service = OpenAiCircuitBreaker::new(ReqwestService::new(reqwest::Client::new()), breaker.clone());
+    /// assert!(service.select().ptr_eq(&breaker));
+    /// ```
     pub fn select(&self) -> &P {
         &self.select
     }
 
     /// The classifier.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::classify::{Classify, Verdict};
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// let service = OpenAiCircuitBreaker::new(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    /// );
+    /// // The default classifier ignores a 400 (the caller's mistake, not the upstream's).
+    /// let verdict = service.classifier().classify_response(http::StatusCode::BAD_REQUEST, &http::HeaderMap::new());
+    /// assert!(matches!(verdict, Verdict::Done(Outcome::Ignored)));
+    /// ```
     pub fn classifier(&self) -> &C {
         &self.classifier
     }
 
     /// A reference to the inner service.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let service = OpenAiCircuitBreaker::new(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    /// );
+    /// let _inner: &ReqwestService = service.get_ref();
+    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// A mutable reference to the inner service.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let mut service = OpenAiCircuitBreaker::new(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    /// );
+    /// *service.get_mut() = ReqwestService::new(reqwest::Client::new());
+    /// ```
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// The inner service.
+    ///
+    /// ```
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreaker;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let service = OpenAiCircuitBreaker::new(
+    ///     ReqwestService::new(reqwest::Client::new()),
+    ///     Breaker::builder().build().unwrap(),
+    /// );
+    /// let _unwrapped: ReqwestService = service.into_inner();
+    /// ```
     pub fn into_inner(self) -> S {
         self.inner
     }
@@ -249,6 +371,18 @@ pub struct OpenAiCircuitBreakerLayer<C = DefaultClassifier, P = Breaker> {
 impl OpenAiCircuitBreakerLayer {
     /// A layer around `breaker`, classifying with
     /// [`LlmClassifier`](crate::classify::LlmClassifier).
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use async_openai::middleware::ReqwestService;
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreakerLayer;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let service = OpenAiCircuitBreakerLayer::new(breaker.clone())
+    ///     .layer(ReqwestService::new(reqwest::Client::new()));
+    /// assert!(service.breaker().ptr_eq(&breaker));
+    /// ```
     pub fn new(breaker: Breaker) -> Self {
         OpenAiCircuitBreakerLayer {
             select: breaker,
@@ -259,6 +393,17 @@ impl OpenAiCircuitBreakerLayer {
 
 impl<C, P> OpenAiCircuitBreakerLayer<C, P> {
     /// Uses another classifier.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::async_openai::OpenAiCircuitBreakerLayer;
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// // Plain HTTP rules instead of the LLM ones:
+    /// let layer = OpenAiCircuitBreakerLayer::new(Breaker::builder().build().unwrap())
+    ///     .with_classifier(HttpClassifier);
+    /// # let _ = layer;
+    /// ```
     pub fn with_classifier<C2>(self, classifier: C2) -> OpenAiCircuitBreakerLayer<C2, P> {
         OpenAiCircuitBreakerLayer {
             select: self.select,
@@ -298,6 +443,23 @@ pin_project! {
     ///
     /// Dropping it before it completes releases the call's permit as
     /// [`Ignored`](crate::Outcome::Ignored).
+    ///
+    /// ```
+    /// use async_openai::{config::OpenAIConfig, error::OpenAIError, Client};
+    /// use tower_circuit_breaker::{async_openai::{circuit_open, http_service}, Breaker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Every call of the client goes through a `ResponseFuture`; a rejected one
+    /// // completes at once, without a request.
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let config = OpenAIConfig::new().with_api_base("http://127.0.0.1:9/v1");
+    /// let client = Client::with_config(config)
+    ///     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+    /// breaker.force_open();
+    /// let err: OpenAIError = client.models().list().await.unwrap_err();
+    /// assert!(circuit_open(&err).is_some());
+    /// # }
+    /// ```
     pub struct ResponseFuture<F, C> {
         #[pin]
         kind: Kind<F, C>,
