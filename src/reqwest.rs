@@ -90,6 +90,18 @@ use crate::{BoxError, Breaker, CircuitBreakerLayer, Error, Select};
 /// whose URI reqwest cannot take (`is_builder()`).
 ///
 /// See the [module docs](self) for an example.
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_circuit_breaker::reqwest::ReqwestService;
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// let layer = CircuitBreakerLayer::builder().name("chat").build().unwrap();
+/// let client = ServiceBuilder::new()
+///     .layer(layer)
+///     .service(ReqwestService::<String>::new(reqwest::Client::new()));
+/// # let _ = client;
+/// ```
 pub struct ReqwestService<B = ::reqwest::Body> {
     client: ::reqwest::Client,
     _body: PhantomData<fn(B)>,
@@ -97,6 +109,14 @@ pub struct ReqwestService<B = ::reqwest::Body> {
 
 impl<B> ReqwestService<B> {
     /// Sends requests with `client`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestService;
+    ///
+    /// let client = reqwest::Client::builder().build().unwrap();
+    /// let service: ReqwestService<Vec<u8>> = ReqwestService::new(client);
+    /// # let _ = service;
+    /// ```
     pub const fn new(client: ::reqwest::Client) -> Self {
         ReqwestService {
             client,
@@ -105,11 +125,25 @@ impl<B> ReqwestService<B> {
     }
 
     /// The client.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestService;
+    ///
+    /// let service = ReqwestService::<String>::new(reqwest::Client::new());
+    /// let _client: &reqwest::Client = service.get_ref();
+    /// ```
     pub fn get_ref(&self) -> &::reqwest::Client {
         &self.client
     }
 
     /// The client.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestService;
+    ///
+    /// let service = ReqwestService::<String>::new(reqwest::Client::new());
+    /// let _client: reqwest::Client = service.into_inner();
+    /// ```
     pub fn into_inner(self) -> ::reqwest::Client {
         self.client
     }
@@ -193,6 +227,19 @@ type Pending = <::reqwest::Client as Service<::reqwest::Request>>::Future;
 
 pin_project! {
     /// Response future of [`ReqwestService`].
+    ///
+    /// ```
+    /// use tower::{Service, ServiceExt};
+    /// use tower_circuit_breaker::reqwest::ReqwestService;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Nothing listens on port 9: the future resolves to reqwest's connect error.
+    /// let mut service = ReqwestService::<String>::new(reqwest::Client::new());
+    /// let request = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
+    /// let err = service.ready().await.unwrap().call(request).await.unwrap_err();
+    /// assert!(err.is_connect() || err.is_request());
+    /// # }
+    /// ```
     pub struct ResponseFuture {
         #[pin]
         kind: Kind,
@@ -308,6 +355,15 @@ pub struct ReqwestClient<C = HttpClassifier, P = Breaker> {
 impl<C: Clone, P: Clone> ReqwestClient<C, P> {
     /// Sends with `client`, admitted by `layer`'s breaker (or keyed
     /// breakers) and judged by its classifier.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// let layer = CircuitBreakerLayer::builder().name("chat").build().unwrap();
+    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
+    /// assert_eq!(client.breaker().name(), Some("chat"));
+    /// ```
     pub fn new(client: ::reqwest::Client, layer: &CircuitBreakerLayer<C, P>) -> Self {
         ReqwestClient::with_select(client, layer.select().clone(), layer.classifier().clone())
     }
@@ -350,21 +406,63 @@ impl<C, P> ReqwestClient<C, P> {
     }
 
     /// What chooses the breaker for each request.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// let layer = CircuitBreakerLayer::keyed(set, keyed::header("x-model"));
+    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
+    /// assert!(client.select().breakers().is_empty());
+    /// ```
     pub fn select(&self) -> &P {
         &self.select
     }
 
     /// The classifier that judges every call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, LlmClassifier, Verdict};
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let client = ReqwestClient::with_select(reqwest::Client::new(), breaker, LlmClassifier::new());
+    /// let verdict = client.classifier().classify_response(http::StatusCode::BAD_GATEWAY, &http::HeaderMap::new());
+    /// assert!(matches!(verdict, Verdict::Done(Outcome::Failure)));
+    /// ```
     pub fn classifier(&self) -> &C {
         &self.classifier
     }
 
     /// The client.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
+    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
+    /// // reqwest's own builder API stays at hand:
+    /// let request = client.get_ref().get("http://127.0.0.1:9/v1/models").build().unwrap();
+    /// assert_eq!(request.method(), http::Method::GET);
+    /// ```
     pub fn get_ref(&self) -> &::reqwest::Client {
         &self.client
     }
 
     /// The client.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::ReqwestClient;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
+    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
+    /// let _plain: reqwest::Client = client.into_inner();
+    /// ```
     pub fn into_inner(self) -> ::reqwest::Client {
         self.client
     }
@@ -510,6 +608,23 @@ pin_project! {
     ///
     /// Dropping it before it completes releases the call's permit as
     /// [`Ignored`](crate::Outcome::Ignored).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::RequestBuilderExt;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
+    /// layer.breaker().force_open();
+    /// // A rejected call completes at once, without a request.
+    /// let err = reqwest::Client::new()
+    ///     .get("http://127.0.0.1:9/v1/models")
+    ///     .send_through(&layer)
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_circuit_open());
+    /// # }
+    /// ```
     pub struct SendFuture<C> {
         #[pin]
         kind: SendKind<C>,
