@@ -82,6 +82,17 @@ pub fn circuit_open(error: &Error) -> Option<&CircuitOpen> {
 /// that asks a breaker before every request and records how it went.
 ///
 /// See the [module docs](self) for an example.
+///
+/// ```
+/// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+/// use tower_circuit_breaker::Breaker;
+///
+/// let breaker = Breaker::builder().name("chat").build().unwrap();
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(CircuitBreakerMiddleware::new(breaker))
+///     .build();
+/// # let _ = client;
+/// ```
 #[derive(Debug, Clone)]
 pub struct CircuitBreakerMiddleware<C = DefaultClassifier, P = Breaker> {
     select: P,
@@ -91,6 +102,14 @@ pub struct CircuitBreakerMiddleware<C = DefaultClassifier, P = Breaker> {
 impl CircuitBreakerMiddleware {
     /// A middleware around `breaker`, classifying with
     /// [`LlmClassifier`](crate::classify::LlmClassifier).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let middleware = CircuitBreakerMiddleware::new(Breaker::builder().name("chat").build().unwrap());
+    /// assert_eq!(middleware.breaker().name(), Some("chat"));
+    /// ```
     pub fn new(breaker: Breaker) -> Self {
         CircuitBreakerMiddleware {
             select: breaker,
@@ -101,6 +120,15 @@ impl CircuitBreakerMiddleware {
 
 impl<C> CircuitBreakerMiddleware<C> {
     /// The breaker, for snapshots and manual control.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::{Breaker, State};
+    ///
+    /// let middleware = CircuitBreakerMiddleware::new(Breaker::builder().build().unwrap());
+    /// middleware.breaker().force_open();
+    /// assert_eq!(middleware.breaker().state(), State::ForcedOpen);
+    /// ```
     pub fn breaker(&self) -> &Breaker {
         &self.select
     }
@@ -110,11 +138,34 @@ impl<C, P> CircuitBreakerMiddleware<C, P> {
     /// A middleware that chooses the breaker for each request with `select`
     /// (a [`Breaker`], or [`Keyed`](crate::keyed::Keyed) breakers keyed on the
     /// `reqwest::Request`) and classifies with `classifier`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// // One breaker per host, shared with a tower layer:
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// let layer = CircuitBreakerLayer::keyed(set, keyed::authority());
+    /// let middleware = CircuitBreakerMiddleware::with_select(layer.select().clone(), LlmClassifier::new());
+    /// # let _ = middleware;
+    /// ```
     pub const fn with_select(select: P, classifier: C) -> Self {
         CircuitBreakerMiddleware { select, classifier }
     }
 
     /// Uses another classifier.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let middleware = CircuitBreakerMiddleware::new(Breaker::builder().build().unwrap())
+    ///     .with_classifier(HttpClassifier);
+    /// # let _ = middleware;
+    /// ```
     pub fn with_classifier<C2>(self, classifier: C2) -> CircuitBreakerMiddleware<C2, P> {
         CircuitBreakerMiddleware {
             select: self.select,
@@ -123,11 +174,30 @@ impl<C, P> CircuitBreakerMiddleware<C, P> {
     }
 
     /// What chooses the breaker for each request.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let middleware = CircuitBreakerMiddleware::new(breaker.clone());
+    /// assert!(middleware.select().ptr_eq(&breaker));
+    /// ```
     pub fn select(&self) -> &P {
         &self.select
     }
 
     /// The classifier.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, Verdict};
+    /// use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// let middleware = CircuitBreakerMiddleware::new(Breaker::builder().build().unwrap());
+    /// let verdict = middleware.classifier().classify_response(http::StatusCode::SERVICE_UNAVAILABLE, &http::HeaderMap::new());
+    /// assert!(matches!(verdict, Verdict::Done(Outcome::Failure)));
+    /// ```
     pub fn classifier(&self) -> &C {
         &self.classifier
     }

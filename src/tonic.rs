@@ -141,6 +141,24 @@ pub fn into_status_error(error: BoxError) -> BoxError {
 /// Wraps a service whose error converts into a [`BoxError`] (such as
 /// [`CircuitBreaker`](crate::CircuitBreaker)); its error is that `BoxError`,
 /// with a [`CircuitOpen`] replaced by a `Status`. Responses pass through.
+///
+/// ```
+/// use tower::{Layer, ServiceExt};
+/// use tower_circuit_breaker::tonic::RejectionStatus;
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let layer = CircuitBreakerLayer::builder().build().unwrap();
+/// let channel = tower::service_fn(|_: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let svc = RejectionStatus::new(layer.layer(channel));
+/// layer.breaker().force_open();
+/// let err = svc.oneshot(http::Request::new(String::new())).await.unwrap_err();
+/// let status = err.downcast_ref::<tonic::Status>().unwrap();
+/// assert_eq!(status.code(), tonic::Code::Unavailable);
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RejectionStatus<S> {
     inner: S,
@@ -148,21 +166,58 @@ pub struct RejectionStatus<S> {
 
 impl<S> RejectionStatus<S> {
     /// Wraps `inner`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::tonic::RejectionStatus;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let inner = tower::service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let svc = RejectionStatus::new(CircuitBreaker::new(inner, Breaker::builder().build().unwrap()));
+    /// # let _ = svc;
+    /// ```
     pub const fn new(inner: S) -> Self {
         RejectionStatus { inner }
     }
 
     /// A reference to the inner service.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::tonic::RejectionStatus;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker, State};
+    ///
+    /// let inner = tower::service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let svc = RejectionStatus::new(CircuitBreaker::new(inner, Breaker::builder().build().unwrap()));
+    /// assert_eq!(svc.get_ref().breaker().state(), State::Closed);
+    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// A mutable reference to the inner service.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::tonic::RejectionStatus;
+    ///
+    /// let mut svc = RejectionStatus::new(vec![1, 2]);
+    /// svc.get_mut().push(3);
+    /// assert_eq!(svc.get_ref().len(), 3);
+    /// ```
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// The inner service.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::tonic::RejectionStatus;
+    ///
+    /// let svc = RejectionStatus::new("inner");
+    /// assert_eq!(svc.into_inner(), "inner");
+    /// ```
     pub fn into_inner(self) -> S {
         self.inner
     }
@@ -193,6 +248,21 @@ where
 }
 
 /// Applies [`RejectionStatus`]; goes outside the breaker's layer.
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_circuit_breaker::tonic::RejectionStatusLayer;
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// let breaker = CircuitBreakerLayer::builder().build().unwrap();
+/// let stack = ServiceBuilder::new()
+///     .layer(RejectionStatusLayer::new()) // outside the breaker
+///     .layer(breaker)
+///     .service(tower::service_fn(|_: http::Request<String>| async {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+///     }));
+/// # let _ = stack;
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RejectionStatusLayer {
     _priv: (),
@@ -200,6 +270,15 @@ pub struct RejectionStatusLayer {
 
 impl RejectionStatusLayer {
     /// A new layer.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use tower_circuit_breaker::tonic::RejectionStatusLayer;
+    ///
+    /// let svc = RejectionStatusLayer::new().layer(tower::service_fn(|_: ()| async { Ok::<_, std::io::Error>(()) }));
+    /// # let _ = svc;
+    /// assert_eq!(format!("{:?}", RejectionStatusLayer::new()), format!("{:?}", RejectionStatusLayer::default()));
+    /// ```
     pub const fn new() -> Self {
         RejectionStatusLayer { _priv: () }
     }
@@ -215,6 +294,20 @@ impl<S> Layer<S> for RejectionStatusLayer {
 
 pin_project! {
     /// Response future of [`RejectionStatus`].
+    ///
+    /// ```
+    /// use tower::{Service, ServiceExt};
+    /// use tower_circuit_breaker::tonic::RejectionStatus;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Errors other than a rejection pass through the future unchanged.
+    /// let mut svc = RejectionStatus::new(tower::service_fn(|_: ()| async {
+    ///     Err::<(), _>(std::io::Error::other("reset"))
+    /// }));
+    /// let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
+    /// assert_eq!(err.to_string(), "reset");
+    /// # }
+    /// ```
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
