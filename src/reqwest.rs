@@ -570,6 +570,24 @@ where
 /// ```
 pub trait RequestBuilderExt: sealed::Sealed {
     /// Builds the request and sends it through `layer`'s breaker.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::reqwest::RequestBuilderExt;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = CircuitBreakerLayer::builder().name("chat").build().unwrap();
+    /// layer.breaker().force_open();
+    /// let err = reqwest::Client::new()
+    ///     .post("http://127.0.0.1:9/v1/chat/completions")
+    ///     .header("authorization", "Bearer sk-...")
+    ///     .body("{}")
+    ///     .send_through(&layer)
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.circuit_open().and_then(|open| open.key()), Some("chat"));
+    /// # }
+    /// ```
     fn send_through<C, P>(self, layer: &CircuitBreakerLayer<C, P>) -> SendFuture<C>
     where
         C: Classify + Clone,

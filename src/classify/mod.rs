@@ -147,10 +147,29 @@ pub trait Classify {
     type Stream: ClassifyStream;
 
     /// Classifies a response head.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, HttpClassifier, Verdict};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // A 429 is "slow down", not "broken": neutral for the trip rules.
+    /// let headers = http::HeaderMap::new();
+    /// let verdict = HttpClassifier.classify_response(http::StatusCode::TOO_MANY_REQUESTS, &headers);
+    /// assert!(matches!(verdict, Verdict::Done(Outcome::RateLimited { .. })));
+    /// ```
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<Self::Stream>;
 
     /// Classifies an error of the inner service (including an attempt
     /// timeout's `tower::timeout::error::Elapsed`).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, HttpClassifier};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// // A transport error (connect refused, reset, an attempt timeout) is a failure.
+    /// let error = std::io::Error::other("connection reset");
+    /// assert_eq!(HttpClassifier.classify_error(&error), Outcome::Failure);
+    /// ```
     fn classify_error(&self, error: ErrorRef<'_>) -> Outcome;
 }
 
@@ -228,6 +247,19 @@ pub trait ClassifyStream {
     }
 
     /// The body ended cleanly.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{ClassifyStream, LlmEvents, SseStream};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let mut stream = SseStream::with_events(LlmEvents::default());
+    /// assert_eq!(stream.on_data(b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n"), Some(Outcome::Success));
+    ///
+    /// // A stream that ends cleanly, between events, is a success by default.
+    /// let mut stream = SseStream::with_events(LlmEvents::default());
+    /// assert_eq!(stream.on_data(b"data: {\"choices\":[]}\n\n"), None);
+    /// assert_eq!(stream.on_end(), Outcome::Success);
+    /// ```
     fn on_end(self) -> Outcome;
 
     /// The body failed mid-stream.

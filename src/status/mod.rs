@@ -76,6 +76,22 @@ const PAGE: &str = include_str!("page.html");
 ///
 /// Cheap to clone; clones serve the same breakers and share one log of
 /// transitions.
+///
+/// ```
+/// use tower::ServiceExt;
+/// use tower_circuit_breaker::status::StatusPage;
+/// use tower_circuit_breaker::Breaker;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
+/// breaker.force_open();
+/// let page = StatusPage::new().breaker(&breaker);
+/// let request = http::Request::get("/status.json").body(()).unwrap();
+/// let response = page.clone().oneshot(request).await.unwrap();
+/// assert_eq!(response.status(), http::StatusCode::OK);
+/// assert!(page.to_json().contains("gpt-4o"));
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct StatusPage {
     sources: Arc<Vec<Source>>,
