@@ -151,3 +151,8 @@ pub use crate::stack::{Stack, StackLayer};
 
 /// The boxed error type used across tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The README's Rust blocks run as doc tests, so its quick start compiles.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
