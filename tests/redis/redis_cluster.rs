@@ -103,6 +103,9 @@ async fn trip_and_heal(replicas: &[(Breaker, Attachment)], from: usize) -> Durat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge() {
+    if redis_support::skip("a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge") {
+        return;
+    }
     let mut cluster = RedisCluster::start(3).await;
     let urls = cluster.urls();
     let prefix = unique_prefix("cluster");

@@ -98,6 +98,9 @@ async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trip_on_one_replica_opens_every_replica() {
+    if redis_support::skip("a_trip_on_one_replica_opens_every_replica") {
+        return;
+    }
     let prefix = unique_prefix("trip");
     let replicas = replicas(3, shared_url(), &prefix, || {
         Breaker::builder()
@@ -126,6 +129,9 @@ async fn a_trip_on_one_replica_opens_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_under_the_threshold_on_their_own_trip_together() {
+    if redis_support::skip("replicas_under_the_threshold_on_their_own_trip_together") {
+        return;
+    }
     let prefix = unique_prefix("aggregate");
     let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
@@ -152,6 +158,9 @@ async fn replicas_under_the_threshold_on_their_own_trip_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_together_under_the_threshold_stay_closed() {
+    if redis_support::skip("replicas_together_under_the_threshold_stay_closed") {
+        return;
+    }
     let prefix = unique_prefix("under");
     let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
@@ -194,6 +203,10 @@ async fn replicas_together_under_the_threshold_stay_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes() {
+    if redis_support::skip("eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes")
+    {
+        return;
+    }
     const PROBES: usize = 3;
     let prefix = unique_prefix("probes");
     let replicas = replicas(8, shared_url(), &prefix, || {
@@ -275,6 +288,9 @@ async fn admit_probe(breaker: &Breaker) -> tower_circuit_breaker::Permit {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_reopen_every_replica_with_backoff() {
+    if redis_support::skip("failed_probes_reopen_every_replica_with_backoff") {
+        return;
+    }
     let prefix = unique_prefix("reopen");
     let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
@@ -306,6 +322,9 @@ async fn failed_probes_reopen_every_replica_with_backoff() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
+    if redis_support::skip("a_dead_replicas_probe_slot_comes_back_when_its_lease_ends") {
+        return;
+    }
     let prefix = unique_prefix("lease");
     let config = || {
         Breaker::builder()
@@ -341,6 +360,9 @@ async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
+    if redis_support::skip("restarting_redis_mid_traffic_fails_no_request_and_converges") {
+        return;
+    }
     let mut server = Server::start().await;
     let url = server.url();
     let prefix = unique_prefix("restart");
@@ -435,6 +457,9 @@ async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_the_keys_is_treated_as_absent() {
+    if redis_support::skip("garbage_in_the_keys_is_treated_as_absent") {
+        return;
+    }
     let prefix = unique_prefix("garbage");
     let name = "upstream";
     let state_key = format!("{{{prefix}:{name}}}:v2:state");
@@ -531,6 +556,9 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
+    if redis_support::skip("keyed_sets_share_each_key_and_learn_keys_they_never_saw") {
+        return;
+    }
     let prefix = unique_prefix("keyed");
     let config = || {
         KeyedBreakers::builder()
@@ -587,6 +615,9 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
 
 #[tokio::test]
 async fn attaching_needs_a_name_and_sane_settings() {
+    if redis_support::skip("attaching_needs_a_name_and_sane_settings") {
+        return;
+    }
     let client = || Client::open(shared_url()).unwrap();
     let backend = Backend::builder(client()).build().unwrap();
     let unnamed = Breaker::builder().build().unwrap();
@@ -605,6 +636,9 @@ async fn attaching_needs_a_name_and_sane_settings() {
 
 #[test]
 fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
+    if redis_support::skip("attaching_outside_a_runtime_is_an_error_not_a_panic") {
+        return;
+    }
     let backend = Backend::builder(Client::open(shared_url()).unwrap())
         .build()
         .unwrap();
@@ -614,6 +648,9 @@ fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_replicas_tell_a_redis_that_lost_its_state() {
+    if redis_support::skip("open_replicas_tell_a_redis_that_lost_its_state") {
+        return;
+    }
     let mut server = Server::start().await;
     let url = server.url();
     let prefix = unique_prefix("lost");
@@ -652,6 +689,9 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_counts_as_down_until_it_answers_again() {
+    if redis_support::skip("a_paused_redis_counts_as_down_until_it_answers_again") {
+        return;
+    }
     let server = Server::start().await;
     let url = server.url();
     let prefix = unique_prefix("paused");
@@ -694,6 +734,9 @@ async fn a_paused_redis_counts_as_down_until_it_answers_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_never_answers_leaves_the_breaker_local() {
+    if redis_support::skip("a_server_that_never_answers_leaves_the_breaker_local") {
+        return;
+    }
     // Accepts connections and says nothing.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("redis://{}/", listener.local_addr().unwrap());
@@ -731,6 +774,9 @@ async fn a_server_that_never_answers_leaves_the_breaker_local() {
 
 #[test]
 fn a_runtime_shutting_down_leaves_the_breakers_local() {
+    if redis_support::skip("a_runtime_shutting_down_leaves_the_breakers_local") {
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -758,6 +804,9 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
+    if redis_support::skip("a_keyed_set_larger_than_one_round_trip_stays_in_step") {
+        return;
+    }
     let prefix = unique_prefix("many");
     let config = || {
         KeyedBreakers::builder()
@@ -810,6 +859,9 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
+    if redis_support::skip("a_listener_panicking_under_the_sync_task_does_not_end_sharing") {
+        return;
+    }
     let prefix = unique_prefix("panicking-listener");
     // Replica 1's listener panics whenever the cluster opens it: that
     // transition is applied by its sync task, not by a caller.
@@ -882,6 +934,11 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it() {
+    if redis_support::skip(
+        "replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it",
+    ) {
+        return;
+    }
     use tower::{Service, ServiceBuilder};
     use tower_circuit_breaker::keyed::{self, KeySecret};
 
@@ -962,6 +1019,9 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
+    if redis_support::skip("cluster_wide_force_open_disable_and_reset_reach_every_replica") {
+        return;
+    }
     let prefix = unique_prefix("control");
     let config = || {
         Breaker::builder()
@@ -1029,6 +1089,9 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
+    if redis_support::skip("a_cluster_control_redis_cannot_confirm_is_an_error") {
+        return;
+    }
     let mut server = Server::start().await;
     let prefix = unique_prefix("control-down");
     let replicas = replicas(1, &server.url(), &prefix, || {
@@ -1050,6 +1113,9 @@ async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
+    if redis_support::skip("with_a_quorum_of_two_one_replica_alone_never_opens_the_others") {
+        return;
+    }
     let prefix = unique_prefix("quorum");
     let replicas = replicas_with(
         3,
@@ -1100,6 +1166,9 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() {
+    if redis_support::skip("a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible") {
+        return;
+    }
     let prefix = unique_prefix("quorum-fallback");
     let replicas = replicas_with(
         2,
@@ -1173,6 +1242,11 @@ fn clock_step_shim() -> Option<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early() {
+    if redis_support::skip(
+        "an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early",
+    ) {
+        return;
+    }
     let Some(shim) = clock_step_shim() else {
         return;
     };
@@ -1270,6 +1344,9 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_of_another_schema_are_detected_not_silently_split() {
+    if redis_support::skip("replicas_of_another_schema_are_detected_not_silently_split") {
+        return;
+    }
     let prefix = unique_prefix("schema");
     let mut conn = connection(shared_url()).await;
     assert_eq!(SCHEMA, 2);

@@ -21,6 +21,57 @@ pub fn shared_url() -> &'static str {
     })
 }
 
+/// The `redis-server` binary the tests start their own servers with
+/// (`REDIS_SERVER`, by default the one on `PATH`).
+pub fn server_binary() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+}
+
+/// Why the Redis tests cannot run here, if they cannot: the shared server
+/// does not answer, or `redis-server` does not start. Checked once.
+fn missing() -> Option<&'static str> {
+    static MISSING: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    MISSING
+        .get_or_init(|| {
+            let answers = Client::open(shared_url()).ok().and_then(|c| {
+                let mut conn = c.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
+                redis::cmd("PING").query::<String>(&mut conn).ok()
+            });
+            if answers.is_none() {
+                return Some(format!(
+                    "no Redis answers at {} (set REDIS_URL)",
+                    shared_url()
+                ));
+            }
+            let runs = std::process::Command::new(server_binary())
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            (!runs).then(|| format!("`{}` does not run (set REDIS_SERVER)", server_binary()))
+        })
+        .as_deref()
+}
+
+/// Whether `test` must be skipped because Redis is not here. Outside CI a
+/// skipped test passes and says so on one line of the terminal (past the
+/// test harness's capture), numbered, so the run shows how many were
+/// skipped; in CI (`CI=true`) a missing Redis fails the test instead.
+pub fn skip(test: &str) -> bool {
+    use std::io::Write;
+    static SKIPPED: AtomicU32 = AtomicU32::new(0);
+    let Some(why) = missing() else {
+        return false;
+    };
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "{test}: {why}; in CI the Redis tests must run"
+    );
+    let n = SKIPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    let _ = writeln!(std::io::stderr(), "skipped ({n} so far): {test}: {why}");
+    true
+}
+
 /// A prefix no other test (or earlier run) uses.
 pub fn unique_prefix(test: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -140,7 +191,7 @@ impl Server {
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
         let plain = !self.args.iter().any(|a| a == "--tls-port");
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         if plain {
             cmd.args(["--port", &self.port.to_string()]);
         }
