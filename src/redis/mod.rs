@@ -176,6 +176,7 @@ mod control;
 mod script;
 mod supervise;
 mod tracked;
+mod turns;
 mod worker;
 
 use std::collections::{BTreeSet, HashMap};
