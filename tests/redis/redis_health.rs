@@ -244,6 +244,10 @@ async fn one_replica_probes_for_all_and_its_heal_half_opens_every_replica() {
     assert!(six, "health probes go out while the circuit is open");
     let sent = upstream.sent();
     let intervals = elapsed.as_secs_f64() / INTERVAL.as_secs_f64();
+    eprintln!(
+        "{sent} health probes from three replicas in {intervals:.1} intervals, by replica {:?}",
+        upstream.by_sender()
+    );
     assert_eq!(
         upstream.most_in_flight.load(Ordering::SeqCst),
         1,
@@ -374,9 +378,16 @@ async fn garbage_in_the_turn_key_stops_no_one_from_probing() {
     // Another type altogether: taken over the same way.
     let _: () = conn.del(&key).await.unwrap();
     let _: () = conn.rpush(&key, "gone").await.unwrap();
+    let _: () = conn.pexpire(&key, 2000).await.unwrap();
     upstream.clear();
     let probed = eventually(WAIT, || async { upstream.sent() >= 2 }).await;
     assert!(probed, "a turn of another type is no holder");
+    let kind: String = redis::cmd("TYPE")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string", "the turn was taken over");
     drop(replicas);
 }
 
