@@ -71,7 +71,9 @@ pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
 pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
-pub(crate) use self::turns::{Turn, Turns};
+#[cfg(feature = "redis")]
+pub(crate) use self::turns::Turn;
+pub(crate) use self::turns::Turns;
 
 use self::counters::{Counter, Striped};
 use self::half_open::{Cycle, Expiry};

@@ -40,6 +40,7 @@ impl Breaker {
 impl Remote<'_> {
     /// Installs (or, with `None`, removes) the backend's hook deciding whose
     /// turn it is to send the health probe.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_turns(&self, turns: Option<Arc<dyn Turns>>) {
         lock(&self.shared.control).turns = turns;
     }
