@@ -120,6 +120,13 @@ impl Tracked {
             }
     }
 
+    /// Whether the cluster holds the circuit open or half-open, as this
+    /// replica last learned: then the replicas take turns to probe it.
+    pub(super) fn held_open(&self) -> bool {
+        self.view
+            .is_some_and(|v| matches!(v.cluster, Cluster::Open(_) | Cluster::HalfOpen))
+    }
+
     /// Whether the breaker moved on its own in a way the cluster must learn
     /// before the next flush: a trip, or a heal.
     pub(super) fn moved(&self) -> bool {

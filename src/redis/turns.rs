@@ -3,8 +3,10 @@
 //!
 //! A prober asks its breaker's hook before each probe; the hook hands the ask
 //! to the attachment's task, which sends every ask pending at that moment in
-//! one round trip. Whenever Redis cannot answer in time (it is down, slow, or
-//! the attachment is not sharing), the answer is "probe": each replica then
+//! one round trip. Turns are taken only while the cluster holds the circuit
+//! open: a replica open on its own (its trip short of a quorum) probes on its
+//! own. Whenever Redis cannot answer in time (it is down, slow, or the
+//! attachment is not sharing), the answer is "probe" too: each replica then
 //! probes on its own, as it would without Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +29,8 @@ const BATCH: usize = 256;
 
 /// A prober's ask for the turn of one breaker.
 pub(super) struct Ask {
+    /// The breaker's name, and its turn's key.
+    name: Arc<str>,
     key: Arc<str>,
     hold: Duration,
     reply: oneshot::Sender<bool>,
@@ -53,9 +57,10 @@ impl Desk {
         (desk, queue)
     }
 
-    /// The hook for the breaker whose turn lives at `key`.
-    pub(super) fn hook(&self, key: &str) -> Arc<dyn Turns> {
+    /// The hook for the breaker `name`, whose turn lives at `key`.
+    pub(super) fn hook(&self, name: &Arc<str>, key: &str) -> Arc<dyn Turns> {
         Arc::new(Hook {
+            name: name.clone(),
             key: key.into(),
             asks: self.asks.clone(),
             shared: self.shared.clone(),
@@ -66,6 +71,7 @@ impl Desk {
 
 /// One breaker's hook: asks the attachment's task.
 struct Hook {
+    name: Arc<str>,
     key: Arc<str>,
     asks: mpsc::Sender<Ask>,
     shared: Arc<AtomicBool>,
@@ -79,6 +85,7 @@ impl Turns for Hook {
         }
         let (reply, answer) = oneshot::channel();
         let ask = Ask {
+            name: self.name.clone(),
             key: self.key.clone(),
             hold,
             reply,
@@ -98,24 +105,18 @@ impl Turns for Hook {
 }
 
 /// Answers `first` and every other ask already waiting in `queue`, in one
-/// round trip. On a failure the asks are dropped unanswered, which their
-/// probers take as "probe".
+/// round trip; `held_open` says which breakers the cluster holds open. On a
+/// failure the asks are dropped unanswered, which their probers take as
+/// "probe".
 pub(super) async fn answer(
     conn: &mut Conn,
     replica: &str,
     first: Ask,
     queue: &mut mpsc::Receiver<Ask>,
+    held_open: impl Fn(&str) -> bool,
     limit: Duration,
 ) -> Result<(), Failure> {
-    let mut asks = vec![first];
-    while asks.len() < BATCH {
-        match queue.try_recv() {
-            Ok(ask) => asks.push(ask),
-            Err(_) => break,
-        }
-    }
-    // A prober that gave up waiting needs no answer.
-    asks.retain(|a| !a.reply.is_closed());
+    let asks = for_redis(first, queue, held_open);
     if asks.is_empty() {
         return Ok(());
     }
@@ -133,6 +134,29 @@ pub(super) async fn answer(
     Ok(())
 }
 
+/// Takes `first` and the asks waiting behind it, answers those that need no
+/// turn (the cluster does not hold their circuit open: this replica probes
+/// on its own) and drops those whose prober gave up; the rest go to Redis.
+fn for_redis(
+    first: Ask,
+    queue: &mut mpsc::Receiver<Ask>,
+    held_open: impl Fn(&str) -> bool,
+) -> Vec<Ask> {
+    let mut asks = vec![first];
+    while asks.len() < BATCH {
+        match queue.try_recv() {
+            Ok(ask) => asks.push(ask),
+            Err(_) => break,
+        }
+    }
+    asks.retain(|a| !a.reply.is_closed());
+    let (shared, alone): (Vec<Ask>, Vec<Ask>) = asks.into_iter().partition(|a| held_open(&a.name));
+    for ask in alone {
+        let _ = ask.reply.send(true);
+    }
+    shared
+}
+
 /// Whether the script's answer leaves the turn to this replica: anything but
 /// a plain "another replica holds it" does.
 fn mine(value: &Value) -> bool {
@@ -147,7 +171,7 @@ mod tests {
     async fn a_hook_probes_on_its_own_when_not_sharing_or_unanswered() {
         let shared = Arc::new(AtomicBool::new(false));
         let (desk, mut queue) = Desk::new(shared.clone(), Duration::from_millis(500));
-        let hook = desk.hook("{p:b}:v2:health");
+        let hook = desk.hook(&"b".into(), "{p:b}:v2:health");
         let hold = Duration::from_secs(1);
         // Not sharing: no ask, our turn.
         assert!(hook.take(hold).await);
@@ -177,6 +201,28 @@ mod tests {
         let start = tokio::time::Instant::now();
         assert!(hook.take(hold).await);
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_circuits_the_cluster_holds_open_take_turns() {
+        let shared = Arc::new(AtomicBool::new(true));
+        let (desk, mut queue) = Desk::new(shared, Duration::from_millis(500));
+        let hold = Duration::from_secs(1);
+        let names: Vec<Arc<str>> = ["held", "alone", "gave-up", "held-too"]
+            .into_iter()
+            .map(Arc::from)
+            .collect();
+        let mut turns: Vec<_> = names
+            .iter()
+            .map(|n| desk.hook(n, &format!("{{p:{n}}}:v2:health")).take(hold))
+            .collect();
+        drop(turns.remove(2)); // its prober stopped waiting
+        let first = queue.try_recv().unwrap();
+        let sent = for_redis(first, &mut queue, |name| name.starts_with("held"));
+        let sent: Vec<&str> = sent.iter().map(|a| &*a.name).collect();
+        assert_eq!(sent, ["held", "held-too"]);
+        // "alone" was answered at once: probe on its own.
+        assert!(turns.remove(1).await);
     }
 
     #[test]

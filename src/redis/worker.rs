@@ -231,8 +231,10 @@ impl Worker {
                     }
                 }
                 Some(ask) = self.asks.recv() => {
-                    let limit = self.settings.timeout;
-                    turns::answer(&mut conn, &self.replica, ask, &mut self.asks, limit).await?;
+                    let tracked = &self.tracked;
+                    let held_open = |name: &str| tracked.get(name).is_some_and(Tracked::held_open);
+                    let (replica, limit) = (&self.replica, self.settings.timeout);
+                    turns::answer(&mut conn, replica, ask, &mut self.asks, held_open, limit).await?;
                 }
             }
         }
@@ -342,7 +344,8 @@ impl Worker {
                 && let Some(name) = b.name()
             {
                 let t = Tracked::new(b.clone(), name.into(), &self.settings);
-                b.remote().set_turns(Some(self.desk.hook(&t.keys.health)));
+                b.remote()
+                    .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                 self.tracked.insert(t.name.clone(), t);
             }
             return;
@@ -359,7 +362,8 @@ impl Worker {
                         b.remote().set_shared(true);
                     }
                     let mut t = Tracked::new(b.clone(), name.into(), &self.settings);
-                    b.remote().set_turns(Some(self.desk.hook(&t.keys.health)));
+                    b.remote()
+                        .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                     t.seen = round;
                     self.tracked.insert(t.name.clone(), t);
                 }
@@ -507,7 +511,7 @@ impl Worker {
         let mut t = Tracked::new(breaker, name.into(), &self.settings);
         t.breaker
             .remote()
-            .set_turns(Some(self.desk.hook(&t.keys.health)));
+            .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
         t.seen = self.round;
         t.force = true;
         let local = t.breaker.state();

@@ -157,6 +157,16 @@ enum Target {
 
 /// `n` replicas of one breaker on `url`, each probing `upstream`.
 async fn replicas(n: usize, url: &str, prefix: &str, upstream: &Upstream) -> Vec<Replica> {
+    replicas_with_quorum(n, url, prefix, upstream, 1).await
+}
+
+async fn replicas_with_quorum(
+    n: usize,
+    url: &str,
+    prefix: &str,
+    upstream: &Upstream,
+    quorum: u32,
+) -> Vec<Replica> {
     let mut out = Vec::new();
     for i in 0..n {
         let half_opened = Log::default();
@@ -170,6 +180,7 @@ async fn replicas(n: usize, url: &str, prefix: &str, upstream: &Upstream) -> Vec
             .build()
             .unwrap();
         let attachment = backend(url, prefix)
+            .quorum(quorum)
             .build()
             .unwrap()
             .attach(&breaker)
@@ -355,6 +366,31 @@ async fn without_redis_each_replica_probes_and_heals_on_its_own() {
     for r in &replicas {
         assert!(r.breaker.snapshot().counters.health_probe_successes >= 1);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_open_on_their_own_probe_on_their_own() {
+    let prefix = unique_prefix("health-quorum");
+    let upstream = Upstream::default();
+    let replicas = replicas_with_quorum(3, shared_url(), &prefix, &upstream, 3).await;
+    // Every replica has seen the others' heartbeats.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Two of three trip: short of the quorum, each is open on its own and
+    // the cluster is closed, so neither waits for the other's probes.
+    for r in &replicas[..2] {
+        r.breaker.admit().unwrap().record(Outcome::Failure);
+    }
+    let both = eventually(WAIT, || async {
+        let by = upstream.by_sender();
+        by.get(&0).is_some_and(|&n| n >= 2) && by.get(&1).is_some_and(|&n| n >= 2)
+    })
+    .await;
+    assert!(both, "{:?}", upstream.by_sender());
+    assert_eq!(replicas[2].breaker.state(), State::Closed);
+    assert!(replicas[..2]
+        .iter()
+        .all(|r| r.breaker.state() == State::Open));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
