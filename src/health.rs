@@ -31,6 +31,15 @@
 //! ([`grpc_health_request`], classified by [`GrpcHealthClassifier`], which
 //! reads the body: `NOT_SERVING` comes with status 0).
 //!
+//! With the breaker shared across replicas through Redis (feature `redis`),
+//! one replica probes for all: before each probe the prober asks Redis for
+//! the breaker's turn (per key, for a keyed set), which the replica that took
+//! it keeps by renewing it on each of its probes, and hands on by falling
+//! silent for an interval plus a timeout. The others skip their ticks; a heal
+//! ends the open period in the shared state, so every replica goes half-open
+//! within a round trip of it. When Redis does not answer, every replica
+//! probes on its own.
+//!
 //! None of the panic containment holds in a build with `panic = "abort"`.
 //!
 //! # Example
@@ -227,11 +236,21 @@ where
             .max(Duration::from_nanos(1))
     }
 
+    /// How long a turn to probe lasts unless renewed: past the holder's next
+    /// probe (an interval apart, or a timeout when probes outlast it), so the
+    /// holder keeps it, and no longer, so another replica takes over soon
+    /// when the holder is gone.
+    fn turn_hold(&self) -> Duration {
+        self.interval.saturating_add(self.timeout)
+    }
+
     /// Probes `breaker` for as long as the returned future runs: while the
     /// circuit is open or half-open, one probe every interval (start to
     /// start, so a heal is found within one interval when the timeout is no
     /// longer than the interval); while it is closed, forced open or
-    /// disabled, nothing (it waits for the next state change).
+    /// disabled, nothing (it waits for the next state change). With the
+    /// breaker shared through Redis, a tick is skipped while another replica
+    /// holds the turn to probe (see the [module docs](self)).
     pub async fn run(mut self, breaker: Breaker) {
         loop {
             if !wants_probe(breaker.state()) {
@@ -242,7 +261,10 @@ where
             while wants_probe(breaker.state()) {
                 tokio::time::sleep_until(next).await;
                 next = Instant::now() + self.next_wait();
-                if wants_probe(breaker.state()) {
+                if wants_probe(breaker.state())
+                    && breaker.health_turn(self.turn_hold()).await
+                    && wants_probe(breaker.state())
+                {
                     let outcome = self.probe(&breaker).await;
                     breaker.record_health_probe(outcome);
                 }
@@ -311,7 +333,8 @@ where
     /// Probes every key of `set` whose circuit is open or half-open, every
     /// interval, at most [`max_in_flight`](HealthProbeBuilder::max_in_flight)
     /// at once, for as long as the returned future runs. The factory gets
-    /// each key's breaker (its [`name`](Breaker::name) is the key).
+    /// each key's breaker (its [`name`](Breaker::name) is the key). With the
+    /// set shared through Redis, each key has its own turn to probe.
     pub async fn run_keyed(self, set: KeyedBreakers) {
         let mut next = Instant::now() + self.next_wait();
         loop {
@@ -322,11 +345,15 @@ where
                 .into_iter()
                 .filter(|b| wants_probe(b.state()))
                 .collect();
+            let hold = self.turn_hold();
             for chunk in open.chunks(self.max_in_flight) {
                 let (classifier, make) = (&self.classifier, &self.make_request);
                 let probes = chunk.iter().map(|breaker| {
                     let mut service = self.service.clone();
                     async move {
+                        if !breaker.health_turn(hold).await {
+                            return;
+                        }
                         let outcome = probe_with(
                             &mut service,
                             classifier,

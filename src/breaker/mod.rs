@@ -52,6 +52,7 @@ mod remote;
 mod spare;
 mod state;
 mod transition;
+mod turns;
 mod volume;
 mod window;
 
@@ -70,6 +71,9 @@ pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
 pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
+#[cfg(feature = "redis")]
+pub(crate) use self::turns::Turn;
+pub(crate) use self::turns::Turns;
 
 use self::counters::{Counter, Striped};
 use self::half_open::{Cycle, Expiry};
@@ -177,6 +181,9 @@ struct Control {
     opened_at: u64,
     /// The open generation whose one last-resort call was granted.
     last_resort: Option<u64>,
+    /// A shared-state backend's say on whose turn it is to send the health
+    /// probe (read by probers only, once an interval).
+    turns: Option<Arc<dyn Turns>>,
 }
 
 /// Transitions made under the control lock, emitted once it is released.
@@ -250,6 +257,7 @@ impl Breaker {
                     reason: None,
                     opened_at: 0,
                     last_resort: None,
+                    turns: None,
                 }),
                 plain: slow_ns.is_none() && config.volume_guard.is_none() && !config.pace,
                 pace: config.pace,

@@ -154,11 +154,13 @@ impl Conn {
             Conn::Single(c) => {
                 bounded(limit, script::SYNC.load_async(c)).await?;
                 bounded(limit, script::HEARTBEAT.load_async(c)).await?;
+                bounded(limit, script::TURN.load_async(c)).await?;
             }
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => {
                 bounded(limit, script::SYNC.load_async(c)).await?;
                 bounded(limit, script::HEARTBEAT.load_async(c)).await?;
+                bounded(limit, script::TURN.load_async(c)).await?;
             }
         }
         Ok(())

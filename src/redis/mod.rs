@@ -61,8 +61,17 @@
 //!   breaker forced open or disabled on one replica is left alone and
 //!   shares nothing, and a [`reset`](Breaker::reset) closes one replica,
 //!   which the cluster opens again while it is open elsewhere.
+//! - **Health probes**, one replica for all: before each probe, a
+//!   [`HealthProbe`](crate::health::HealthProbe) takes the breaker's turn in
+//!   Redis, which its holder renews with each probe and loses after an
+//!   interval plus the probe timeout without one; the other replicas skip
+//!   their ticks meanwhile. A healthy answer ends the cluster's open period
+//!   (as a new epoch, published), so every replica turns half-open within a
+//!   round trip and real traffic confirms; the reopen backoff and the window
+//!   stay as they were. A failed health probe tells the cluster nothing.
+//!   When Redis does not answer, each replica probes on its own.
 //! - A breaker in [metrics-only](Breaker::set_metrics_only) mode follows the
-//!   cluster but never trips it or adds to its window.
+//!   cluster but never trips it, adds to its window or heals it.
 //! - **Quorum** (off by default): with [`BackendBuilder::quorum`], the
 //!   cluster opens only on failures seen by that many distinct replicas, so
 //!   one replica with a broken path to the upstream opens only its own
@@ -110,6 +119,11 @@
 //! old and the new replicas each share state among themselves until the
 //! last old one is gone.
 //!
+//! Shared health probing came within schema 2, as an addition old replicas
+//! can live with: a replica of an earlier release follows a heal (to it, the
+//! open period simply ended) but neither shares its own heals nor takes
+//! turns, so it probes on its own, as before.
+//!
 //! # When Redis is down, slow or holds garbage
 //!
 //! Every breaker falls back to its local state (and its own half-open
@@ -132,8 +146,10 @@
 //! # Keys
 //!
 //! A breaker named `name` under prefix `p` uses `{p:name}:v2:state`,
-//! `{p:name}:v2:win`, `{p:name}:v2:probes` and, with a quorum,
-//! `{p:name}:v2:votes` (the hash tag keeps them in one Redis Cluster slot);
+//! `{p:name}:v2:win`, `{p:name}:v2:probes`, with a quorum
+//! `{p:name}:v2:votes`, and with a health prober `{p:name}:v2:health` (the
+//! replica holding the turn to probe; the hash tag keeps them all in one
+//! Redis Cluster slot);
 //! replicas write heartbeats to `{p}:replicas` (a random replica id, the
 //! schema and a time), and transitions are published on `p:events` as
 //! `v2 <state> <epoch> <name>`. Nothing else goes to Redis: no request data but
@@ -176,6 +192,7 @@ mod control;
 mod script;
 mod supervise;
 mod tracked;
+mod turns;
 mod worker;
 
 use std::collections::{BTreeSet, HashMap};

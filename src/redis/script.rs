@@ -14,9 +14,14 @@ const SOURCE: &str = include_str!("sync.lua");
 /// Source of the heartbeat script.
 const HEARTBEAT_SOURCE: &str = include_str!("heartbeat.lua");
 
+/// Source of the script handing out the turn to send a health probe.
+const TURN_SOURCE: &str = include_str!("turn.lua");
+
 pub(super) static SYNC: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
 pub(super) static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SOURCE));
+
+pub(super) static TURN: LazyLock<Script> = LazyLock::new(|| Script::new(TURN_SOURCE));
 
 /// The cluster-wide rules of one breaker, taken from its configuration.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +109,9 @@ pub(super) struct Request {
     pub(super) overdue: bool,
     /// A probe lease id to claim.
     pub(super) claim: Option<String>,
+    /// A health probe found the upstream answering in the open period of
+    /// `epoch`: the cluster ends it.
+    pub(super) heal: bool,
     /// Probe lease ids with `s` (succeeded), `f` (failed) or `r` (unused).
     pub(super) reports: Vec<(String, &'static str)>,
 }
@@ -117,6 +125,7 @@ impl Request {
             && self.reports.is_empty()
             && self.control.is_none()
             && !self.overdue
+            && !self.heal
     }
 }
 
@@ -131,6 +140,8 @@ pub(super) struct Keys {
     pub(super) window: String,
     pub(super) probes: String,
     pub(super) votes: String,
+    /// Whose turn it is to send the health probe.
+    pub(super) health: String,
 }
 
 impl Keys {
@@ -143,6 +154,7 @@ impl Keys {
             window: format!("{{{prefix}:{name}}}:v{v}:win"),
             probes: format!("{{{prefix}:{name}}}:v{v}:probes"),
             votes: format!("{{{prefix}:{name}}}:v{v}:votes"),
+            health: format!("{{{prefix}:{name}}}:v{v}:health"),
         }
     }
 
@@ -201,7 +213,8 @@ pub(super) fn invocation(
         .arg(caller.quorum.max(1))
         .arg(req.control.map_or("", Control::as_arg))
         .arg(u8::from(req.overdue))
-        .arg(req.claim.as_deref().unwrap_or(""));
+        .arg(req.claim.as_deref().unwrap_or(""))
+        .arg(u8::from(req.heal));
     for (id, code) in &req.reports {
         inv.arg(id.as_str()).arg(*code);
     }
@@ -238,6 +251,14 @@ pub(super) fn heartbeat(prefix: &str, replica: &str, ttl: Duration) -> ScriptInv
         .arg(replica)
         .arg(SCHEMA)
         .arg(ms(ttl).max(1));
+    inv
+}
+
+/// One ask for the turn to send a health probe, held for `hold` unless the
+/// holder renews it; the script answers 1 when the turn is `replica`'s.
+pub(super) fn turn(key: &str, replica: &str, hold: Duration) -> ScriptInvocation<'static> {
+    let mut inv = TURN.prepare_invoke();
+    inv.key(key).arg(replica).arg(ms(hold).max(1));
     inv
 }
 
@@ -347,6 +368,7 @@ mod tests {
         assert_eq!(k.window, "{svc:gpt-4o/eu}:v2:win");
         assert_eq!(k.probes, "{svc:gpt-4o/eu}:v2:probes");
         assert_eq!(k.votes, "{svc:gpt-4o/eu}:v2:votes");
+        assert_eq!(k.health, "{svc:gpt-4o/eu}:v2:health");
     }
 
     #[test]

@@ -24,7 +24,9 @@
 -- ARGV[22]     operator control: "" | "force" | "disable" | "reset"
 -- ARGV[23]     1 if the replica's own clock says the open period is over
 -- ARGV[24]     probe lease id to claim ("" = none)
--- ARGV[25..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
+-- ARGV[25]     1 if a health probe of the replica found the upstream
+--              answering in the open period of ARGV[3]
+-- ARGV[26..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
 --              "r" (released unused)
 --
 -- Returns { state (0 closed, 1 open, 2 half-open, 3 forced open,
@@ -38,6 +40,12 @@
 -- keys (wrong type, non-numeric field, unknown state, a deadline past the
 -- year 2286) is treated as absent and overwritten on the next write, never
 -- raised as an error.
+--
+-- A health probe's heal (ARGV[25]) ends the open period now, as a new epoch
+-- that is published, so every replica turns half-open at once and real
+-- traffic confirms; it keeps the reopen count (the backoff) and the window.
+-- Replicas of an earlier release of this schema send no heal, and read the
+-- healed state as any open period that is over.
 
 local S, W, P, V = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
@@ -113,7 +121,8 @@ local quorum = int(ARGV[21], 1, 1e6, 1)
 local control = ARGV[22] or ''
 local overdue = ARGV[23] == '1'
 local claim = ARGV[24] or ''
-local FIRST_REPORT = 25
+local heal = ARGV[25] == '1'
+local FIRST_REPORT = 26
 
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -225,6 +234,17 @@ end
 if overdue and state == 'open' and now < untl and num(known) == epoch then
   untl = now
   redis.call('HSET', S, 'until', str(untl))
+end
+
+-- === a replica's health probe found the upstream answering ===
+
+if heal and state == 'open' and now < untl and num(known) == epoch then
+  untl = now
+  epoch = math.max(epoch + 1, now_us)
+  redis.call('DEL', P)
+  redis.call('HSET', S, 'until', str(untl), 'epoch', str(epoch), 'ok', '0', 'failed', '0')
+  ok, failed = 0, 0
+  changed = true
 end
 
 local half_open = state == 'open' and now >= untl

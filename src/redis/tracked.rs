@@ -107,6 +107,32 @@ impl Tracked {
             && self.breaker.state() == State::Open
     }
 
+    /// Whether a health probe healed the breaker while the cluster holds it
+    /// open, and the cluster has not been told.
+    pub(super) fn healed(&self) -> bool {
+        self.view
+            .is_some_and(|v| matches!(v.cluster, Cluster::Open(_)))
+            && self.breaker.state() == State::HalfOpen
+            && {
+                let snap = self.breaker.snapshot();
+                !snap.metrics_only
+                    && snap.counters.health_probe_successes > self.base.health_probe_successes
+            }
+    }
+
+    /// Whether the cluster holds the circuit open or half-open, as this
+    /// replica last learned: then the replicas take turns to probe it.
+    pub(super) fn held_open(&self) -> bool {
+        self.view
+            .is_some_and(|v| matches!(v.cluster, Cluster::Open(_) | Cluster::HalfOpen))
+    }
+
+    /// Whether the breaker moved on its own in a way the cluster must learn
+    /// before the next flush: a trip, or a heal.
+    pub(super) fn moved(&self) -> bool {
+        self.tripped() || self.healed()
+    }
+
     /// What to tell the cluster, if anything; with the breaker's state at
     /// this moment.
     pub(super) fn prepare(
@@ -133,6 +159,7 @@ impl Tracked {
             .saturating_sub(b.failures)
             .saturating_sub(probe_failed);
         let slow = c.slow.saturating_sub(b.slow);
+        let healthy = c.health_probe_successes > b.health_probe_successes;
         let rejected = c.rejected.saturating_sub(b.rejected);
         let local = snap.state;
         // A shadow-mode breaker listens but never opens anyone else's.
@@ -180,6 +207,18 @@ impl Tracked {
             && now >= later(at, self.longest())
         {
             req.overdue = true;
+        }
+        // A health probe found the upstream answering while the cluster
+        // holds the circuit open: the cluster ends that open period for
+        // every replica (else the next exchange would undo the local heal).
+        if active
+            && healthy
+            && matches!(local, State::Open | State::HalfOpen)
+            && self
+                .view
+                .is_some_and(|v| matches!(v.cluster, Cluster::Open(_)))
+        {
+            req.heal = true;
         }
         if active && local == State::Closed && view_closed && self.rule.aggregates() {
             req.calls = successes + failures;
@@ -283,6 +322,8 @@ impl Tracked {
             (Cluster::Open(left), State::Closed | State::HalfOpen) => open(left),
             (Cluster::Open(left), State::Open) if changed => open(left),
             (Cluster::HalfOpen, State::Closed) => remote.open_for(Duration::ZERO),
+            // This replica's own heal: its half-open cycle began with it.
+            (Cluster::HalfOpen, State::HalfOpen) if changed && pending.request.heal => {}
             (Cluster::HalfOpen, State::Open | State::HalfOpen) if changed => {
                 remote.open_for(Duration::ZERO)
             }
@@ -327,4 +368,170 @@ pub(super) fn lease_end(sent: Instant, lease: Duration, flush: Duration) -> Inst
 pub(super) fn later(at: Instant, d: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
     at.checked_add(d).unwrap_or_else(|| at + FAR)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::redis::conn::Store;
+    use crate::Outcome;
+
+    fn settings() -> Settings {
+        Settings {
+            store: Store::Single(::redis::Client::open("redis://127.0.0.1/").unwrap()),
+            prefix: "t".into(),
+            window: None,
+            flush: Duration::from_millis(50),
+            resync: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            quorum: 1,
+        }
+    }
+
+    /// A shared breaker the cluster holds open (epoch 7), with a count of
+    /// its transitions.
+    fn held_open() -> (Tracked, Arc<AtomicUsize>) {
+        let transitions = Arc::new(AtomicUsize::new(0));
+        let n = transitions.clone();
+        let breaker = Breaker::builder()
+            .name("b")
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .on_transition(move |_| {
+                n.fetch_add(1, Ordering::SeqCst);
+            })
+            .build()
+            .unwrap();
+        breaker.remote().set_shared(true);
+        let mut t = Tracked::new(breaker, "b".into(), &settings());
+        let open = Reply {
+            cluster: Cluster::Open(Duration::from_secs(30)),
+            epoch: 7,
+            granted: false,
+            reset: false,
+        };
+        apply(&mut t, open, Request::default());
+        assert_eq!(t.breaker.state(), State::Open);
+        (t, transitions)
+    }
+
+    fn apply(t: &mut Tracked, reply: Reply, request: Request) {
+        let pending = Pending {
+            name: t.name.clone(),
+            request,
+            local: t.breaker.state(),
+        };
+        let origins = Origins::default();
+        t.apply(
+            reply,
+            pending,
+            Instant::now(),
+            Duration::from_millis(50),
+            &origins,
+        );
+    }
+
+    fn prepare(t: &mut Tracked) -> Option<Request> {
+        t.prepare(Instant::now(), false, true, || "lease".into())
+            .map(|(req, _)| req)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heal_while_the_cluster_holds_the_circuit_open_is_sent_once_for_its_epoch() {
+        let (mut t, _) = held_open();
+        assert!(!t.healed());
+        t.breaker.record_health_probe(Outcome::Success);
+        assert_eq!(t.breaker.state(), State::HalfOpen);
+        assert!(t.healed(), "the keyed scan finds it before the next flush");
+        let req = prepare(&mut t).expect("the heal is news");
+        assert!(req.heal);
+        assert_eq!(req.epoch, 7, "for the open period it was found in");
+        assert!(!req.trip && req.calls == 0 && req.reports.is_empty());
+        assert!(!t.healed());
+        assert!(prepare(&mut t).is_none_or(|r| !r.heal), "sent once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_health_probe_tells_the_cluster_nothing() {
+        let (mut t, _) = held_open();
+        t.breaker.record_health_probe(Outcome::Failure);
+        t.breaker.record_health_probe(Outcome::Failure);
+        assert!(!t.healed());
+        assert!(prepare(&mut t).is_none(), "nothing to say");
+        // Nor on a resync, which only reads.
+        let req = t
+            .prepare(Instant::now(), true, true, || "lease".into())
+            .map(|(req, _)| req)
+            .unwrap();
+        assert!(req.is_read());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shadow_breaker_heals_only_itself() {
+        let (mut t, _) = held_open();
+        t.breaker.set_metrics_only(true);
+        t.breaker.record_health_probe(Outcome::Success);
+        assert!(!t.healed());
+        assert!(prepare(&mut t).is_none_or(|r| !r.heal));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cluster_confirming_a_heal_leaves_the_healed_cycle_alone() {
+        let (mut t, transitions) = held_open();
+        t.breaker.record_health_probe(Outcome::Success);
+        let req = prepare(&mut t).unwrap();
+        let before = transitions.load(Ordering::SeqCst);
+        let healed = Reply {
+            cluster: Cluster::HalfOpen,
+            epoch: 8,
+            granted: false,
+            reset: false,
+        };
+        apply(&mut t, healed, req);
+        assert_eq!(t.breaker.state(), State::HalfOpen);
+        assert_eq!(
+            transitions.load(Ordering::SeqCst),
+            before,
+            "no reopen and half-open again"
+        );
+        // The heal stays: the next exchanges read what the cluster holds.
+        assert!(prepare(&mut t).is_none());
+        assert!(!t.healed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_replicas_heal_half_opens_this_one() {
+        let (mut t, _) = held_open();
+        let healed = Reply {
+            cluster: Cluster::HalfOpen,
+            epoch: 8,
+            granted: false,
+            reset: false,
+        };
+        apply(&mut t, healed, Request::default());
+        // Its open period ends a nanosecond on.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(t.breaker.state(), State::HalfOpen);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heal_the_cluster_did_not_take_gives_way_to_the_cluster() {
+        // The cluster reopened meanwhile (a new epoch, still open): the heal
+        // of the older period is dropped and this replica opens again; its
+        // prober probes the new period.
+        let (mut t, _) = held_open();
+        t.breaker.record_health_probe(Outcome::Success);
+        let req = prepare(&mut t).unwrap();
+        let reopened = Reply {
+            cluster: Cluster::Open(Duration::from_secs(60)),
+            epoch: 9,
+            granted: false,
+            reset: false,
+        };
+        apply(&mut t, reopened, req);
+        assert_eq!(t.breaker.state(), State::Open);
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ::redis::{Msg, Value};
 use futures_core::Stream;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::rng::Rng;
@@ -18,6 +18,7 @@ use crate::rng::Rng;
 use super::conn::{Conn, Failure, Messages};
 use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
+use super::turns::{self, Ask, Desk};
 use super::{Origins, Schemas, Settings};
 use crate::breaker::SharedRules;
 use crate::keyed::KeyedBreakers;
@@ -51,7 +52,8 @@ pub(super) enum Pass {
     All,
     /// Breakers with something to tell or to learn.
     Changes,
-    /// Breakers that tripped locally since the last exchange.
+    /// Breakers that tripped, or that a health probe healed, locally since
+    /// the last exchange.
     Trips,
 }
 
@@ -76,6 +78,9 @@ pub(super) struct Worker {
     seen_schemas: Schemas,
     /// The node to subscribe on next.
     node: usize,
+    /// Where the breakers' probers ask whose turn it is to probe.
+    desk: Desk,
+    asks: mpsc::Receiver<Ask>,
 }
 
 impl Worker {
@@ -89,6 +94,7 @@ impl Worker {
     ) -> Worker {
         let seed = crate::rng::random_seed();
         let channel = format!("{}:events", settings.prefix);
+        let (desk, asks) = Desk::new(shared.clone(), settings.timeout);
         let mut w = Worker {
             quorum: settings.quorum,
             settings,
@@ -105,6 +111,8 @@ impl Worker {
             schemas: HashSet::new(),
             seen_schemas,
             node: seed as usize,
+            desk,
+            asks,
         };
         w.refresh(false);
         w
@@ -218,9 +226,15 @@ impl Worker {
                     self.exchange(&mut conn, Pass::All).await?;
                 }
                 _ = scan.tick(), if keyed => {
-                    if self.tracked.values().any(Tracked::tripped) {
+                    if self.tracked.values().any(Tracked::moved) {
                         self.exchange(&mut conn, Pass::Trips).await?;
                     }
+                }
+                Some(ask) = self.asks.recv() => {
+                    let tracked = &self.tracked;
+                    let held_open = |name: &str| tracked.get(name).is_some_and(Tracked::held_open);
+                    let (replica, limit) = (&self.replica, self.settings.timeout);
+                    turns::answer(&mut conn, replica, ask, &mut self.asks, held_open, limit).await?;
                 }
             }
         }
@@ -330,6 +344,8 @@ impl Worker {
                 && let Some(name) = b.name()
             {
                 let t = Tracked::new(b.clone(), name.into(), &self.settings);
+                b.remote()
+                    .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                 self.tracked.insert(t.name.clone(), t);
             }
             return;
@@ -346,6 +362,8 @@ impl Worker {
                         b.remote().set_shared(true);
                     }
                     let mut t = Tracked::new(b.clone(), name.into(), &self.settings);
+                    b.remote()
+                        .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                     t.seen = round;
                     self.tracked.insert(t.name.clone(), t);
                 }
@@ -365,7 +383,7 @@ impl Worker {
         let now = Instant::now();
         let mut pending = Vec::new();
         for t in self.tracked.values_mut() {
-            if pass == Pass::Trips && !t.tripped() {
+            if pass == Pass::Trips && !t.moved() {
                 continue;
             }
             let claim = || {
@@ -491,6 +509,9 @@ impl Worker {
             return Ok(());
         }
         let mut t = Tracked::new(breaker, name.into(), &self.settings);
+        t.breaker
+            .remote()
+            .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
         t.seen = self.round;
         t.force = true;
         let local = t.breaker.state();
@@ -516,6 +537,9 @@ impl Drop for Worker {
     /// breakers must not wait for grants that will never come.
     fn drop(&mut self) {
         self.fallback();
+        for t in self.tracked.values() {
+            t.breaker.remote().set_turns(None);
+        }
     }
 }
 
