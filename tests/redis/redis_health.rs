@@ -239,6 +239,9 @@ async fn confirm(replicas: &[Replica]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_probes_for_all_and_its_heal_half_opens_every_replica() {
+    if redis_support::skip("one_replica_probes_for_all_and_its_heal_half_opens_every_replica") {
+        return;
+    }
     let prefix = unique_prefix("health-one");
     let upstream = Upstream::default();
     let replicas = replicas(3, shared_url(), &prefix, &upstream).await;
@@ -331,6 +334,9 @@ async fn one_replica_probes_for_all_and_its_heal_half_opens_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_each_replica_probes_and_heals_on_its_own() {
+    if redis_support::skip("without_redis_each_replica_probes_and_heals_on_its_own") {
+        return;
+    }
     let mut server = Server::start().await;
     let url = server.url();
     let prefix = unique_prefix("health-alone");
@@ -370,6 +376,9 @@ async fn without_redis_each_replica_probes_and_heals_on_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_open_on_their_own_probe_on_their_own() {
+    if redis_support::skip("replicas_open_on_their_own_probe_on_their_own") {
+        return;
+    }
     let prefix = unique_prefix("health-quorum");
     let upstream = Upstream::default();
     let replicas = replicas_with_quorum(3, shared_url(), &prefix, &upstream, 3).await;
@@ -395,6 +404,9 @@ async fn replicas_open_on_their_own_probe_on_their_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_the_turn_key_stops_no_one_from_probing() {
+    if redis_support::skip("garbage_in_the_turn_key_stops_no_one_from_probing") {
+        return;
+    }
     let prefix = unique_prefix("health-garbage");
     let key = format!("{{{prefix}:upstream}}:v2:health");
     let mut conn = connection(shared_url()).await;
@@ -429,6 +441,9 @@ async fn garbage_in_the_turn_key_stops_no_one_from_probing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_replicas_probe_each_key_once_and_share_its_heal() {
+    if redis_support::skip("keyed_replicas_probe_each_key_once_and_share_its_heal") {
+        return;
+    }
     let prefix = unique_prefix("health-keyed");
     let upstream = Upstream::default();
     let mut sets = Vec::new();
@@ -534,6 +549,9 @@ async fn sync(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_ends_only_the_open_period_a_heal_was_found_in() {
+    if redis_support::skip("the_script_ends_only_the_open_period_a_heal_was_found_in") {
+        return;
+    }
     use futures::StreamExt;
 
     let prefix = unique_prefix("health-script");
