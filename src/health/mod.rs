@@ -78,20 +78,48 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::breaker::{Breaker, ConfigError, Outcome, State};
-use crate::classify::{Classify, ClassifyStream, ErrorRef, Verdict};
+use crate::classify::{Classify, ClassifyStream, Verdict};
 use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
 use crate::BoxError;
 
+mod requests;
+
+pub use self::requests::{
+    grpc_health_request, openai_completion_request, openai_models_request, GrpcHealthClassifier,
+    GrpcHealthStream,
+};
+
 /// Sends health probes while circuits are not closed; built by
 /// [`HealthProbeBuilder`]. See the [module docs](self).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::classify::LlmClassifier;
+/// use tower_circuit_breaker::health::{openai_completion_request, HealthProbe};
+/// use tower_circuit_breaker::{Breaker, BoxError};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
+/// let upstream = tower::service_fn(|_req: http::Request<bytes::Bytes>| async {
+///     Ok::<_, BoxError>(http::Response::new(String::new()))
+/// });
+/// let prober = HealthProbe::builder(Duration::from_secs(5))
+///     .build(upstream, LlmClassifier::default(), |_: &Breaker| {
+///         openai_completion_request("http://127.0.0.1:9/v1", "sk-...", "gpt-4o").unwrap()
+///     })
+///     .unwrap();
+/// // The caller spawns it; it sleeps until the circuit leaves closed.
+/// let task = tokio::spawn(prober.run(breaker));
+/// task.abort();
+/// # }
+/// ```
 pub struct HealthProbe<S, C, F> {
     service: S,
     classifier: C,
@@ -158,6 +186,19 @@ impl HealthProbe<(), (), ()> {
 impl HealthProbeBuilder {
     /// How long one probe may take, to the end of its classification.
     /// Default: the interval.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    ///
+    /// // Probe every 5 s; give each probe 2 s to answer.
+    /// let builder = HealthProbe::builder(Duration::from_secs(5)).timeout(Duration::from_secs(2));
+    /// assert!(HealthProbe::builder(Duration::from_secs(5))
+    ///     .timeout(Duration::ZERO)
+    ///     .build((), (), ())
+    ///     .is_err());
+    /// # let _ = builder;
+    /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -165,6 +206,15 @@ impl HealthProbeBuilder {
 
     /// Each wait is shortened by a random fraction of up to `jitter` of the
     /// interval, so replicas don't probe in lockstep. Default 0.1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    ///
+    /// let builder = HealthProbe::builder(Duration::from_secs(5)).jitter(0.2);
+    /// # let _ = builder;
+    /// assert!(HealthProbe::builder(Duration::from_secs(5)).jitter(1.5).build((), (), ()).is_err());
+    /// ```
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
@@ -172,12 +222,31 @@ impl HealthProbeBuilder {
 
     /// With [`HealthProbe::run_keyed`]: how many keys are probed at once.
     /// Default 4.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    ///
+    /// // A keyed set with many open keys: at most 8 probes at once.
+    /// let builder = HealthProbe::builder(Duration::from_secs(5)).max_in_flight(8);
+    /// # let _ = builder;
+    /// assert!(HealthProbe::builder(Duration::from_secs(5)).max_in_flight(0).build((), (), ()).is_err());
+    /// ```
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self
     }
 
     /// Seeds the jitter, for runs that must repeat exactly.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    ///
+    /// // The same seed gives the same jittered waits, run after run.
+    /// let builder = HealthProbe::builder(Duration::from_secs(5)).seed(42);
+    /// # let _ = builder;
+    /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
@@ -185,6 +254,23 @@ impl HealthProbeBuilder {
 
     /// A prober sending `make_request(breaker)` through `service`, judged by
     /// `classifier`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::health::{openai_models_request, HealthProbe};
+    /// use tower_circuit_breaker::{Breaker, BoxError};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<bytes::Bytes>| async {
+    ///     Ok::<_, BoxError>(http::Response::new(String::new()))
+    /// });
+    /// let prober = HealthProbe::builder(Duration::from_secs(5))
+    ///     .build(upstream, HttpClassifier, |_: &Breaker| {
+    ///         openai_models_request::<bytes::Bytes>("http://127.0.0.1:9/v1", "sk-...").unwrap()
+    ///     })
+    ///     .unwrap();
+    /// # let _ = prober;
+    /// ```
     pub fn build<S, C, F>(
         self,
         service: S,
@@ -251,6 +337,29 @@ where
     /// disabled, nothing (it waits for the next state change). With the
     /// breaker shared through Redis, a tick is skipped while another replica
     /// holds the turn to probe (see the [module docs](self)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, BoxError>(http::Response::new(String::new()))
+    /// });
+    /// let prober = HealthProbe::builder(Duration::from_secs(1))
+    ///     .jitter(0.0)
+    ///     .build(upstream, HttpClassifier, |_: &Breaker| http::Request::new(String::new()))
+    ///     .unwrap();
+    /// tokio::spawn(prober.run(breaker.clone()));
+    ///
+    /// breaker.admit().unwrap().record(Outcome::Failure);
+    /// tokio::time::sleep(Duration::from_millis(1_500)).await;
+    /// assert_eq!(breaker.state(), State::HalfOpen, "the first probe found the upstream healthy");
+    /// # }
+    /// ```
     pub async fn run(mut self, breaker: Breaker) {
         loop {
             if !wants_probe(breaker.state()) {
@@ -274,6 +383,26 @@ where
 
     /// Sends one health probe to `breaker`'s upstream now, whatever its
     /// state, and returns what it found (without recording it).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let broken = tower::service_fn(|_req: http::Request<String>| async {
+    ///     let mut res = http::Response::new(String::new());
+    ///     *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    ///     Ok::<_, BoxError>(res)
+    /// });
+    /// let mut prober = HealthProbe::builder(Duration::from_secs(5))
+    ///     .build(broken, HttpClassifier, |_: &Breaker| http::Request::new(String::new()))
+    ///     .unwrap();
+    /// assert_eq!(prober.probe(&breaker).await, Outcome::Failure);
+    /// # }
+    /// ```
     pub async fn probe(&mut self, breaker: &Breaker) -> Outcome {
         let make = &self.make_request;
         probe_with(
@@ -335,6 +464,35 @@ where
     /// at once, for as long as the returned future runs. The factory gets
     /// each key's breaker (its [`name`](Breaker::name) is the key). With the
     /// set shared through Redis, each key has its own turn to probe.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::HttpClassifier;
+    /// use tower_circuit_breaker::health::HealthProbe;
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let set = KeyedBreakers::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, BoxError>(http::Response::new(String::new()))
+    /// });
+    /// // The factory sees each key's breaker: route the probe by its name.
+    /// let prober = HealthProbe::builder(Duration::from_secs(1))
+    ///     .jitter(0.0)
+    ///     .build(upstream, HttpClassifier, |b: &Breaker| {
+    ///         http::Request::get(format!("http://gateway/{}/health", b.name().unwrap_or("")))
+    ///             .body(String::new())
+    ///             .unwrap()
+    ///     })
+    ///     .unwrap();
+    /// tokio::spawn(prober.run_keyed(set.clone()));
+    ///
+    /// set.admit("gpt-4o").unwrap().record(Outcome::Failure);
+    /// tokio::time::sleep(Duration::from_millis(1_500)).await;
+    /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::HalfOpen);
+    /// # }
+    /// ```
     pub async fn run_keyed(self, set: KeyedBreakers) {
         let mut next = Instant::now() + self.next_wait();
         loop {
@@ -428,187 +586,5 @@ async fn classify<C: Classify, RB: Body>(
             Some(Err(_)) => return stream.on_error(),
             None => return stream.on_end(),
         }
-    }
-}
-
-// === ready-made probe requests ===
-
-/// A one-token chat completion for an OpenAI-compatible API at `base` (for
-/// example `https://api.openai.com/v1`): the faithful probe, at the price of
-/// one output token. The key goes into the `Authorization` header only.
-///
-/// ```
-/// use tower_circuit_breaker::health::openai_completion_request;
-///
-/// let req: http::Request<bytes::Bytes> =
-///     openai_completion_request("http://127.0.0.1:8080/v1", "sk-test", "gpt-4o-mini").unwrap();
-/// assert_eq!(req.uri().path(), "/v1/chat/completions");
-/// assert!(std::str::from_utf8(req.body()).unwrap().contains("\"max_tokens\":1"));
-/// ```
-pub fn openai_completion_request<B: From<Bytes>>(
-    base: &str,
-    api_key: &str,
-    model: &str,
-) -> Result<Request<B>, http::Error> {
-    let mut body = String::from("{\"model\":\"");
-    for c in model.chars() {
-        match c {
-            '"' => body.push_str("\\\""),
-            '\\' => body.push_str("\\\\"),
-            c if c.is_control() => {}
-            c => body.push(c),
-        }
-    }
-    body.push_str("\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"ping\"}]}");
-    Request::post(format!("{}/chat/completions", base.trim_end_matches('/')))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::AUTHORIZATION, bearer(api_key)?)
-        .body(B::from(Bytes::from(body)))
-}
-
-/// `GET {base}/models` for an OpenAI-compatible API: free, but it can stay
-/// 200 while completions fail (see the [module docs](self)).
-///
-/// ```
-/// use tower_circuit_breaker::health::openai_models_request;
-///
-/// let req: http::Request<bytes::Bytes> = openai_models_request("http://127.0.0.1:8080/v1/", "sk-test").unwrap();
-/// assert_eq!(req.uri().path(), "/v1/models");
-/// ```
-pub fn openai_models_request<B: From<Bytes>>(
-    base: &str,
-    api_key: &str,
-) -> Result<Request<B>, http::Error> {
-    Request::get(format!("{}/models", base.trim_end_matches('/')))
-        .header(http::header::AUTHORIZATION, bearer(api_key)?)
-        .body(B::from(Bytes::new()))
-}
-
-fn bearer(api_key: &str) -> Result<HeaderValue, http::Error> {
-    let mut value = HeaderValue::try_from(format!("Bearer {api_key}"))?;
-    value.set_sensitive(true);
-    Ok(value)
-}
-
-/// `grpc.health.v1.Health/Check` for `service` (empty: the whole server) at
-/// `base` (for example `http://127.0.0.1:50051`), to be classified by
-/// [`GrpcHealthClassifier`].
-///
-/// ```
-/// use tower_circuit_breaker::health::grpc_health_request;
-///
-/// let req: http::Request<bytes::Bytes> = grpc_health_request("http://127.0.0.1:50051", "").unwrap();
-/// assert_eq!(req.uri().path(), "/grpc.health.v1.Health/Check");
-/// assert_eq!(&req.body()[..], &[0, 0, 0, 0, 0]);
-/// ```
-pub fn grpc_health_request<B: From<Bytes>>(
-    base: &str,
-    service: &str,
-) -> Result<Request<B>, http::Error> {
-    // HealthCheckRequest { string service = 1; } in one uncompressed frame.
-    let mut message = BytesMut::new();
-    if !service.is_empty() {
-        message.put_u8(0x0a);
-        let mut n = service.len();
-        while n >= 0x80 {
-            message.put_u8((n as u8) | 0x80);
-            n >>= 7;
-        }
-        message.put_u8(n as u8);
-        message.put_slice(service.as_bytes());
-    }
-    let mut frame = BytesMut::with_capacity(5 + message.len());
-    frame.put_u8(0);
-    frame.put_u32(message.len() as u32);
-    frame.put_slice(&message);
-    Request::post(format!(
-        "{}/grpc.health.v1.Health/Check",
-        base.trim_end_matches('/')
-    ))
-    .header(http::header::CONTENT_TYPE, "application/grpc")
-    .header(http::header::TE, "trailers")
-    .body(B::from(frame.freeze()))
-}
-
-/// Judges a `grpc.health.v1.Health/Check` answer: a success only when the
-/// call ended with `grpc-status: 0` *and* its message says `SERVING`
-/// (`NOT_SERVING` and `UNKNOWN` come with status 0 too).
-///
-/// ```
-/// use http::{HeaderMap, StatusCode};
-/// use tower_circuit_breaker::classify::{Classify, ClassifyStream, Verdict};
-/// use tower_circuit_breaker::health::GrpcHealthClassifier;
-/// use tower_circuit_breaker::Outcome;
-///
-/// let Verdict::Defer(mut stream) = GrpcHealthClassifier.classify_response(StatusCode::OK, &HeaderMap::new()) else {
-///     unreachable!()
-/// };
-/// stream.on_data(&[0, 0, 0, 0, 2, 0x08, 0x02]); // NOT_SERVING
-/// let mut trailers = HeaderMap::new();
-/// trailers.insert("grpc-status", "0".parse().unwrap());
-/// assert_eq!(stream.on_trailers(&trailers), Some(Outcome::Failure));
-/// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GrpcHealthClassifier;
-
-/// The end-of-stream half of [`GrpcHealthClassifier`].
-#[derive(Debug, Default)]
-pub struct GrpcHealthStream {
-    /// The first bytes of the body: the frame header and the status field.
-    head: [u8; 7],
-    len: usize,
-}
-
-impl GrpcHealthStream {
-    fn serving(&self) -> bool {
-        // Uncompressed, field 1 (varint) = 1 (SERVING).
-        self.len == self.head.len()
-            && self.head[0] == 0
-            && self.head[5] == 0x08
-            && self.head[6] == 1
-    }
-}
-
-impl Classify for GrpcHealthClassifier {
-    type Stream = GrpcHealthStream;
-
-    fn classify_response(
-        &self,
-        status: StatusCode,
-        headers: &HeaderMap,
-    ) -> Verdict<GrpcHealthStream> {
-        if status != StatusCode::OK || headers.contains_key("grpc-status") {
-            // An HTTP error, or a trailers-only answer: no message, so no
-            // SERVING whatever its status.
-            return Verdict::Done(Outcome::Failure);
-        }
-        Verdict::Defer(GrpcHealthStream::default())
-    }
-
-    fn classify_error(&self, _: ErrorRef<'_>) -> Outcome {
-        Outcome::Failure
-    }
-}
-
-impl ClassifyStream for GrpcHealthStream {
-    fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
-        let take = (self.head.len() - self.len).min(chunk.len());
-        self.head[self.len..self.len + take].copy_from_slice(&chunk[..take]);
-        self.len += take;
-        None
-    }
-
-    fn on_trailers(&mut self, trailers: &HeaderMap) -> Option<Outcome> {
-        let ok = trailers.get("grpc-status").is_some_and(|s| s == "0");
-        Some(if ok && self.serving() {
-            Outcome::Success
-        } else {
-            Outcome::Failure
-        })
-    }
-
-    fn on_end(self) -> Outcome {
-        // A gRPC answer without trailers is broken.
-        Outcome::Failure
     }
 }
