@@ -113,8 +113,7 @@ impl<B> ReqwestService<B> {
     /// ```
     /// use tower_circuit_breaker::reqwest::ReqwestService;
     ///
-    /// let client = reqwest::Client::builder().build().unwrap();
-    /// let service: ReqwestService<Vec<u8>> = ReqwestService::new(client);
+    /// let service: ReqwestService<Vec<u8>> = ReqwestService::new(reqwest::Client::new());
     /// # let _ = service;
     /// ```
     pub const fn new(client: ::reqwest::Client) -> Self {
@@ -460,8 +459,7 @@ impl<C, P> ReqwestClient<C, P> {
     /// use tower_circuit_breaker::CircuitBreakerLayer;
     ///
     /// let layer = CircuitBreakerLayer::builder().build().unwrap();
-    /// let client = ReqwestClient::new(reqwest::Client::new(), &layer);
-    /// let _plain: reqwest::Client = client.into_inner();
+    /// let _plain: reqwest::Client = ReqwestClient::new(reqwest::Client::new(), &layer).into_inner();
     /// ```
     pub fn into_inner(self) -> ::reqwest::Client {
         self.client
