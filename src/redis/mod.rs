@@ -187,6 +187,7 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
 mod conn;
 mod control;
 mod script;
@@ -209,6 +210,7 @@ use self::worker::{Target, Worker};
 use crate::keyed::KeyedBreakers;
 use crate::{Breaker, State};
 
+pub use self::builder::BackendBuilder;
 pub use self::control::{ControlError, Origin, SharedSnapshot};
 pub use ::redis::Client;
 
@@ -227,6 +229,22 @@ pub(crate) type Schemas = Arc<Mutex<BTreeSet<u32>>>;
 /// one Redis Cluster (feature `redis-cluster`).
 ///
 /// Cheap to clone. See the [module docs](self).
+///
+/// ```
+/// use tower_circuit_breaker::redis::{Backend, Client};
+/// use tower_circuit_breaker::Breaker;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+///     .prefix("doc-backend")
+///     .build()?;
+/// // Every replica with this prefix and this name shares one circuit.
+/// let breaker = Breaker::builder().name("gpt-4o").build()?;
+/// let attachment = backend.attach(&breaker)?;
+/// # attachment.detach().await;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Backend {
     settings: Arc<Settings>,
@@ -269,6 +287,18 @@ impl fmt::Debug for Backend {
 impl Backend {
     /// A builder for a backend on `client`'s server (`redis://`, or
     /// `rediss://` with the `redis-tls` feature).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    ///
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("checkout")
+    ///     .timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// # let _ = backend;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder(client: Client) -> BackendBuilder {
         BackendBuilder::new(Ok(Store::Single(client)))
     }
@@ -315,6 +345,25 @@ impl Backend {
     ///
     /// The breaker must have a [name](crate::Builder::name), and this must be
     /// called within a tokio runtime, which runs the background task.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client, SetupError};
+    /// use tower_circuit_breaker::{Breaker, CircuitBreakerLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("doc-attach")
+    ///     .build()?;
+    /// let layer = CircuitBreakerLayer::builder().name("chat").build()?;
+    /// let attachment = backend.attach(layer.breaker())?;
+    ///
+    /// // A breaker without a name cannot be found on other replicas.
+    /// let unnamed = Breaker::builder().build()?;
+    /// assert_eq!(backend.attach(&unnamed).unwrap_err(), SetupError::Unnamed);
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
     pub fn attach(&self, breaker: &Breaker) -> Result<Attachment, SetupError> {
         if breaker.name().is_none_or(str::is_empty) {
             return Err(SetupError::Unnamed);
@@ -327,6 +376,22 @@ impl Backend {
     /// keyed layer: `backend.attach_keyed(layer.select().breakers())`).
     ///
     /// Must be called within a tokio runtime.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("doc-keyed")
+    ///     .build()?;
+    /// let layer = CircuitBreakerLayer::keyed(KeyedBreakers::builder().build()?, keyed::header("x-model"));
+    /// let attachment = backend.attach_keyed(layer.select().breakers())?;
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
     pub fn attach_keyed(&self, breakers: &KeyedBreakers) -> Result<Attachment, SetupError> {
         self.spawn(Target::Keyed(breakers.clone()))
     }
@@ -369,173 +434,26 @@ impl Backend {
     }
 }
 
-/// Builds a [`Backend`].
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_circuit_breaker::redis::{Backend, Client};
-///
-/// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
-///     .prefix("checkout")
-///     .window(Duration::from_secs(30), 10)
-///     .flush_interval(Duration::from_millis(100))
-///     .build()?;
-/// # let _ = backend;
-/// # Ok::<_, Box<dyn std::error::Error>>(())
-/// ```
-pub struct BackendBuilder {
-    settings: Settings,
-    /// Why the store given cannot work, found before `build`.
-    invalid: Option<&'static str>,
-}
-
-impl fmt::Debug for BackendBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendBuilder")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
-impl BackendBuilder {
-    fn new(store: Result<Store, &'static str>) -> BackendBuilder {
-        let (store, invalid) = match store {
-            Ok(store) => (store, None),
-            Err(why) => {
-                // A placeholder that is never connected to: `build` fails.
-                let client = Client::open("redis://127.0.0.1/").expect("a valid url");
-                (Store::Single(client), Some(why))
-            }
-        };
-        BackendBuilder {
-            settings: Settings {
-                store,
-                prefix: "tcb".into(),
-                window: None,
-                flush: Duration::from_millis(50),
-                resync: Duration::from_secs(1),
-                timeout: Duration::from_millis(500),
-                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-                quorum: 1,
-            },
-            invalid,
-        }
-    }
-
-    /// The prefix of every key and of the channel (default `tcb`). Replicas
-    /// share state when they use the same prefix and breaker name.
-    pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
-        self.settings.prefix = prefix.into();
-        self
-    }
-
-    /// The cluster window for breakers that count their window in calls
-    /// (default 10 s in 10 buckets); breakers with a time window use theirs
-    /// unless this is set.
-    pub fn window(mut self, span: Duration, buckets: u32) -> Self {
-        self.settings.window = Some((span, buckets));
-        self
-    }
-
-    /// How often local outcomes are sent to Redis (default 50 ms).
-    pub fn flush_interval(mut self, every: Duration) -> Self {
-        self.settings.flush = every;
-        self
-    }
-
-    /// How often every breaker's cluster state is read again, in case a
-    /// message was lost (default 1 s).
-    pub fn resync_interval(mut self, every: Duration) -> Self {
-        self.settings.resync = every;
-        self
-    }
-
-    /// How long a connection attempt or an exchange may take before Redis
-    /// counts as unavailable (default 500 ms).
-    pub fn timeout(mut self, limit: Duration) -> Self {
-        self.settings.timeout = limit;
-        self
-    }
-
-    /// The delay before reconnecting, doubling from `min` up to `max`
-    /// (default 100 ms to 5 s).
-    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.settings.backoff = (min, max);
-        self
-    }
-
-    /// Opens a shared circuit only when the failures behind it came from at
-    /// least `replicas` distinct replicas within the cluster window (default
-    /// 1: any replica's trip opens everyone's circuit).
-    ///
-    /// A replica whose own rules trip while the quorum is not met stays open
-    /// on its own (its path to the upstream may be the broken one) and opens
-    /// no one else's circuit. Replicas count as alive for three resync
-    /// intervals after their last heartbeat; when fewer than `replicas` are
-    /// alive, the quorum falls to the number alive, and a warning says so.
-    /// Every replica of a prefix should use the same quorum.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use tower_circuit_breaker::redis::{Backend, Client};
-    ///
-    /// // Two replicas must see the upstream fail before anyone's circuit opens.
-    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
-    ///     .quorum(2)
-    ///     .build()?;
-    /// # let _ = backend;
-    /// # Ok::<_, Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn quorum(mut self, replicas: u32) -> Self {
-        self.settings.quorum = replicas;
-        self
-    }
-
-    /// Validates the settings.
-    pub fn build(self) -> Result<Backend, SetupError> {
-        if let Some(why) = self.invalid {
-            return Err(SetupError::Invalid(why));
-        }
-        if self.settings.quorum == 0 {
-            return Err(SetupError::Invalid("quorum must be at least 1"));
-        }
-        if self.settings.prefix.is_empty() || self.settings.prefix.contains(['{', '}']) {
-            return Err(SetupError::Invalid(
-                "prefix must be non-empty and free of `{` and `}`",
-            ));
-        }
-        if let Some((span, buckets)) = self.settings.window
-            && (span < Duration::from_millis(1) || buckets == 0 || buckets > 1000)
-        {
-            return Err(SetupError::Invalid(
-                "window needs a span of at least 1ms and 1 to 1000 buckets",
-            ));
-        }
-        if self.settings.flush.is_zero()
-            || self.settings.resync.is_zero()
-            || self.settings.timeout.is_zero()
-        {
-            return Err(SetupError::Invalid(
-                "flush interval, resync interval and timeout must be non-zero",
-            ));
-        }
-        if self.settings.backoff.0.is_zero() || self.settings.backoff.1 < self.settings.backoff.0 {
-            return Err(SetupError::Invalid(
-                "reconnect backoff needs 0 < min <= max",
-            ));
-        }
-        Ok(Backend {
-            settings: Arc::new(self.settings),
-        })
-    }
-}
-
 /// Keeps a breaker, or a keyed set, in step with the cluster while it is
 /// held. Dropping it stops the background task and leaves every breaker to
 /// its local state.
+///
+/// ```
+/// use tower_circuit_breaker::redis::{Backend, Client};
+/// use tower_circuit_breaker::Breaker;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+///     .prefix("doc-attachment")
+///     .build()?;
+/// let breaker = Breaker::builder().name("embed").build()?;
+/// // Keep it for as long as the breaker should share state, e.g. in the app state.
+/// let attachment = backend.attach(&breaker)?;
+/// println!("{attachment:?}");
+/// attachment.detach().await;
+/// # Ok(()) }
+/// ```
 #[must_use = "the breaker stops sharing state when the attachment is dropped"]
 pub struct Attachment {
     stop: watch::Sender<()>,
@@ -557,6 +475,22 @@ impl fmt::Debug for Attachment {
 impl Attachment {
     /// Whether Redis answers and the breakers are in shared mode; `false`
     /// before the first exchange and while they fall back to local state.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Nothing listens on port 1: the breaker keeps working on its own.
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:1/")?).build()?;
+    /// let breaker = Breaker::builder().name("embed").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// assert!(!attachment.is_shared());
+    /// assert!(breaker.admit().is_ok());
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
     pub fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
     }
@@ -593,6 +527,22 @@ impl Attachment {
 
     /// Stops sharing and waits for the background task to end; the breakers
     /// are back in local mode when this returns.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .prefix("doc-detach")
+    ///     .build()?;
+    /// let breaker = Breaker::builder().name("embed").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// attachment.detach().await;
+    /// assert!(breaker.admit().is_ok(), "back on its own state");
+    /// # Ok(()) }
+    /// ```
     pub async fn detach(self) {
         let Attachment { stop, task, .. } = self;
         drop(stop);
@@ -603,6 +553,17 @@ impl Attachment {
 }
 
 /// A backend that could not be built or attached.
+///
+/// ```
+/// use tower_circuit_breaker::redis::{Backend, Client, SetupError};
+/// use tower_circuit_breaker::Breaker;
+///
+/// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?).build()?;
+/// let breaker = Breaker::builder().name("embed").build()?;
+/// // Outside a tokio runtime there is nothing to run the background task.
+/// assert_eq!(backend.attach(&breaker).unwrap_err(), SetupError::NoRuntime);
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SetupError {
