@@ -48,16 +48,7 @@ impl BackendBuilder {
             }
         };
         BackendBuilder {
-            settings: Settings {
-                store,
-                prefix: "tcb".into(),
-                window: None,
-                flush: Duration::from_millis(50),
-                resync: Duration::from_secs(1),
-                timeout: Duration::from_millis(500),
-                backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-                quorum: 1,
-            },
+            settings: Settings::defaults(store),
             invalid,
         }
     }
@@ -262,5 +253,21 @@ impl BackendBuilder {
         Ok(Backend {
             settings: Arc::new(self.settings),
         })
+    }
+}
+
+impl Settings {
+    /// The default settings, on `store`.
+    pub(super) fn defaults(store: Store) -> Settings {
+        Settings {
+            store,
+            prefix: "tcb".into(),
+            window: None,
+            flush: Duration::from_millis(50),
+            resync: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            quorum: 1,
+        }
     }
 }

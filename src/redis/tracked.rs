@@ -380,14 +380,10 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            store: Store::Single(::redis::Client::open("redis://127.0.0.1/").unwrap()),
             prefix: "t".into(),
-            window: None,
-            flush: Duration::from_millis(50),
-            resync: Duration::from_secs(1),
-            timeout: Duration::from_millis(500),
-            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-            quorum: 1,
+            ..Settings::defaults(Store::Single(
+                ::redis::Client::open("redis://127.0.0.1/").unwrap(),
+            ))
         }
     }
 
