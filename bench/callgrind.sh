@@ -10,6 +10,8 @@
 #   bench/callgrind.sh                         # every mode, N1=100000 N2=200000
 #   MODES="closed open" bench/callgrind.sh     # a subset (their floors come along)
 #   N1=50000 N2=100000 bench/callgrind.sh
+#   FEATURES="tower-circuit-breaker/metrics tower-circuit-breaker/status" bench/callgrind.sh
+#                                              # the crate built with features on
 #
 # Prints the table and writes it to target/callgrind/summary.txt, and the
 # figures one mode a line (mode, Ir per call, floor, added) to
@@ -100,7 +102,8 @@ for _ in 1 2 3; do
 done
 modes=$(for m in $known; do if [[ $want == *" $m "* ]]; then echo "$m"; fi; done)
 
-cargo build --quiet --release -p tower-circuit-breaker-bench $(printf -- '--bin cg-%s ' $modes)
+cargo build --quiet --release -p tower-circuit-breaker-bench ${FEATURES:+--features "$FEATURES"} \
+  $(printf -- '--bin cg-%s ' $modes)
 
 ir() { # mode calls -> total Ir
   if ! valgrind --tool=callgrind --callgrind-out-file="$out/$1.$2.out" \

@@ -155,8 +155,8 @@ where
 pub(crate) struct Guard {
     // Empty once the call has finished or handed its permit to the body.
     permit: Permit,
-    /// When the call started, if its time to first byte is reported (see
-    /// [`Meter::start`](crate::metrics::Meter::start)).
+    /// The observer's token for the call's start, if its time to first
+    /// byte is reported (see [`Observe::start`](crate::breaker::Observe::start)).
     #[cfg(feature = "metrics")]
     start: u64,
 }
@@ -170,7 +170,7 @@ impl Guard {
     {
         select.admit(request).map(|permit| Guard {
             #[cfg(feature = "metrics")]
-            start: permit.meter().map_or(0, crate::metrics::Meter::start),
+            start: permit.observer().map_or(0, |o| o.start()),
             permit,
         })
     }
@@ -207,9 +207,9 @@ impl Guard {
         self.permit.head_came(|| exhausted_for(headers));
         #[cfg(feature = "metrics")]
         if self.start != 0
-            && let Some(meter) = self.permit.meter()
+            && let Some(observer) = self.permit.observer()
         {
-            meter.head(self.start, self.permit.is_probe());
+            observer.head(self.start, self.permit.is_probe());
         }
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {

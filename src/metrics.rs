@@ -54,8 +54,9 @@
 //! # Cost
 //!
 //! Built without the `metrics` feature, nothing is compiled in. Built with
-//! it, a breaker with metrics off checks its switch at admission, at the
-//! response head and at the outcome, and reports nothing. On, every
+//! it, a breaker built without metrics reports nothing and pays nothing
+//! measurable; one built with a switch that is off checks it at admission,
+//! at the response head and at the outcome, and reports nothing. On, every
 //! report is one lookup of the current recorder and one call into it, with
 //! the series' name and labels built once per breaker (when it first
 //! reports): so a recorder installed after the breaker was built is used from
@@ -86,7 +87,9 @@ use tokio::time::Instant;
 
 use ::metrics::{Key, Label, Level, Metadata, SharedString, Unit};
 
-use crate::breaker::{Build, Builder, Outcome, Rejection, State, Transition};
+use crate::breaker::{
+    Build, Builder, MakeObserver, Observe, Outcome, Rejection, State, Transition,
+};
 
 const CALLS: &str = "circuit_breaker_calls_total";
 const REJECTIONS: &str = "circuit_breaker_rejections_total";
@@ -176,7 +179,7 @@ impl<T: Build> Builder<T> {
     /// # let _ = layer;
     /// ```
     pub fn metrics(mut self, on: bool) -> Self {
-        self.config.metrics = on.then(|| MetricsSwitch::new(true));
+        self.config.observer = on.then(|| Arc::new(MetricsSwitch::new(true)) as _);
         self
     }
 
@@ -193,8 +196,19 @@ impl<T: Build> Builder<T> {
     /// # let _ = (a, b);
     /// ```
     pub fn metrics_switch(mut self, switch: &MetricsSwitch) -> Self {
-        self.config.metrics = Some(switch.clone());
+        self.config.observer = Some(Arc::new(switch.clone()));
         self
+    }
+}
+
+impl MakeObserver for MetricsSwitch {
+    fn make(
+        &self,
+        set: Option<&Arc<str>>,
+        name: Option<&Arc<str>>,
+        keyed: bool,
+    ) -> Box<dyn Observe> {
+        Box::new(Meter::new(self.clone(), set, name, keyed))
     }
 }
 
@@ -202,8 +216,8 @@ impl<T: Build> Builder<T> {
 
 /// One breaker's reporting: its switch and its series, built when it first
 /// reports.
-pub(crate) struct Meter {
-    switch: Option<MetricsSwitch>,
+struct Meter {
+    switch: MetricsSwitch,
     breaker: SharedString,
     key: SharedString,
     series: OnceLock<Box<Series>>,
@@ -238,8 +252,8 @@ struct Series {
 impl Meter {
     /// `keyed`: `name` is a key of a keyed set whose builder was named
     /// `breaker`; else `name` is the breaker's own.
-    pub(crate) fn new(
-        switch: Option<MetricsSwitch>,
+    fn new(
+        switch: MetricsSwitch,
         breaker: Option<&Arc<str>>,
         name: Option<&Arc<str>>,
         keyed: bool,
@@ -257,8 +271,8 @@ impl Meter {
 
     /// Whether this breaker reports now.
     #[inline]
-    pub(crate) fn is_on(&self) -> bool {
-        self.switch.as_ref().is_some_and(MetricsSwitch::is_on)
+    fn is_on(&self) -> bool {
+        self.switch.is_on()
     }
 
     fn labels(&self, more: &[(&'static str, &'static str)]) -> Vec<Label> {
@@ -293,9 +307,17 @@ impl Meter {
         }
     }
 
+    #[cold]
+    fn since_epoch(&self) -> u64 {
+        // Far below u64::MAX: there is room for the one added.
+        crate::breaker::nanos(Instant::now().saturating_duration_since(self.epoch))
+            .min(u64::MAX - 1)
+    }
+}
+
+impl Observe for Meter {
     /// A call finished with `outcome` (or was `dropped` unrecorded).
-    #[inline]
-    pub(crate) fn outcome(&self, outcome: Outcome, dropped: bool, state: impl FnOnce() -> State) {
+    fn outcome(&self, outcome: Outcome, dropped: bool, state: State) {
         if !self.is_on() {
             return;
         }
@@ -307,16 +329,15 @@ impl Meter {
             Outcome::RateLimited { .. } => 3,
             Outcome::QuotaExhausted => 4,
         };
-        increment(&self.series(state).calls[i]);
+        increment(&self.series(|| state).calls[i]);
     }
 
     /// A call was rejected.
-    #[inline]
-    pub(crate) fn rejected(&self, reason: Rejection, state: impl FnOnce() -> State) {
+    fn rejected(&self, reason: Rejection, state: State) {
         if !self.is_on() {
             return;
         }
-        let series = self.series(state);
+        let series = self.series(|| state);
         match REASONS.iter().position(|&r| r == reason) {
             Some(i) => increment(&series.rejections[i]),
             None => increment(&Key::from_parts(
@@ -329,8 +350,7 @@ impl Meter {
     /// When a call admitted now starts, in ns since the meter was made,
     /// plus one, if it is to be timed; else 0. A word rather than an
     /// `Option<Instant>`, so that every call's guard stays small.
-    #[inline]
-    pub(crate) fn start(&self) -> u64 {
+    fn start(&self) -> u64 {
         if self.is_on() {
             self.since_epoch() + 1
         } else {
@@ -338,17 +358,10 @@ impl Meter {
         }
     }
 
-    #[cold]
-    fn since_epoch(&self) -> u64 {
-        // Far below u64::MAX: there is room for the one added.
-        crate::breaker::nanos(Instant::now().saturating_duration_since(self.epoch))
-            .min(u64::MAX - 1)
-    }
-
     /// The response head of a call that started at `start` (see
     /// [`start`](Self::start)) came; `probe`: the call is a half-open probe.
     #[cold]
-    pub(crate) fn head(&self, start: u64, probe: bool) {
+    fn head(&self, start: u64, probe: bool) {
         let state = if probe {
             State::HalfOpen
         } else {
@@ -363,7 +376,7 @@ impl Meter {
     }
 
     /// The circuit changed state.
-    pub(crate) fn transition(&self, t: &Transition) {
+    fn transition(&self, t: &Transition) {
         if !self.is_on() {
             return;
         }

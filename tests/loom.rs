@@ -22,6 +22,11 @@ use tower_circuit_breaker::{Breaker, Builder, Outcome, Permit, State};
 /// Explores every interleaving, with a preemption bound of
 /// `LOOM_MAX_PREEMPTIONS` (3 when unset, so a plain run finishes in minutes),
 /// and prints how many it explored.
+///
+/// The model runs on a thread of its own: a thread that counted gives its
+/// counter-stripe index back when it exits, and loom drops the statics of an
+/// execution before the thread-locals of its main thread. So a model may
+/// spawn three threads besides this one.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
@@ -29,9 +34,11 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     }
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
+    let f = Arc::new(f);
     builder.check(move || {
         counter.fetch_add(1, SeqCst);
-        f();
+        let f = f.clone();
+        thread::spawn(move || f()).join().unwrap();
     });
     eprintln!(
         "{} interleavings explored (preemption bound {:?})",
@@ -345,4 +352,89 @@ fn a_failure_recorded_during_reset_leaves_a_consistent_window() {
 fn a_success_recorded_during_reset_leaves_a_consistent_window() {
     // The late success overwrites a failure.
     reset_racing_a_record([Outcome::Failure, Outcome::Success], Outcome::Success);
+}
+
+// === the per-thread tricks of the hot path, as they ship ===
+
+/// A breaker no outcome here trips, one stripe owned by the first thread.
+fn never_trips() -> Breaker {
+    base()
+        .no_window()
+        .consecutive_failures(100)
+        .counter_stripes(1)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn counts_add_up_across_owned_stripes_spares_and_a_thread_index_handed_on() {
+    model(|| {
+        let b = never_trips();
+        // The first thread to count owns the one stripe; when it exits, its
+        // index goes to the next thread that counts, and the other thread
+        // counts in the shared stripe.
+        let first = b.clone();
+        thread::spawn(move || first.admit().unwrap().record(Outcome::Success))
+            .join()
+            .unwrap();
+        // A permit admitted here and recorded on another thread leaves its
+        // reference with that thread, whose next admission takes it back.
+        let carried = b.admit().unwrap();
+        let mut carried = Some(carried);
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let b = b.clone();
+                let carried = if i == 0 { carried.take() } else { None };
+                thread::spawn(move || {
+                    if let Some(p) = carried {
+                        p.record(Outcome::Failure);
+                    }
+                    b.admit().unwrap().record(Outcome::Success);
+                    b.admit().unwrap().record(Outcome::Failure);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let c = b.snapshot().counters;
+        assert_eq!((c.admitted, c.successes, c.failures), (6, 3, 3), "{c:?}");
+        balance(&b, 0);
+    });
+}
+
+#[test]
+fn keyed_calls_through_remembered_entries_count_on_their_own_key() {
+    use tower_circuit_breaker::keyed::KeyedBreakers;
+    model(|| {
+        let set = KeyedBreakers::builder()
+            .no_window()
+            .consecutive_failures(100)
+            .counter_stripes(1)
+            .build()
+            .unwrap();
+        for key in ["a", "b"] {
+            set.admit(key).unwrap().record(Outcome::Success);
+        }
+        // Each thread looks its first key up twice, so it remembers that
+        // entry; one then calls the other key.
+        let handles: Vec<_> = [["a", "a", "b"], ["b", "b", "b"]]
+            .into_iter()
+            .map(|keys| {
+                let set = set.clone();
+                thread::spawn(move || {
+                    for key in keys {
+                        set.admit(key).unwrap().record(Outcome::Success);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        for (key, calls) in [("a", 3), ("b", 5)] {
+            let c = set.get(key).unwrap().snapshot().counters;
+            assert_eq!((c.admitted, c.successes), (calls, calls), "{key}: {c:?}");
+        }
+    });
 }

@@ -233,8 +233,9 @@ impl Shared {
             ));
         }
         self.counters.incr(Counter::Rejected);
-        #[cfg(feature = "metrics")]
-        self.meter.rejected(cause, || self.load().state());
+        if let Some(observer) = &self.observer {
+            observer.rejected(cause, self.load().state());
+        }
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,

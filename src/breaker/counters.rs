@@ -16,7 +16,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::sync::AtomicU64;
+use crate::sync::{model_static, thread_local, AtomicU64};
 
 use super::state::Counters;
 
@@ -71,65 +71,88 @@ fn stripes(n: usize) -> Box<[Stripe]> {
 }
 
 /// Thread indices are unique, so the thread counting in its own stripe is
-/// the stripe's only writer: no read-modify-write needed. (Under loom every
-/// model thread shares one index, so nothing counts this way there.)
+/// the stripe's only writer: no read-modify-write needed.
 #[inline]
 fn add_owned(stripe: &Stripe, counter: Counter, n: u64) {
     let c = &stripe.0[counter as usize];
     c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+/// The thread indices handed out and given back.
+struct Indices {
+    next: AtomicUsize,
+    /// Indices of threads that have exited, for the next threads to take.
+    /// The lock orders a thread's last counts before the next owner's
+    /// first. (Under loom it is std's too: loom runs no synchronisation in
+    /// a thread-local's destructor. The models join a thread before another
+    /// takes its index, so loom sees that order through the join.)
+    free: Mutex<Vec<usize>>,
+}
 
-/// Indices of threads that have exited, for the next threads to take.
-static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+model_static! {
+    static INDICES: Indices = Indices {
+        next: AtomicUsize::new(0),
+        free: Mutex::new(Vec::new()),
+    };
+}
 
 thread_local! {
     /// This thread's index; read on every count, so it has no destructor
     /// to register and check.
     static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
-    /// Gives the index back when the thread exits; touched only once.
-    static RETURN_INDEX: ReturnIndex = const { ReturnIndex };
+    /// Holds the index too, and gives it back when the thread exits;
+    /// touched only when the index is taken.
+    static RETURN_INDEX: ReturnIndex = const { ReturnIndex(Cell::new(usize::MAX)) };
 }
 
-struct ReturnIndex;
+struct ReturnIndex(Cell<usize>);
 
 impl Drop for ReturnIndex {
     fn drop(&mut self) {
-        let i = THREAD_INDEX.replace(usize::MAX);
+        let i = self.0.get();
         if i != usize::MAX {
-            // The lock orders this thread's last counts before the next
-            // owner's first.
-            FREE.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+            // Whatever this thread counts from here on (in other
+            // thread-locals' destructors) goes to the shared stripe.
+            let _ = THREAD_INDEX.try_with(|t| t.set(usize::MAX));
+            INDICES
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(i);
         }
     }
 }
 
 #[inline]
 fn thread_index() -> usize {
-    THREAD_INDEX.with(|i| {
-        let mut v = i.get();
-        if v == usize::MAX {
-            v = new_index();
-            i.set(v);
-        }
-        v
-    })
+    THREAD_INDEX
+        .try_with(|i| {
+            let mut v = i.get();
+            if v == usize::MAX {
+                v = new_index();
+                i.set(v);
+            }
+            v
+        })
+        .unwrap_or(usize::MAX)
 }
 
 #[cold]
 fn new_index() -> usize {
     // Without a way to give the index back (the thread is exiting), count
     // in the shared stripe.
-    if RETURN_INDEX.try_with(|_| ()).is_err() {
-        return usize::MAX;
-    }
-    let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
-    // The lowest free index: low indices are the owned stripes.
-    match free.iter().enumerate().min_by_key(|&(_, &i)| i) {
-        Some((at, _)) => free.swap_remove(at),
-        None => NEXT_THREAD.fetch_add(1, Ordering::Relaxed),
-    }
+    RETURN_INDEX
+        .try_with(|r| {
+            let mut free = INDICES.free.lock().unwrap_or_else(|e| e.into_inner());
+            // The lowest free index: low indices are the owned stripes.
+            let i = match free.iter().enumerate().min_by_key(|&(_, &i)| i) {
+                Some((at, _)) => free.swap_remove(at),
+                None => INDICES.next.fetch_add(1, Ordering::Relaxed),
+            };
+            r.0.set(i);
+            i
+        })
+        .unwrap_or(usize::MAX)
 }
 
 impl Striped {
@@ -149,7 +172,7 @@ impl Striped {
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         let i = thread_index();
         match self.owned.get(i) {
-            Some(stripe) if !cfg!(loom) => add_owned(stripe, counter, n),
+            Some(stripe) => add_owned(stripe, counter, n),
             _ => self.add_other(i, counter, n),
         }
     }
@@ -158,7 +181,7 @@ impl Striped {
     /// shared one.
     #[inline]
     fn add_other(&self, i: usize, counter: Counter, n: u64) {
-        if self.later_len == 0 || cfg!(loom) {
+        if self.later_len == 0 {
             self.shared.0[counter as usize].fetch_add(n, Ordering::Relaxed);
             return;
         }

@@ -44,6 +44,7 @@ mod changed;
 mod config;
 mod counters;
 mod half_open;
+mod observe;
 mod outcome;
 mod permit;
 mod record;
@@ -65,8 +66,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
+// Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, Window};
+#[cfg_attr(not(feature = "metrics"), allow(unused_imports))]
+pub(crate) use self::observe::{MakeObserver, Observe};
 pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
@@ -159,8 +163,8 @@ pub(crate) struct Shared {
     /// the circuit, in ns.
     quota_gate_ns: Option<u64>,
     epoch: Instant,
-    #[cfg(feature = "metrics")]
-    pub(crate) meter: crate::metrics::Meter,
+    /// Told of calls, rejections and transitions, if anyone listens.
+    pub(super) observer: Option<Box<dyn Observe>>,
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -269,14 +273,11 @@ impl Breaker {
                 epoch: Instant::now(),
                 // A keyed set names each breaker by its key, never by the
                 // name it gave the set.
-                #[cfg(feature = "metrics")]
-                meter: crate::metrics::Meter::new(
-                    config.metrics.clone(),
-                    config.name.as_ref(),
-                    name.as_ref(),
-                    !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
-                        && name.is_some(),
-                ),
+                observer: config.observer.as_ref().map(|make| {
+                    let keyed = name.is_some()
+                        && !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
+                    make.make(config.name.as_ref(), name.as_ref(), keyed)
+                }),
                 name,
                 config,
             }),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::counters::Counter;
+use super::observe::Observe;
 use super::outcome::Outcome;
 use super::{spare, Shared};
 
@@ -225,12 +226,13 @@ impl Permit {
             return;
         };
         shared.counters.incr(counter);
-        #[cfg(feature = "metrics")]
-        shared
-            .meter
-            .outcome(outcome, matches!(counter, Counter::Dropped), || {
-                shared.load().state()
-            });
+        if let Some(observer) = &shared.observer {
+            observer.outcome(
+                outcome,
+                matches!(counter, Counter::Dropped),
+                shared.load().state(),
+            );
+        }
         // The healthy steady state: a success in a full, clean window with no
         // streak to break changes nothing, so it writes nothing.
         let unchanged = outcome == Outcome::Success
@@ -243,11 +245,12 @@ impl Permit {
         spare::give_back(shared);
     }
 
-    /// The breaker's metrics, while the permit holds its call.
-    #[cfg(feature = "metrics")]
+    /// The breaker's observer, if it has one, while the permit holds its
+    /// call.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     #[inline]
-    pub(crate) fn meter(&self) -> Option<&crate::metrics::Meter> {
-        self.shared.as_deref().map(|s| &s.meter)
+    pub(crate) fn observer(&self) -> Option<&dyn Observe> {
+        self.shared.as_deref()?.observer.as_deref()
     }
 
     #[cold]

@@ -17,6 +17,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use super::Shared;
+use crate::sync::thread_local;
 
 thread_local! {
     static SPARE: Cell<Option<Arc<Shared>>> = const { Cell::new(None) };
@@ -26,17 +27,13 @@ thread_local! {
 /// one, a new one otherwise.
 #[inline]
 pub(super) fn take(shared: &Arc<Shared>) -> Arc<Shared> {
-    // Loom runs its model threads on one OS thread: a spare would pass
-    // between them unseen, so the models count references as before.
-    if !cfg!(loom)
-        && let Ok(Some(spare)) = SPARE.try_with(|slot| match slot.take() {
-            Some(spare) if Arc::ptr_eq(&spare, shared) => Some(spare),
-            other => {
-                slot.set(other);
-                None
-            }
-        })
-    {
+    if let Ok(Some(spare)) = SPARE.try_with(|slot| match slot.take() {
+        Some(spare) if Arc::ptr_eq(&spare, shared) => Some(spare),
+        other => {
+            slot.set(other);
+            None
+        }
+    }) {
         return spare;
     }
     Arc::clone(shared)
@@ -46,8 +43,5 @@ pub(super) fn take(shared: &Arc<Shared>) -> Arc<Shared> {
 /// other (a thread that is exiting drops it).
 #[inline]
 pub(super) fn give_back(shared: Arc<Shared>) {
-    if cfg!(loom) {
-        return;
-    }
     let _ = SPARE.try_with(move |slot| drop(slot.replace(Some(shared))));
 }

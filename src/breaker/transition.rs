@@ -110,8 +110,9 @@ impl Shared {
     /// caught.
     pub(super) fn emit(&self, events: Events) {
         for t in events.list.into_iter().flatten() {
-            #[cfg(feature = "metrics")]
-            self.meter.transition(&t);
+            if let Some(observer) = &self.observer {
+                observer.transition(&t);
+            }
             tracing::info!(
                 target: "tower_circuit_breaker",
                 key = t.key.as_deref().unwrap_or(""),

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use super::Entry;
 use crate::breaker::CircuitOpen;
+use crate::sync::thread_local;
 use crate::Permit;
 
 static VERSIONS: AtomicU64 = AtomicU64::new(1);

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::observe::Observer;
 use super::state::Transition;
 
 pub(crate) use self::builder::sealed;
@@ -64,8 +65,8 @@ pub(crate) struct Config {
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
     pub(crate) stripes_when_busy: bool,
     pub(crate) listeners: Vec<Listener>,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: Option<crate::metrics::MetricsSwitch>,
+    /// Gives each breaker its observer (the `metrics` feature's).
+    pub(crate) observer: Option<Observer>,
 }
 
 impl fmt::Debug for Config {
@@ -90,6 +91,7 @@ impl fmt::Debug for Config {
             .field("quota_gate", &self.quota_gate)
             .field("pace", &self.pace)
             .field("listeners", &self.listeners.len())
+            .field("observer", &self.observer.is_some())
             .finish()
     }
 }
@@ -119,8 +121,7 @@ impl Default for Config {
             counter_stripes: 16,
             stripes_when_busy: false,
             listeners: Vec::new(),
-            #[cfg(feature = "metrics")]
-            metrics: None,
+            observer: None,
         }
     }
 }
