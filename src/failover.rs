@@ -18,6 +18,15 @@
 //! A "same client, other model" fallback is one line: the same service with
 //! a request rewrite, via [`Failover::fallback_with`].
 //!
+//! Upstreams may be keyed: a [`CircuitBreaker`](crate::CircuitBreaker) over
+//! a keyed set, or a whole [`Stack::keyed`](crate::stack::Stack::keyed)
+//! stack. Such an upstream is skipped for a request whose key is open in it
+//! (the key it takes from the request as that upstream receives it, after
+//! any rewrite), and serves the requests whose keys are closed. A
+//! [`RetryPolicy`](crate::retry::RetryPolicy) around the failover that
+//! [watches each upstream's set](crate::retry::RetryPolicy::watch_keyed)
+//! ends its backoff as soon as the request's key is open in all of them.
+//!
 //! # Example
 //!
 //! ```

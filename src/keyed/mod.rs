@@ -164,7 +164,7 @@ pub struct KeyedSettings {
     key_overrides: Vec<(Box<str>, Override)>,
 }
 
-type Override = Arc<dyn Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync>;
+pub(crate) type Override = Arc<dyn Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync>;
 
 impl Default for KeyedSettings {
     fn default() -> Self {
@@ -183,6 +183,13 @@ impl fmt::Debug for KeyedSettings {
             .field("idle_timeout", &self.idle_timeout)
             .field("key_overrides", &self.key_overrides.len())
             .finish()
+    }
+}
+
+impl KeyedSettings {
+    /// The per-key overrides, in the order they were given.
+    pub(crate) fn overrides_mut(&mut self) -> impl Iterator<Item = &mut Override> {
+        self.key_overrides.iter_mut().map(|(_, f)| f)
     }
 }
 
@@ -661,6 +668,29 @@ impl<K> Keyed<K> {
     /// ```
     pub fn breakers(&self) -> &KeyedBreakers {
         &self.breakers
+    }
+
+    pub(crate) fn key_fn(&self) -> &K {
+        &self.key
+    }
+
+    /// The breaker that admits `request`, if the set holds it: the key's,
+    /// `(unkeyed)` for a request without a key, `(overflow)` for a key the
+    /// full set found no room for or a key function that panicked. Never
+    /// creates a key.
+    pub(crate) fn breaker_of<Req>(&self, request: &Req) -> Option<Breaker>
+    where
+        K: KeyFn<Req>,
+    {
+        let inner = &*self.breakers.inner;
+        match panic::catch_unwind(AssertUnwindSafe(|| self.key.key(request))) {
+            Ok(Some(key)) => self.breakers.get(key.as_str()).or_else(|| {
+                // A key that is not in a full set shares the overflow breaker.
+                (self.breakers.len() >= inner.max_keys).then(|| inner.overflow.clone())
+            }),
+            Ok(None) => Some(inner.unkeyed.clone()),
+            Err(_) => Some(inner.overflow.clone()),
+        }
     }
 }
 

@@ -53,23 +53,26 @@
 //! # Ok(()) }
 //! ```
 
+mod backoff;
+mod budget;
+mod watch;
+
+pub use self::backoff::Backoff;
+pub use self::budget::RetryBudget;
+pub use self::watch::{KeyedWatch, Watch};
+
 use std::convert::Infallible;
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Response;
-use pin_project_lite::pin_project;
-use tokio::time::Sleep;
 use tower::retry::Policy;
 
-use crate::breaker::{Breaker, Changed, ConfigError, State};
+use crate::breaker::Breaker;
 use crate::classify::{Classify, ErrorRef, HttpClassifier};
 use crate::error::CircuitOpen;
 use crate::guard::{self, Judged};
+use crate::keyed::{Keyed, KeyedBreakers};
 use crate::rng::Rng;
 use crate::{BoxError, Error, Outcome};
 
@@ -183,13 +186,15 @@ impl AttemptError for Infallible {
 ///
 /// See the [module docs](self) for an example.
 #[derive(Clone, Debug)]
-pub struct RetryPolicy<C = HttpClassifier> {
+pub struct RetryPolicy<C = HttpClassifier, W = ()> {
     classifier: C,
     max_retries: u32,
     base: Duration,
     max: Duration,
     retry_after_cap: Duration,
     watch: Arc<[Breaker]>,
+    /// The request's own key in keyed sets (`()`: none).
+    keyed: W,
     rng: Rng,
     budget: Option<RetryBudget>,
     /// Retries made so far for the request this clone serves.
@@ -206,6 +211,7 @@ impl RetryPolicy {
             max: Duration::from_secs(10),
             retry_after_cap: Duration::from_secs(20),
             watch: Arc::new([]),
+            keyed: (),
             rng: Rng::random(),
             budget: None,
             retries: 0,
@@ -219,9 +225,9 @@ impl Default for RetryPolicy {
     }
 }
 
-impl<C> RetryPolicy<C> {
+impl<C, W> RetryPolicy<C, W> {
     /// Classifies attempts with `classifier` instead.
-    pub fn with_classifier<C2>(self, classifier: C2) -> RetryPolicy<C2> {
+    pub fn with_classifier<C2>(self, classifier: C2) -> RetryPolicy<C2, W> {
         RetryPolicy {
             classifier,
             max_retries: self.max_retries,
@@ -229,6 +235,7 @@ impl<C> RetryPolicy<C> {
             max: self.max,
             retry_after_cap: self.retry_after_cap,
             watch: self.watch,
+            keyed: self.keyed,
             rng: self.rng,
             budget: self.budget,
             retries: self.retries,
@@ -308,6 +315,93 @@ impl<C> RetryPolicy<C> {
         self
     }
 
+    /// Ends a backoff as soon as the request's own key is open in
+    /// `breakers`, the key taken from the request by `key` as the keyed
+    /// layer over `breakers` takes it: a request for a model whose circuit
+    /// opens stops retrying at once, while requests for other keys back off
+    /// and retry as before.
+    ///
+    /// Watching several sets (one per keyed upstream behind a
+    /// [`Failover`](crate::failover::Failover)), or a set and
+    /// [breakers](Self::watch_breaker), ends the wait when the request's
+    /// breaker is open in all of them. The key is taken from the request as
+    /// the retry sees it, before any failover rewrite; when a fallback
+    /// rewrites the key, give its set a key function that reads the
+    /// rewritten one. A key the set does not hold (never admitted, or
+    /// evicted) cannot be open, so its backoff runs its course.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{retry::RetryLayer, Service, ServiceBuilder, ServiceExt};
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    /// use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         http::Response::builder().status(503).body(String::new()).unwrap(),
+    ///     )
+    /// });
+    /// let models = KeyedBreakers::builder().consecutive_failures(1).build()?;
+    /// let policy = RetryPolicy::new()
+    ///     .max_retries(5)
+    ///     .backoff(Duration::from_secs(5), Duration::from_secs(10))
+    ///     .watch_keyed(models.clone(), keyed::header("x-model"));
+    /// let mut client = ServiceBuilder::new()
+    ///     .layer(RetryLayer::new(policy))
+    ///     .layer(CircuitBreakerLayer::keyed(models.clone(), keyed::header("x-model")))
+    ///     .service(upstream);
+    ///
+    /// let start = tokio::time::Instant::now();
+    /// let request = http::Request::get("/").header("x-model", "big").body(String::new())?;
+    /// let err = client.ready().await?.call(request).await.unwrap_err();
+    /// // The failure opened "big": the retry after it did not wait, and
+    /// // was rejected without reaching the upstream.
+    /// assert!(err.is_circuit_open());
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// assert_eq!(models.get("big").unwrap().snapshot().counters.failures, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn watch_keyed<K>(
+        self,
+        breakers: KeyedBreakers,
+        key: K,
+    ) -> RetryPolicy<C, KeyedWatch<K, W>> {
+        RetryPolicy {
+            classifier: self.classifier,
+            max_retries: self.max_retries,
+            base: self.base,
+            max: self.max,
+            retry_after_cap: self.retry_after_cap,
+            watch: self.watch,
+            keyed: KeyedWatch::new(Keyed::new(breakers, key), self.keyed),
+            rng: self.rng,
+            budget: self.budget,
+            retries: self.retries,
+        }
+    }
+
+    /// The breakers whose opening ends the backoff before retrying
+    /// `request`: all of them, or none when one of the request's keys is
+    /// not in its set (it cannot be open).
+    fn watched<Req>(&self, request: &Req) -> Arc<[Breaker]>
+    where
+        W: Watch<Req>,
+    {
+        if !W::PER_REQUEST {
+            // Nothing keyed: the same list for every request, not copied.
+            return Arc::clone(&self.watch);
+        }
+        let mut watch = self.watch.to_vec();
+        if self.keyed.breakers_of(request, &mut watch) {
+            watch.into()
+        } else {
+            Arc::new([])
+        }
+    }
+
     /// How long retry `n` (from 0) may wait at most: `min(max, base × 2ⁿ)`.
     fn ceiling(&self, n: u32) -> Duration {
         let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
@@ -331,15 +425,16 @@ impl<C> RetryPolicy<C> {
     }
 }
 
-impl<C, Req, B, E> Policy<Req, Response<B>, E> for RetryPolicy<C>
+impl<C, W, Req, B, E> Policy<Req, Response<B>, E> for RetryPolicy<C, W>
 where
     C: Classify,
+    W: Watch<Req>,
     Req: Clone,
     E: AttemptError,
 {
     type Future = Backoff;
 
-    fn retry(&mut self, _req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
+    fn retry(&mut self, req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
         if self.retries == 0
             && let Some(budget) = &self.budget
         {
@@ -356,241 +451,12 @@ where
             return None;
         }
         self.retries += 1;
-        Some(Backoff::new(wait, &self.watch))
+        Some(Backoff::new(wait, self.watched(req)))
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         (self.max_retries > 0).then(|| req.clone())
     }
-}
-
-// === RetryBudget ===
-
-/// A budget of retries: at most `percent` % of the first attempts seen over
-/// a sliding 10 s window (ten 1 s slots), plus `min_per_sec` retries a
-/// second that need no first attempts (none by default). The shape of
-/// tower's `TpsBudget` and Finagle's, with `min_per_sec` 0 unless set.
-///
-/// A retry storm multiplies load exactly when an upstream is weakest; a
-/// budget caps the multiplier: at 20 %, attempts stay within 1.2 times the
-/// requests however many retries each request may make.
-///
-/// It is its own type, not tower's `TpsBudget`, because that one turns a
-/// percentage into a whole number of retries per first attempt's share
-/// (30 % becomes one retry per 3 deposits, 33 %; 40 % becomes 50 %), and
-/// panics on settings out of range where this crate returns a
-/// [`ConfigError`]. Cheap to clone; clones share the budget.
-///
-/// ```
-/// use tower_circuit_breaker::retry::RetryBudget;
-///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let budget = RetryBudget::new(20.0).unwrap();
-/// for _ in 0..10 {
-///     budget.deposit(); // ten first attempts
-/// }
-/// assert!(budget.withdraw());
-/// assert!(budget.withdraw());
-/// assert!(!budget.withdraw(), "20 % of 10 is 2");
-/// assert_eq!(budget.denied(), 1);
-/// assert!(RetryBudget::new(-1.0).is_err());
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct RetryBudget {
-    shared: Arc<BudgetState>,
-}
-
-struct BudgetState {
-    percent: f64,
-    /// Retries allowed without first attempts over the window.
-    reserve: f64,
-    ring: std::sync::Mutex<Ring>,
-    denied: std::sync::atomic::AtomicU64,
-}
-
-/// Ten 1 s slots of (first attempts, retries).
-struct Ring {
-    slots: [(u64, u64); SLOTS],
-    index: usize,
-    /// When the current slot began.
-    since: tokio::time::Instant,
-}
-
-const SLOTS: usize = 10;
-const SLOT: Duration = Duration::from_secs(1);
-
-impl RetryBudget {
-    /// Retries at most `percent` % of first attempts over the last 10 s
-    /// (`20.0` for 20 %), with no minimum. `percent` must be within
-    /// `0..=1000`.
-    pub fn new(percent: f64) -> Result<Self, ConfigError> {
-        RetryBudget::with_min_per_sec(percent, 0)
-    }
-
-    /// [`new`](Self::new), plus `min_per_sec` retries a second that need no
-    /// first attempts.
-    pub fn with_min_per_sec(percent: f64, min_per_sec: u32) -> Result<Self, ConfigError> {
-        if !(0.0..=1000.0).contains(&percent) {
-            return Err(ConfigError::RetryBudget(
-                "the percentage is not within 0..=1000",
-            ));
-        }
-        Ok(RetryBudget {
-            shared: Arc::new(BudgetState {
-                percent,
-                reserve: f64::from(min_per_sec) * (SLOTS as f64),
-                ring: std::sync::Mutex::new(Ring {
-                    slots: [(0, 0); SLOTS],
-                    index: 0,
-                    since: tokio::time::Instant::now(),
-                }),
-                denied: std::sync::atomic::AtomicU64::new(0),
-            }),
-        })
-    }
-
-    /// Counts a first attempt.
-    pub fn deposit(&self) {
-        let mut ring = self.ring();
-        let i = ring.index;
-        ring.slots[i].0 += 1;
-    }
-
-    /// Takes one retry from the budget, if it holds one.
-    pub fn withdraw(&self) -> bool {
-        let mut ring = self.ring();
-        let (firsts, retries) = ring
-            .slots
-            .iter()
-            .fold((0, 0), |(f, r), &(sf, sr)| (f + sf, r + sr));
-        let allowed = (retries + 1) as f64
-            <= firsts as f64 * self.shared.percent / 100.0 + self.shared.reserve;
-        if allowed {
-            let i = ring.index;
-            ring.slots[i].1 += 1;
-        } else {
-            self.shared
-                .denied
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        allowed
-    }
-
-    /// Retries refused so far.
-    pub fn denied(&self) -> u64 {
-        self.shared
-            .denied
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The ring, with the slots that ended since it was last touched cleared.
-    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
-        let mut ring = self
-            .shared
-            .ring
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = tokio::time::Instant::now();
-        let mut steps = 0;
-        while now.saturating_duration_since(ring.since) >= SLOT && steps < SLOTS {
-            ring.index = (ring.index + 1) % SLOTS;
-            let i = ring.index;
-            ring.slots[i] = (0, 0);
-            ring.since += SLOT;
-            steps += 1;
-        }
-        if now.saturating_duration_since(ring.since) >= SLOT {
-            // Idle for longer than the window: every slot is clear.
-            ring.since = now;
-        }
-        ring
-    }
-}
-
-impl fmt::Debug for RetryBudget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryBudget")
-            .field("percent", &self.shared.percent)
-            .field("min_per_sec", &(self.shared.reserve / SLOTS as f64))
-            .field("denied", &self.denied())
-            .finish()
-    }
-}
-
-// === Backoff ===
-
-pin_project! {
-    /// The wait before a retry: a timer that ends early when every watched
-    /// breaker is open.
-    ///
-    /// When the watched breakers are already open as the wait begins, it is
-    /// over at once, so the retry meets the rejection without delay.
-    pub struct Backoff {
-        #[pin]
-        sleep: Sleep,
-        watch: Arc<[Breaker]>,
-        changed: Vec<Pin<Box<Changed>>>,
-        over: bool,
-    }
-}
-
-impl Backoff {
-    fn new(wait: Duration, watch: &Arc<[Breaker]>) -> Self {
-        // Subscribe before looking at the states, so that a transition in
-        // between is not missed.
-        let changed = watch.iter().map(|b| Box::pin(b.changed())).collect();
-        Backoff {
-            sleep: tokio::time::sleep(wait),
-            over: all_open(watch),
-            watch: Arc::clone(watch),
-            changed,
-        }
-    }
-}
-
-impl fmt::Debug for Backoff {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backoff")
-            .field("deadline", &self.sleep.deadline())
-            .field("watched", &self.watch.len())
-            .finish()
-    }
-}
-
-impl Future for Backoff {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        if *this.over {
-            return Poll::Ready(());
-        }
-        let mut fired = false;
-        for (changed, breaker) in this.changed.iter_mut().zip(this.watch.iter()) {
-            // Re-subscribe after each transition, and poll the new future so
-            // that it registers this task.
-            while changed.as_mut().poll(cx).is_ready() {
-                fired = true;
-                *changed = Box::pin(breaker.changed());
-            }
-        }
-        if fired && all_open(this.watch) {
-            *this.over = true;
-            return Poll::Ready(());
-        }
-        this.sleep.poll(cx)
-    }
-}
-
-/// Whether every watched breaker would reject a call now (and there is at
-/// least one).
-fn all_open(watch: &[Breaker]) -> bool {
-    !watch.is_empty()
-        && watch.iter().all(|b| {
-            // A breaker in shadow mode reports open but admits every call.
-            matches!(b.state(), State::Open | State::ForcedOpen) && !b.is_metrics_only()
-        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,50 @@
+//! Error types
+
+use std::fmt;
+
+use crate::breaker::ConfigError;
+
+/// Why [`StackBuilder::build`](super::StackBuilder::build) refused.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::stack::{Stack, StackError};
+/// use tower_circuit_breaker::{Breaker, ConfigError};
+///
+/// let err = Stack::builder().breaker(Breaker::builder().probes(0)).build().unwrap_err();
+/// assert!(matches!(err, StackError::Breaker(ConfigError::ZeroProbes)));
+/// let err = Stack::builder().attempt_timeout(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.to_string(), "stack does not fit: the attempt timeout is zero");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The breaker's own settings are invalid.
+    Breaker(ConfigError),
+    /// Each piece is valid, but they do not fit together.
+    Misfit(&'static str),
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StackError::Breaker(e) => fmt::Display::fmt(e, f),
+            StackError::Misfit(why) => write!(f, "stack does not fit: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for StackError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StackError::Breaker(e) => Some(e),
+            StackError::Misfit(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for StackError {
+    fn from(e: ConfigError) -> Self {
+        StackError::Breaker(e)
+    }
+}

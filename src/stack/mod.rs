@@ -1,0 +1,280 @@
+//! The whole client stack in the order that works: total timeout → retry →
+//! circuit breaker → attempt timeout → client.
+//!
+//! Each piece has its place for a reason:
+//!
+//! - the **retry** sits outside the breaker, so every attempt is admitted and
+//!   recorded, and an open circuit ends the retry loop at once (the retry
+//!   [watches the breaker](crate::retry::RetryPolicy::watch_breaker), so
+//!   not even a backoff sleep is spent on an upstream known to be down);
+//! - the **attempt timeout** sits inside the breaker, so a hanging call is a
+//!   recorded failure;
+//! - the optional **total timeout** sits outermost and bounds what the
+//!   caller waits, retries included.
+//!
+//! [`StackBuilder::build`] refuses pieces that do not fit, with
+//! [`StackError::Misfit`]: a total timeout shorter than one attempt, a time
+//! window shorter than two attempt timeouts, a slow-call threshold the
+//! attempt timeout never lets a call reach, a probe timeout longer than the
+//! attempt timeout (the default one is capped there), a probe lease that
+//! expires before the attempt timeout, a stall or first-frame deadline
+//! longer than the total timeout, a `Retry-After` cap the total timeout
+//! would cut short.
+//!
+//! [`Stack::keyed`] builds the same stack over a keyed set, one breaker per
+//! key (a model, a region, a hashed API key): the layers and their order are
+//! the same, every key's settings are checked as one breaker's are, and the
+//! retry watches the request's own key, so a request whose model's circuit
+//! opens stops retrying at once while requests for other models retry as
+//! before. A keyed stack is a [`Failover`](crate::failover::Failover)
+//! member like any other: a request whose key is open in it skips it.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_circuit_breaker::retry::RetryPolicy;
+//! use tower_circuit_breaker::stack::{Stack, StackError};
+//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(503).body(String::new()).unwrap(),
+//!     )
+//! });
+//!
+//! // Defaults: attempt 60 s, a window of 20 calls, 50 %, open 30 s,
+//! // 3 probes, 2 to close, 3 retries.
+//! let layer = Stack::builder()
+//!     .breaker(Breaker::builder().count_window(10).min_calls(3))
+//!     .retry(RetryPolicy::new().max_retries(3))
+//!     .build()?;
+//! let breaker = layer.breaker().clone();
+//! let mut client = layer.layer(upstream);
+//!
+//! // Three failed attempts open the circuit: the first retry that meets the
+//! // open circuit is rejected without reaching the upstream, and the loop
+//! // ends there.
+//! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
+//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert_eq!(breaker.snapshot().counters.failures, 3);
+//! assert_eq!(breaker.snapshot().counters.rejected, 1);
+//!
+//! // Pieces that do not fit are refused.
+//! let err = Stack::builder()
+//!     .attempt_timeout(Duration::from_secs(60))
+//!     .total_timeout(Duration::from_secs(30))
+//!     .build()
+//!     .unwrap_err();
+//! assert!(matches!(err, StackError::Misfit(_)));
+//! # Ok(()) }
+//! ```
+//!
+//! Keyed by model:
+//!
+//! ```
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+//! use tower_circuit_breaker::stack::Stack;
+//! use tower_circuit_breaker::{BoxError, CircuitOpen, State};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // The big model is down; the small one is fine.
+//! let upstream = tower::service_fn(|req: http::Request<String>| async move {
+//!     let status = if req.headers()["x-model"] == "big" { 503 } else { 200 };
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(status).body(String::new()).unwrap(),
+//!     )
+//! });
+//! let layer = Stack::keyed(KeyedBreakers::builder().consecutive_failures(2), keyed::header("x-model"))
+//!     .max_retries(3)
+//!     .build()?;
+//! let models = layer.breakers().clone();
+//! let mut client = layer.layer(upstream);
+//! let call = |model: &str| http::Request::get("/").header("x-model", model).body(String::new());
+//!
+//! let err = client.ready().await?.call(call("big")?).await.unwrap_err();
+//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert_eq!(models.get("big").unwrap().state(), State::Open);
+//! let res = client.ready().await?.call(call("small")?).await?;
+//! assert_eq!(res.status(), 200);
+//! # Ok(()) }
+//! ```
+
+mod builder;
+mod error;
+mod select;
+
+pub use self::builder::StackBuilder;
+pub use self::error::StackError;
+pub use self::select::{StackDeadlines, StackSelect};
+
+use std::fmt;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower::retry::Retry;
+use tower::timeout::Timeout;
+use tower::util::{Either, MapErr};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::{Breaker, Builder};
+use crate::classify::HttpClassifier;
+use crate::keyed::{Keyed, KeyedBreakers};
+use crate::retry::RetryPolicy;
+use crate::{BoxError, CircuitBreaker, Error};
+
+/// The retry and everything inside it.
+type Retried<S, C, D, P> =
+    Retry<RetryPolicy<C, <P as StackSelect>::Watch>, CircuitBreaker<Timeout<S>, C, P, D>>;
+
+/// With or without a total timeout, the error is a [`BoxError`].
+type Outer<S, C, D, P> =
+    Either<Timeout<Retried<S, C, D, P>>, MapErr<Retried<S, C, D, P>, fn(Error) -> BoxError>>;
+
+/// Wraps a client in the whole stack; built by [`StackBuilder`].
+///
+/// Every service it makes shares its one breaker (or its one keyed set).
+#[derive(Clone, Debug)]
+pub struct StackLayer<C = HttpClassifier, D = (), P: StackSelect = Breaker> {
+    attempt_timeout: Duration,
+    total_timeout: Option<Duration>,
+    select: P,
+    classifier: C,
+    retry: RetryPolicy<C, P::Watch>,
+    deadlines: D,
+}
+
+impl<C, D> StackLayer<C, D> {
+    /// The shared breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<C, D, K: Clone + fmt::Debug> StackLayer<C, D, Keyed<K>> {
+    /// The keyed set, for snapshots, manual control, a
+    /// [status page](crate::status) or a [health prober](crate::health).
+    pub fn breakers(&self) -> &KeyedBreakers {
+        self.select.breakers()
+    }
+}
+
+impl<C, D, P: StackSelect> StackLayer<C, D, P> {
+    /// The attempt timeout.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
+    /// The total timeout, if there is one.
+    pub fn total_timeout(&self) -> Option<Duration> {
+        self.total_timeout
+    }
+}
+
+impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
+    type Service = Stack<S, C, D, P>;
+
+    fn layer(&self, client: S) -> Stack<S, C, D, P> {
+        let attempt = Timeout::new(client, self.attempt_timeout);
+        let breaker = CircuitBreaker::from_parts(
+            attempt,
+            self.select.clone(),
+            self.classifier.clone(),
+            self.deadlines.clone(),
+        );
+        let retried = Retry::new(self.retry.clone(), breaker);
+        let inner = match self.total_timeout {
+            Some(total) => Either::Left(Timeout::new(retried, total)),
+            None => Either::Right(MapErr::new(
+                retried,
+                BoxError::from as fn(Error) -> BoxError,
+            )),
+        };
+        Stack {
+            inner,
+            select: self.select.clone(),
+        }
+    }
+}
+
+/// A client wrapped in total timeout → retry → circuit breaker → attempt
+/// timeout; made by [`StackLayer`].
+///
+/// Its error is a [`BoxError`]: a [`CircuitOpen`](crate::CircuitOpen), a
+/// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
+/// the client's own error.
+#[derive(Clone, Debug)]
+pub struct Stack<S, C = HttpClassifier, D = (), P: StackSelect = Breaker> {
+    inner: Outer<S, C, D, P>,
+    select: P,
+}
+
+impl Stack<(), HttpClassifier> {
+    /// A builder with the defaults.
+    pub fn builder() -> StackBuilder {
+        StackBuilder::new()
+    }
+
+    /// A builder with the defaults and a breaker per key: shorthand for
+    /// [`Stack::builder().keyed(breakers, key)`](StackBuilder::keyed).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::keyed(KeyedBreakers::builder(), keyed::header("x-model"))
+    ///     .max_retries(2)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn keyed<K>(
+        breakers: Builder<KeyedBreakers>,
+        key: K,
+    ) -> StackBuilder<HttpClassifier, (), Keyed<K>>
+    where
+        Keyed<K>: StackSelect<Spec = (crate::keyed::KeyedSettings, K)>,
+    {
+        StackBuilder::new().keyed(breakers, key)
+    }
+}
+
+impl<S, C, D> Stack<S, C, D> {
+    /// The breaker, for snapshots and manual control.
+    pub fn breaker(&self) -> &Breaker {
+        &self.select
+    }
+}
+
+impl<S, C, D, K: Clone + fmt::Debug> Stack<S, C, D, Keyed<K>> {
+    /// The keyed set, for snapshots and manual control.
+    pub fn breakers(&self) -> &KeyedBreakers {
+        self.select.breakers()
+    }
+}
+
+impl<S, C, D, P, Req> Service<Req> for Stack<S, C, D, P>
+where
+    P: StackSelect,
+    Outer<S, C, D, P>: Service<Req, Error = BoxError>,
+{
+    type Response = <Outer<S, C, D, P> as Service<Req>>::Response;
+    type Error = BoxError;
+    type Future = <Outer<S, C, D, P> as Service<Req>>::Future;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        self.inner.call(request)
+    }
+}
