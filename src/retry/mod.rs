@@ -108,9 +108,27 @@ use crate::{BoxError, Error, Outcome};
 /// ```
 pub trait AttemptError {
     /// The rejection, if a circuit rejected the call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::retry::AttemptError;
+    /// use tower_circuit_breaker::{BoxError, Breaker};
+    ///
+    /// let breaker = Breaker::builder().name("gpt").build().unwrap();
+    /// breaker.force_open();
+    /// let err: BoxError = breaker.admit().unwrap_err().into();
+    /// assert_eq!(AttemptError::circuit_open(&err).and_then(|open| open.key()), Some("gpt"));
+    /// ```
     fn circuit_open(&self) -> Option<&CircuitOpen>;
 
     /// The error to classify, if the call reached the inner service.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::retry::AttemptError;
+    /// use tower_circuit_breaker::BoxError;
+    ///
+    /// let err: BoxError = std::io::Error::other("connection reset").into();
+    /// assert_eq!(err.as_error().unwrap().to_string(), "connection reset");
+    /// ```
     fn as_error(&self) -> Option<ErrorRef<'_>>;
 }
 
@@ -185,6 +203,27 @@ impl AttemptError for Infallible {
 /// sequence every run).
 ///
 /// See the [module docs](self) for an example.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
+/// use tower_circuit_breaker::retry::RetryPolicy;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let seen = calls.clone();
+/// // A 400 says nothing about the upstream: it is returned, never retried.
+/// let upstream = tower::service_fn(move |_req: http::Request<String>| {
+///     seen.fetch_add(1, Ordering::SeqCst);
+///     async { Ok::<_, std::convert::Infallible>(http::Response::builder().status(400).body(String::new()).unwrap()) }
+/// });
+/// let client = ServiceBuilder::new().layer(RetryLayer::new(RetryPolicy::new())).service(upstream);
+/// let res = client.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(res.status(), 400);
+/// assert_eq!(calls.load(Ordering::SeqCst), 1);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RetryPolicy<C = HttpClassifier, W = ()> {
     classifier: C,
@@ -203,6 +242,15 @@ pub struct RetryPolicy<C = HttpClassifier, W = ()> {
 
 impl RetryPolicy {
     /// A policy with the defaults, classifying with [`HttpClassifier`].
+    ///
+    /// ```
+    /// use tower::retry::RetryLayer;
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// // 3 retries, backoff from 500 ms up to 10 s, `Retry-After` waited out up to 20 s.
+    /// let layer = RetryLayer::new(RetryPolicy::new());
+    /// # let _ = layer;
+    /// ```
     pub fn new() -> Self {
         RetryPolicy {
             classifier: HttpClassifier,
@@ -227,6 +275,16 @@ impl Default for RetryPolicy {
 
 impl<C, W> RetryPolicy<C, W> {
     /// Classifies attempts with `classifier` instead.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// // Judge attempts with the LLM rules (a content filter's 400 is not retried,
+    /// // an overloaded 529 is), as the breaker does.
+    /// let policy = RetryPolicy::new().with_classifier(LlmClassifier::default());
+    /// # let _ = policy;
+    /// ```
     pub fn with_classifier<C2>(self, classifier: C2) -> RetryPolicy<C2, W> {
         RetryPolicy {
             classifier,
@@ -271,12 +329,42 @@ impl<C, W> RetryPolicy<C, W> {
     }
 
     /// The retry budget, if there is one.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
+    ///
+    /// assert!(RetryPolicy::new().retry_budget().is_none());
+    /// let policy = RetryPolicy::new().budget(RetryBudget::new(20.0).unwrap());
+    /// assert!(policy.retry_budget().is_some());
+    /// ```
     pub fn retry_budget(&self) -> Option<&RetryBudget> {
         self.budget.as_ref()
     }
 
     /// At most `retries` retries after the first attempt. 0 turns retrying
     /// off.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let seen = calls.clone();
+    /// let upstream = tower::service_fn(move |_req: http::Request<String>| {
+    ///     seen.fetch_add(1, Ordering::SeqCst);
+    ///     async { Ok::<_, std::convert::Infallible>(http::Response::builder().status(503).body(String::new()).unwrap()) }
+    /// });
+    /// let client = ServiceBuilder::new()
+    ///     .layer(RetryLayer::new(RetryPolicy::new().max_retries(2)))
+    ///     .service(upstream);
+    /// let res = client.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(res.status(), 503, "the last attempt's answer");
+    /// assert_eq!(calls.load(Ordering::SeqCst), 3, "the first attempt and 2 retries");
+    /// # }
+    /// ```
     pub fn max_retries(mut self, retries: u32) -> Self {
         self.max_retries = retries;
         self
@@ -285,6 +373,26 @@ impl<C, W> RetryPolicy<C, W> {
     /// Retry `n` (from 0) waits a uniformly random time below
     /// `min(max, base × 2ⁿ)` ("full jitter"). A `base` above `max` is
     /// lowered to `max`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(503).body(String::new()).unwrap())
+    /// });
+    /// let policy = RetryPolicy::new()
+    ///     .max_retries(3)
+    ///     .backoff(Duration::from_secs(1), Duration::from_secs(2));
+    /// let client = ServiceBuilder::new().layer(RetryLayer::new(policy)).service(upstream);
+    /// let start = tokio::time::Instant::now();
+    /// client.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// // Waits below 1 s, 2 s and 2 s (the cap): under 5 s in all.
+    /// assert!(start.elapsed() < Duration::from_secs(5));
+    /// # }
+    /// ```
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.base = base.min(max);
         self.max = max;
@@ -293,12 +401,41 @@ impl<C, W> RetryPolicy<C, W> {
 
     /// The longest `Retry-After` the policy waits out. A rate-limited answer
     /// asking for longer is not retried: it goes to the caller as it is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // Asked to come back in an hour: not worth waiting, the 429 goes to the caller.
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         http::Response::builder().status(429).header("retry-after", "3600").body(String::new()).unwrap(),
+    ///     )
+    /// });
+    /// let policy = RetryPolicy::new().retry_after_cap(Duration::from_secs(30));
+    /// let client = ServiceBuilder::new().layer(RetryLayer::new(policy)).service(upstream);
+    /// let start = tokio::time::Instant::now();
+    /// let res = client.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(res.status(), 429);
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// # }
+    /// ```
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.retry_after_cap = cap;
         self
     }
 
     /// Seeds the jitter, for runs that must repeat exactly.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    ///
+    /// // The same seed draws the same sequence of waits, run after run.
+    /// let policy = RetryPolicy::new().seed(42);
+    /// # let _ = policy;
+    /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Rng::new(seed);
         self
@@ -308,6 +445,32 @@ impl<C, W> RetryPolicy<C, W> {
     /// at once instead of after sleeping. Watching several breakers (one per
     /// upstream behind a [`Failover`](crate::failover::Failover)) ends the
     /// wait when all of them are open.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
+    /// use tower_circuit_breaker::retry::RetryPolicy;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(503).body(String::new()).unwrap())
+    /// });
+    /// let breaker = CircuitBreakerLayer::builder().consecutive_failures(1).build().unwrap();
+    /// let policy = RetryPolicy::new()
+    ///     .backoff(Duration::from_secs(5), Duration::from_secs(10))
+    ///     .watch_breaker(breaker.breaker().clone());
+    /// let client = ServiceBuilder::new()
+    ///     .layer(RetryLayer::new(policy))
+    ///     .layer(breaker)
+    ///     .service(upstream);
+    /// let start = tokio::time::Instant::now();
+    /// let err = client.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// // The first failure opened the circuit: no backoff was slept out.
+    /// assert!(err.is_circuit_open());
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// # }
+    /// ```
     pub fn watch_breaker(mut self, breaker: Breaker) -> Self {
         let mut watch = self.watch.to_vec();
         watch.push(breaker);
