@@ -64,24 +64,21 @@
 //! ```
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Response;
-use pin_project_lite::pin_project;
-use tokio::time::Sleep;
-use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use crate::breaker::Breaker;
 use crate::classify::{Classify, HttpClassifier};
-use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
-use crate::Outcome;
+
+mod future;
+
+pub use self::future::ResponseFuture;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -325,202 +322,13 @@ where
             AllOpen::LastResort(breakers) => Some(Arc::clone(breakers)),
             AllOpen::FailFast => None,
         };
-        ResponseFuture {
-            routes: Arc::clone(&self.routes),
-            request: Some(request),
+        ResponseFuture::new(
+            Arc::clone(&self.routes),
+            request,
             last_resort,
-            next: 0,
-            classifier: self.classifier.clone(),
-            jitter: self.jitter,
-            rng: self.rng.clone(),
-            last: None,
-            rejected: None,
-            state: Step::Start,
-        }
-    }
-}
-
-// === ResponseFuture ===
-
-pin_project! {
-    /// Response future of [`Failover`].
-    pub struct ResponseFuture<S, Req, C>
-    where
-        S: Service<Req>,
-    {
-        routes: Arc<[Route<S, Req>]>,
-        // The request as the caller sent it; the last upstream takes it.
-        request: Option<Req>,
-        // The breakers of the last-resort policy, until it has been tried.
-        last_resort: Option<Arc<[Breaker]>>,
-        next: usize,
-        classifier: C,
-        jitter: (Duration, Duration),
-        rng: Rng,
-        // The answer of the last upstream that was actually called.
-        last: Option<Result<S::Response, S::Error>>,
-        // The rejection that admits soonest.
-        rejected: Option<S::Error>,
-        #[pin]
-        state: Step<Oneshot<S, Req>>,
-    }
-}
-
-pin_project! {
-    #[project = StepProj]
-    enum Step<F> {
-        Start,
-        Pausing {
-            #[pin]
-            sleep: Sleep,
-        },
-        Calling {
-            #[pin]
-            future: F,
-        },
-    }
-}
-
-impl<S, Req, C> fmt::Debug for ResponseFuture<S, Req, C>
-where
-    S: Service<Req>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture")
-            .field("next", &self.next)
-            .field("upstreams", &self.routes.len())
-            .finish_non_exhaustive()
-    }
-}
-
-/// What to do after an attempt.
-enum Then {
-    /// Return this answer.
-    Return,
-    /// The circuit was open: try the next upstream at once.
-    Skip,
-    /// The upstream failed: pause, then try the next one.
-    Fallback,
-}
-
-impl<S, Req, C, B> Future for ResponseFuture<S, Req, C>
-where
-    S: Service<Req, Response = Response<B>> + Clone,
-    S::Error: AttemptError,
-    Req: Clone,
-    C: Classify,
-{
-    type Output = Result<Response<B>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StepProj::Start => {
-                    let i = *this.next;
-                    *this.next += 1;
-                    let (route, mut request) = if i >= this.routes.len() {
-                        // The last-resort call: every upstream rejected.
-                        let route = &this.routes[i - this.routes.len()];
-                        (route, this.request.take())
-                    } else if *this.next == this.routes.len() && this.last_resort.is_none() {
-                        (&this.routes[i], this.request.take())
-                    } else {
-                        (&this.routes[i], this.request.clone())
-                    };
-                    let mut request = request.take().expect("polled after completion");
-                    if let Some(rewrite) = &route.rewrite {
-                        rewrite(&mut request);
-                    }
-                    let future = route.service.clone().oneshot(request);
-                    this.state.set(Step::Calling { future });
-                }
-                StepProj::Pausing { sleep } => {
-                    ready!(sleep.poll(cx));
-                    this.state.set(Step::Start);
-                }
-                StepProj::Calling { future } => {
-                    let result = ready!(future.poll(cx));
-                    let then = match guard::judge(&*this.classifier, &result) {
-                        Judged::Said(outcome) => then(outcome),
-                        Judged::Rejected => Then::Skip,
-                        Judged::Opaque => Then::Return,
-                    };
-                    let pause = match then {
-                        Then::Return => return Poll::Ready(result),
-                        Then::Skip => {
-                            let error = result.err();
-                            if soonest(error.as_ref(), this.rejected.as_ref()) {
-                                *this.rejected = error;
-                            }
-                            false
-                        }
-                        Then::Fallback => {
-                            *this.last = Some(result);
-                            true
-                        }
-                    };
-                    if *this.next >= this.routes.len() {
-                        if this.last.is_none() && *this.next == this.routes.len() {
-                            // Every upstream rejected the call.
-                            if let Some(i) = this
-                                .last_resort
-                                .take()
-                                .and_then(|b| grant(&b[..b.len().min(this.routes.len())]))
-                            {
-                                *this.next = this.routes.len() + i;
-                                this.state.set(Step::Start);
-                                continue;
-                            }
-                        }
-                        let answer = match this.last.take() {
-                            Some(last) => last,
-                            None => Err(this.rejected.take().expect("an attempt was made")),
-                        };
-                        return Poll::Ready(answer);
-                    }
-                    let (low, high) = *this.jitter;
-                    if pause && !high.is_zero() {
-                        let sleep = tokio::time::sleep(this.rng.between(low, high));
-                        this.state.set(Step::Pausing { sleep });
-                    } else {
-                        this.state.set(Step::Start);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Whether rejection `new` admits sooner than `kept` (a known time beats
-/// none).
-fn soonest<E: AttemptError>(new: Option<&E>, kept: Option<&E>) -> bool {
-    let at = |e: Option<&E>| e.and_then(|e| e.circuit_open()).and_then(|o| o.retry_at());
-    match (at(new), at(kept)) {
-        (_, None) => true,
-        (Some(new), Some(kept)) => new < kept,
-        (None, Some(_)) => false,
-    }
-}
-
-/// Grants the last-resort call to the circuit that opened longest ago, if
-/// any may have it; returns its upstream's index.
-fn grant(breakers: &[Breaker]) -> Option<usize> {
-    loop {
-        let (i, _) = breakers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| b.last_resort_candidate().map(|at| (i, at)))
-            .min_by_key(|&(_, at)| at)?;
-        if breakers[i].grant_last_resort() {
-            return Some(i);
-        }
-    }
-}
-
-fn then(outcome: Outcome) -> Then {
-    match outcome {
-        Outcome::Failure | Outcome::RateLimited { .. } | Outcome::QuotaExhausted => Then::Fallback,
-        _ => Then::Return,
+            self.classifier.clone(),
+            self.jitter,
+            self.rng.clone(),
+        )
     }
 }
