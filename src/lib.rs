@@ -115,6 +115,9 @@ pub mod stack;
 #[cfg_attr(docsrs, doc(cfg(feature = "status")))]
 pub mod status;
 mod sync;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 #[cfg(any(
     feature = "reqwest",

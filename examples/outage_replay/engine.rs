@@ -13,7 +13,6 @@
 //! n-th attempt of request r is a pure function of the seed, the upstream,
 //! r and n, so it does not depend on what other requests did.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,13 +20,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use tokio::sync::Semaphore;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower::retry::RetryLayer;
 use tower::timeout::{Timeout, TimeoutLayer};
 use tower::util::BoxCloneService;
@@ -39,6 +37,7 @@ use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
 use tower_circuit_breaker::stack::Stack;
+use tower_circuit_breaker::testing::{AttemptLog, ScriptedBody, ScriptedUpstream};
 use tower_circuit_breaker::{
     BoxError, Breaker, Build, Builder, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, State,
     Transition,
@@ -46,7 +45,7 @@ use tower_circuit_breaker::{
 
 use crate::figures::{Figures, Recovery};
 pub use crate::scenario::StackKind;
-use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig, TOKEN_EVERY};
+use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig, REQUEST_ID};
 
 /// Buckets of a time window (`window_s`).
 pub const TIME_BUCKETS: u32 = 20;
@@ -332,7 +331,7 @@ fn run_stack(
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     runtime.block_on(async move {
-        let sim = Arc::new(Sim::new(Arc::clone(&scenario), &arrivals));
+        let sim = Arc::new(Sim::new(Arc::clone(&scenario), &arrivals)?);
         let log = TransitionLog::default();
         let replicas = if kind.independent() {
             scenario.replicas
@@ -830,7 +829,7 @@ fn summarize(
         .iter()
         .map(|u| u.name.clone())
         .collect();
-    let mut attempts = sim.state().log.clone();
+    let mut attempts = sim.attempts();
     // Attempts of one request run one after the other: the answer a user
     // got came from the request's last attempt.
     let mut last = vec![None; requests.len()];
@@ -889,114 +888,94 @@ fn summarize(
 
 // === the simulated upstreams ===
 
-/// The upstreams of one replay: their behaviour, and what reached them.
+/// The upstreams of one replay: the crate's scripted upstreams, one per
+/// scenario upstream, logging to one log.
 struct Sim {
     scenario: Arc<Scenario>,
     start: Instant,
-    state: Mutex<SimState>,
-    /// Per upstream with a capacity: its service slots.
-    slots: Vec<Option<Arc<Semaphore>>>,
+    upstreams: Vec<ScriptedUpstream>,
+    log: AttemptLog,
+    /// How many requests the traffic sends; the health probes use the id
+    /// after the last.
+    requests: usize,
     /// Every breaker key of the traffic, with its upstream.
     keys: Vec<(String, usize)>,
 }
 
-struct SimState {
-    /// Attempts so far, per request and upstream.
-    tries: Vec<u32>,
-    log: Vec<AttemptRecord>,
-    /// Attempts waiting for a slot, per upstream.
-    waiting: Vec<u32>,
-}
-
 impl Sim {
-    fn new(scenario: Arc<Scenario>, arrivals: &[Arrival]) -> Self {
-        let requests = arrivals.len();
-        // One more request id for the health probes: each probe is that
-        // request's next attempt, drawn like any other.
-        let tries = (requests + 1) * scenario.upstreams.len();
-        let slots = scenario
+    fn new(scenario: Arc<Scenario>, arrivals: &[Arrival]) -> Result<Self, String> {
+        let tokens = stream_deadlines(&scenario).is_some();
+        let log = AttemptLog::new();
+        let upstreams = scenario
             .upstreams
             .iter()
-            .map(|u| {
-                u.capacity
-                    .map(|c| Arc::new(Semaphore::new(c.concurrent as usize)))
+            .enumerate()
+            .map(|(i, u)| {
+                let script = u
+                    .script(scenario.seed, i, scenario.duration, tokens)
+                    .map_err(|e| format!("upstream {:?} cannot be scripted: {e}", u.name))?;
+                Ok(ScriptedUpstream::with_log(script, log.clone()))
             })
-            .collect();
+            .collect::<Result<Vec<_>, String>>()?;
         let mut keys: Vec<(String, usize)> = Vec::new();
         for a in arrivals {
             if !keys.iter().any(|(k, _)| **k == *a.key) {
                 keys.push((a.key.to_string(), a.upstream));
             }
         }
-        Sim {
+        Ok(Sim {
             start: Instant::now(),
-            state: Mutex::new(SimState {
-                tries: vec![0; tries],
-                log: Vec::with_capacity(requests * 2),
-                waiting: vec![0; scenario.upstreams.len()],
-            }),
-            slots,
+            upstreams,
+            log,
+            requests: arrivals.len(),
             keys,
             scenario,
-        }
+        })
     }
 
     /// The request id of the health probes: the one after the last request.
+    /// Each probe is that request's next attempt, drawn like any other.
     fn probe_id(&self) -> u64 {
-        (self.state().tries.len() / self.scenario.upstreams.len() - 1) as u64
-    }
-
-    fn state(&self) -> MutexGuard<'_, SimState> {
-        lock(&self.state)
-    }
-
-    /// Starts attempt n of `request` on `upstream`: decides what the upstream
-    /// does with it and logs it.
-    fn begin(&self, upstream: usize, request: usize, over: Option<Kind>) -> (Kind, usize) {
-        let now = Instant::now() - self.start;
-        let scenario = &self.scenario;
-        let mut state = self.state();
-        let slot = request * scenario.upstreams.len() + upstream;
-        let n = state.tries[slot];
-        state.tries[slot] += 1;
-        let kind = over.unwrap_or_else(|| {
-            let u = draw(scenario.seed, upstream, request, n);
-            // The latency's draws: independent of the response's.
-            let v = draw(scenario.seed ^ 0x1a7e_0001, upstream, request, n);
-            let w = draw(scenario.seed ^ 0x1a7e_0002, upstream, request, n);
-            scenario.upstreams[upstream]
-                .phase_at(now)
-                .draw(now, u, v, w)
-        });
-        state.log.push(AttemptRecord {
-            served: false,
-            t_s: now.as_secs_f64(),
-            upstream,
-            request,
-            failed: kind.is_failure(),
-            kind,
-            ran: Duration::ZERO,
-            cost_usd: 0.0,
-            answered: false,
-        });
-        (kind, state.log.len() - 1)
+        self.requests as u64
     }
 
     /// Attempts of `request` that reached any upstream.
     fn tries_of(&self, request: usize) -> u32 {
-        let n = self.scenario.upstreams.len();
-        self.state().tries[request * n..(request + 1) * n]
-            .iter()
-            .sum()
+        self.log.attempts_of(request as u64)
+    }
+
+    /// Every attempt, as the report reads them.
+    fn attempts(&self) -> Vec<AttemptRecord> {
+        self.log
+            .attempts()
+            .into_iter()
+            .map(|a| AttemptRecord {
+                served: a.served,
+                t_s: a.at.as_secs_f64(),
+                upstream: self
+                    .scenario
+                    .upstreams
+                    .iter()
+                    .position(|u| *u.name == *a.upstream)
+                    .unwrap_or(0),
+                request: a.request as usize,
+                failed: a.answer.is_failure(),
+                kind: a.answer,
+                ran: a.ran,
+                cost_usd: 0.0,
+                answered: false,
+            })
+            .collect()
     }
 }
 
 /// The HTTP client of the replay: it routes by the `model` in the request
-/// body, so a fallback to another upstream is a request rewrite on the same
-/// client.
+/// body to that upstream, so a fallback to another upstream is a request
+/// rewrite on the same client.
 #[derive(Clone)]
 struct SimClient(Arc<Sim>);
 
+type SimBody = ScriptedBody;
 type SimFuture = Pin<Box<dyn Future<Output = Result<Response<SimBody>, BoxError>> + Send>>;
 
 impl Service<Request<String>> for SimClient {
@@ -1010,239 +989,28 @@ impl Service<Request<String>> for SimClient {
 
     fn call(&mut self, request: Request<String>) -> SimFuture {
         let sim = &self.0;
-        let id = request
+        let known = request
             .headers()
-            .get("x-request-id")
+            .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&id| id * sim.scenario.upstreams.len() < lock(&sim.state).tries.len());
+            .is_some_and(|id| id <= sim.requests);
         let upstream = model_of(request.body())
             .and_then(|m| sim.scenario.upstreams.iter().position(|u| u.name == m));
-        let (Some(id), Some(upstream)) = (id, upstream) else {
-            return Box::pin(async {
-                Ok(json(StatusCode::NOT_FOUND, r#"{"error":"unknown model"}"#))
-            });
-        };
-        let tokens = stream_deadlines(&sim.scenario).is_some();
-        let capacity = sim.scenario.upstreams[upstream].capacity;
-        let slots = sim.slots[upstream].clone();
-        let (Some(capacity), Some(slots)) = (capacity, slots) else {
-            let (kind, attempt) = sim.begin(upstream, id, None);
-            let ran = Ran::start(sim, attempt);
-            return Box::pin(async move {
-                let _ran = ran;
-                answer(kind, tokens).await
-            });
-        };
-        // Over capacity: wait for a slot while the queue has room, else a
-        // 429 at once.
-        let permit = Arc::clone(&slots).try_acquire_owned().ok();
-        let queued = permit.is_none() && {
-            let mut state = sim.state();
-            let room = state.waiting[upstream] < capacity.queue;
-            if room {
-                state.waiting[upstream] += 1;
-            }
-            room
-        };
-        if permit.is_none() && !queued {
-            let limited = Kind::Status {
-                code: 429,
-                latency: Duration::ZERO,
-                retry_after: capacity.retry_after,
-            };
-            let (kind, attempt) = sim.begin(upstream, id, Some(limited));
-            let ran = Ran::start(sim, attempt);
-            return Box::pin(async move {
-                let _ran = ran;
-                answer(kind, tokens).await
-            });
-        }
-        let (kind, attempt) = sim.begin(upstream, id, None);
-        let sim = Arc::clone(sim);
-        Box::pin(async move {
-            let permit = match permit {
-                Some(p) => p,
-                None => {
-                    let _left = Waiting {
-                        sim: &sim,
-                        upstream,
-                    };
-                    slots.acquire_owned().await.expect("never closed")
-                }
-            };
-            let _ran = Ran::start(&sim, attempt);
-            let answer = answer(kind, tokens).await;
-            drop(permit);
-            answer
-        })
-    }
-}
-
-/// Notes how long an attempt ran when its future finishes or is dropped
-/// (a timeout gave up on it).
-struct Ran {
-    sim: Arc<Sim>,
-    attempt: usize,
-    since: Instant,
-}
-
-impl Ran {
-    fn start(sim: &Arc<Sim>, attempt: usize) -> Ran {
-        sim.state().log[attempt].served = true;
-        Ran {
-            sim: Arc::clone(sim),
-            attempt,
-            since: Instant::now(),
+        match (known, upstream) {
+            (true, Some(upstream)) => Box::pin(sim.upstreams[upstream].clone().call(request)),
+            _ => Box::pin(async {
+                let mut response = Response::new(ScriptedBody::from(Bytes::from_static(
+                    br#"{"error":"unknown model"}"#,
+                )));
+                *response.status_mut() = StatusCode::NOT_FOUND;
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                Ok(response)
+            }),
         }
     }
-}
-
-/// An attempt in an upstream's queue, until it gets a slot or is given up.
-struct Waiting<'a> {
-    sim: &'a Sim,
-    upstream: usize,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.sim.state().waiting[self.upstream] -= 1;
-    }
-}
-
-impl Drop for Ran {
-    fn drop(&mut self) {
-        self.sim.state().log[self.attempt].ran = self.since.elapsed();
-    }
-}
-
-const TOKEN: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n";
-const DONE: &[u8] = b"data: [DONE]\n\n";
-const OVERLOADED: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-
-/// What the upstream answers. With `tokens` (the scenario sets stream
-/// deadlines, which see the gaps), a stream sends a token every
-/// [`TOKEN_EVERY`] before its last event; without, only its last event.
-async fn answer(kind: Kind, tokens: bool) -> Result<Response<SimBody>, BoxError> {
-    match kind {
-        Kind::Ok { latency, stream } if tokens && !stream.is_zero() => {
-            tokio::time::sleep(latency).await;
-            Ok(token_stream(stream, Some(DONE)))
-        }
-        Kind::SseError { latency, stream } if tokens => {
-            tokio::time::sleep(latency).await;
-            Ok(token_stream(stream, Some(OVERLOADED)))
-        }
-        Kind::Stall {
-            latency,
-            stall_after,
-        } => {
-            tokio::time::sleep(latency).await;
-            Ok(token_stream(stall_after, None))
-        }
-        Kind::Ok { latency, stream } if !stream.is_zero() => {
-            tokio::time::sleep(latency).await;
-            Ok(sse(
-                stream,
-                b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n",
-            ))
-        }
-        Kind::Ok { latency, .. } => {
-            tokio::time::sleep(latency).await;
-            Ok(json(
-                StatusCode::OK,
-                r#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
-            ))
-        }
-        Kind::Status {
-            code,
-            latency,
-            retry_after,
-        } => {
-            tokio::time::sleep(latency).await;
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut response = json(status, r#"{"error":{"type":"upstream_error"}}"#);
-            if let Some(wait) = retry_after {
-                set_retry_after(response.headers_mut(), wait);
-            }
-            Ok(response)
-        }
-        Kind::Hang => std::future::pending().await,
-        Kind::Reset { latency } => {
-            tokio::time::sleep(latency).await;
-            Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "connection reset by peer",
-            )
-            .into())
-        }
-        Kind::SseError { latency, stream } => {
-            tokio::time::sleep(latency).await;
-            Ok(sse(
-                stream,
-                b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
-            ))
-        }
-        Kind::ContentFilter { latency } => {
-            tokio::time::sleep(latency).await;
-            Ok(json(
-                StatusCode::BAD_REQUEST,
-                r#"{"error":{"code":"content_filter","message":"The response was filtered due to the prompt triggering content management policy.","type":"invalid_request_error"}}"#,
-            ))
-        }
-    }
-}
-
-/// A 200 event stream that sends a token every [`TOKEN_EVERY`] from now
-/// for `tokens_for`, then `last` at `tokens_for`, or (without `last`)
-/// nothing ever again, with the connection open.
-fn token_stream(tokens_for: Duration, last: Option<&'static [u8]>) -> Response<SimBody> {
-    let head = Instant::now();
-    let count = tokens_for.as_nanos().div_ceil(TOKEN_EVERY.as_nanos()) as u32;
-    let body = SimBody::Tokens {
-        head,
-        sent: 0,
-        count,
-        last_at: head + tokens_for,
-        last: last.map(Bytes::from_static),
-        next: Box::pin(tokio::time::sleep_until(head)),
-        ended: false,
-    };
-    let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    response
-}
-
-/// A 200 event stream that sends `events` after `delay`.
-fn sse(delay: Duration, events: &'static [u8]) -> Response<SimBody> {
-    let body = SimBody::Sse {
-        delay: Box::pin(tokio::time::sleep(delay)),
-        event: Some(Bytes::from_static(events)),
-    };
-    let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    response
-}
-
-fn set_retry_after(headers: &mut HeaderMap, wait: Duration) {
-    if wait.subsec_nanos() == 0 {
-        headers.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
-    } else {
-        headers.insert("retry-after-ms", HeaderValue::from(wait.as_millis() as u64));
-    }
-}
-
-fn json(status: StatusCode, body: &'static str) -> Response<SimBody> {
-    let mut response = Response::new(SimBody::Full(Some(Bytes::from_static(body.as_bytes()))));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 /// The header that carries a request's breaker key.
@@ -1259,7 +1027,7 @@ fn chat_request(id: u64, model: &str, key: &str) -> Request<String> {
     *request.uri_mut() = http::Uri::from_static("http://llm.invalid/v1/chat/completions");
     request
         .headers_mut()
-        .insert("x-request-id", HeaderValue::from(id));
+        .insert(REQUEST_ID, HeaderValue::from(id));
     request
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -1275,90 +1043,6 @@ fn chat_body(model: &str) -> String {
 fn model_of(body: &str) -> Option<&str> {
     let rest = body.split_once(r#""model":""#)?.1;
     rest.split_once('"').map(|(model, _)| model)
-}
-
-/// The response body of a simulated upstream: a whole JSON document, or an
-/// event stream that sends one error event after a delay.
-enum SimBody {
-    Full(Option<Bytes>),
-    Sse {
-        delay: Pin<Box<Sleep>>,
-        event: Option<Bytes>,
-    },
-    /// Tokens from `head`, `count` of them, then `last` (or silence).
-    Tokens {
-        head: Instant,
-        sent: u32,
-        count: u32,
-        last_at: Instant,
-        last: Option<Bytes>,
-        next: Pin<Box<Sleep>>,
-        ended: bool,
-    },
-}
-
-impl Body for SimBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            SimBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            SimBody::Sse { delay, event } => {
-                if event.is_none() {
-                    return Poll::Ready(None);
-                }
-                match delay.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(event.take().map(|d| Ok(Frame::data(d)))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-            SimBody::Tokens {
-                head,
-                sent,
-                count,
-                last_at,
-                last,
-                next,
-                ended,
-            } => {
-                if *ended {
-                    return Poll::Ready(None);
-                }
-                let due = if *sent < *count {
-                    *head + TOKEN_EVERY * *sent
-                } else if last.is_some() {
-                    *last_at
-                } else {
-                    // Stalled: silent, and never done.
-                    return Poll::Pending;
-                };
-                if next.deadline() != due {
-                    next.as_mut().reset(due);
-                }
-                if next.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                if *sent < *count {
-                    *sent += 1;
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(TOKEN)))));
-                }
-                *ended = true;
-                Poll::Ready(last.take().map(|d| Ok(Frame::data(d))))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            SimBody::Full(data) => data.is_none(),
-            SimBody::Sse { event, .. } => event.is_none(),
-            SimBody::Tokens { ended, .. } => *ended,
-        }
-    }
 }
 
 // === helpers ===
@@ -1381,11 +1065,4 @@ fn mix(mut z: u64) -> u64 {
 
 fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// What upstream `upstream` does with attempt `n` of request `request`: a
-/// uniform number in `[0, 1)` that depends on nothing else.
-fn draw(seed: u64, upstream: usize, request: usize, n: u32) -> f64 {
-    let h = mix(mix(mix(mix(seed) ^ upstream as u64) ^ request as u64) ^ u64::from(n));
-    unit(h)
 }

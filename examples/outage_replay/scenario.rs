@@ -11,6 +11,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
+use tower_circuit_breaker::testing::{self, Script, ScriptError};
+
+/// What an upstream does with one attempt, and how its latency varies: the
+/// scripted upstream's own words.
+pub use tower_circuit_breaker::testing::{Answer as Kind, Latency};
 
 /// Most requests a scenario may generate (rate × duration).
 pub const MAX_REQUESTS: f64 = 2_000_000.0;
@@ -275,6 +280,8 @@ impl Billing {
             } if ran >= latency && !stall_after.is_zero() => self.stall,
             Kind::Stall { .. } => 0.0,
             Kind::Status { .. } | Kind::Reset { .. } | Kind::ContentFilter { .. } => self.error,
+            // Answers the format cannot write.
+            _ => self.error,
         }
     }
 }
@@ -405,45 +412,6 @@ pub struct Response {
     pub latency: Latency,
 }
 
-/// How long an answer takes to its head.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Latency {
-    /// `latency_ms`, every time.
-    Fixed,
-    /// Lognormal around a median of `latency_ms`.
-    Lognormal { sigma: f64 },
-    /// From `latency_ms` at the phase's start to `to` at its end.
-    Ramp { to: Duration },
-}
-
-impl Kind {
-    /// The latency to the response head, when it has one.
-    pub fn latency(&self) -> Option<Duration> {
-        match *self {
-            Kind::Ok { latency, .. }
-            | Kind::Status { latency, .. }
-            | Kind::Reset { latency }
-            | Kind::SseError { latency, .. }
-            | Kind::Stall { latency, .. }
-            | Kind::ContentFilter { latency } => Some(latency),
-            Kind::Hang => None,
-        }
-    }
-
-    fn with_latency(mut self, to: Duration) -> Kind {
-        match &mut self {
-            Kind::Ok { latency, .. }
-            | Kind::Status { latency, .. }
-            | Kind::Reset { latency }
-            | Kind::SseError { latency, .. }
-            | Kind::Stall { latency, .. }
-            | Kind::ContentFilter { latency } => *latency = to,
-            Kind::Hang => {}
-        }
-        self
-    }
-}
-
 impl Response {
     /// The slowest head it gives (the 99th percentile of a lognormal).
     pub fn slowest(&self) -> Option<Duration> {
@@ -452,64 +420,47 @@ impl Response {
             Latency::Fixed => base,
             Latency::Lognormal { sigma } => base.mul_f64((2.326 * sigma).exp()),
             Latency::Ramp { to } => base.max(to),
+            _ => base,
         })
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Kind {
-    /// A good answer: its head after `latency`, its end `stream` later (0
-    /// for a whole JSON answer).
-    Ok {
-        latency: Duration,
-        stream: Duration,
-    },
-    Status {
-        code: u16,
-        latency: Duration,
-        retry_after: Option<Duration>,
-    },
-    Hang,
-    Reset {
-        latency: Duration,
-    },
-    SseError {
-        latency: Duration,
-        stream: Duration,
-    },
-    ContentFilter {
-        latency: Duration,
-    },
-    /// A 200 event stream whose head comes after `latency`, then a token
-    /// every [`TOKEN_EVERY`] for `stall_after`, then silence with the
-    /// connection open: the body never ends.
-    Stall {
-        latency: Duration,
-        stall_after: Duration,
-    },
-}
-
-/// The gap between two tokens of a streamed answer (when the scenario sets
-/// stream deadlines; without them a stream is sent as one frame at its end,
-/// which no stack can tell apart), and of a stalling stream.
-pub const TOKEN_EVERY: Duration = Duration::from_millis(100);
-
-impl Kind {
-    /// Whether the upstream failed (what a breaker should count).
-    pub fn is_failure(&self) -> bool {
-        match self {
-            Kind::Ok { .. } | Kind::ContentFilter { .. } => false,
-            Kind::Status { code, .. } => *code >= 500,
-            Kind::Hang | Kind::Reset { .. } | Kind::SseError { .. } | Kind::Stall { .. } => true,
-        }
-    }
-}
+/// The header that numbers a request, so that a retry is its next attempt.
+pub const REQUEST_ID: &str = "x-request-id";
 
 impl Upstream {
-    /// The phase in force at `t` (the last one that started at or before it).
-    pub fn phase_at(&self, t: Duration) -> &Phase {
-        let i = self.phases.partition_point(|p| p.from <= t);
-        &self.phases[i.saturating_sub(1)]
+    /// The scripted upstream's script for upstream `index` of a scenario
+    /// with `seed` that ends at `end`; with `tokens`, streams send their
+    /// tokens.
+    pub fn script(
+        &self,
+        seed: u64,
+        index: usize,
+        end: Duration,
+        tokens: bool,
+    ) -> Result<Script, ScriptError> {
+        let mut script = Script::builder()
+            .name(self.name.as_str())
+            .seed(seed)
+            .stream(index as u64)
+            .ends_at(end)
+            .stream_tokens(tokens)
+            .request_id_header(http::HeaderName::from_static(REQUEST_ID));
+        for phase in &self.phases {
+            let mut p = testing::Phase::new(phase.from);
+            for r in &phase.responses {
+                p = p.answer_with(r.p, r.kind, r.latency);
+            }
+            script = script.phase(p);
+        }
+        if let Some(c) = self.capacity {
+            let mut capacity = testing::Capacity::new(c.concurrent, c.queue);
+            if let Some(wait) = c.retry_after {
+                capacity = capacity.retry_after(wait);
+            }
+            script = script.capacity(capacity);
+        }
+        script.build()
     }
 
     /// The start of the first phase that is not healthy.
@@ -548,52 +499,6 @@ impl Phase {
             }
         }
         failing <= 0.01 + 1e-12
-    }
-
-    /// The response picked by a uniform draw `u` in `[0, 1)`.
-    fn response(&self, u: f64) -> &Response {
-        let mut acc = 0.0;
-        let mut last = None;
-        for r in &self.responses {
-            if r.p <= 0.0 {
-                continue;
-            }
-            acc += r.p;
-            last = Some(r);
-            if u < acc {
-                return r;
-            }
-        }
-        // Rounding: the probabilities add up to 1 within 1e-9.
-        last.expect("a phase has a response with p > 0")
-    }
-
-    /// What an attempt at `t` gets for the uniform draws `u` (which
-    /// response) and `v`, `w` (its latency).
-    pub fn draw(&self, t: Duration, u: f64, v: f64, w: f64) -> Kind {
-        let r = self.response(u);
-        let Some(base) = r.kind.latency() else {
-            return r.kind;
-        };
-        match r.latency {
-            Latency::Fixed => r.kind,
-            Latency::Lognormal { sigma } => {
-                // Box-Muller: a standard normal from two uniforms.
-                let z = (-2.0 * (1.0 - v).ln()).sqrt() * (std::f64::consts::TAU * w).cos();
-                let secs = (base.as_secs_f64() * (sigma * z).exp()).min(315_360_000.0);
-                r.kind.with_latency(Duration::from_secs_f64(secs))
-            }
-            Latency::Ramp { to } => {
-                let span = self.until.saturating_sub(self.from).as_secs_f64();
-                let x = if span > 0.0 {
-                    (t.saturating_sub(self.from).as_secs_f64() / span).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                };
-                let secs = base.as_secs_f64() + (to.as_secs_f64() - base.as_secs_f64()) * x;
-                r.kind.with_latency(Duration::from_secs_f64(secs.max(0.0)))
-            }
-        }
     }
 }
 

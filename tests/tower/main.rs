@@ -16,6 +16,7 @@ mod quota_pacing;
 mod real_connection;
 mod recovery;
 mod retry;
+mod scripted_outage;
 mod service;
 mod stack;
 mod stream_deadlines;
