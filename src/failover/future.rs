@@ -23,6 +23,25 @@ use crate::Outcome;
 
 pin_project! {
     /// Response future of [`Failover`].
+    ///
+    /// ```
+    /// use tower::{Service, ServiceExt};
+    /// use tower_circuit_breaker::failover::Failover;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let primary = Breaker::builder().build().unwrap();
+    /// primary.force_open();
+    /// let mut failover = Failover::new(CircuitBreaker::new(upstream.clone(), primary))
+    ///     .fallback(CircuitBreaker::new(upstream, Breaker::builder().build().unwrap()));
+    /// // The future skips the open primary without a pause and calls the fallback.
+    /// let future = failover.ready().await.unwrap().call(http::Request::new(String::new()));
+    /// assert_eq!(future.await.unwrap().status(), 200);
+    /// # }
+    /// ```
     pub struct ResponseFuture<S, Req, C>
     where
         S: Service<Req>,

@@ -121,6 +121,26 @@ impl<S: Clone, Req> Clone for Route<S, Req> {
 /// `tower::util::BoxCloneSyncService`).
 ///
 /// See the [module docs](self) for an example.
+///
+/// ```
+/// use tower::ServiceExt;
+/// use tower_circuit_breaker::failover::Failover;
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let answer = |status: u16| {
+///     tower::service_fn(move |_req: http::Request<String>| async move {
+///         Ok::<_, std::convert::Infallible>(http::Response::builder().status(status).body(String::new()).unwrap())
+///     })
+/// };
+/// let primary = Breaker::builder().build().unwrap();
+/// let failover = Failover::new(CircuitBreaker::new(answer(503), primary))
+///     .fallback(CircuitBreaker::new(answer(200), Breaker::builder().build().unwrap()));
+/// // The primary failed: the fallback answered.
+/// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(res.status(), 200);
+/// # }
+/// ```
 pub struct Failover<S, Req, C = HttpClassifier> {
     routes: Arc<[Route<S, Req>]>,
     classifier: C,
@@ -188,6 +208,16 @@ pub enum AllOpen {
 impl AllOpen {
     /// [`AllOpen::LastResort`] over `breakers`, in the order of the
     /// upstreams.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::AllOpen;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let primary = Breaker::builder().name("gpt-4o").build().unwrap();
+    /// let fallback = Breaker::builder().name("gpt-4o-mini").build().unwrap();
+    /// let policy = AllOpen::last_resort([primary, fallback]);
+    /// assert!(matches!(policy, AllOpen::LastResort(ref b) if b.len() == 2));
+    /// ```
     pub fn last_resort(breakers: impl IntoIterator<Item = Breaker>) -> Self {
         AllOpen::LastResort(breakers.into_iter().collect())
     }
@@ -195,6 +225,17 @@ impl AllOpen {
 
 impl<S, Req> Failover<S, Req> {
     /// A failover whose first (primary) upstream is `primary`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Failover;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let primary = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let failover = Failover::<_, http::Request<String>>::new(CircuitBreaker::new(primary, Breaker::builder().build().unwrap()));
+    /// assert_eq!(failover.len(), 1);
+    /// ```
     pub fn new(primary: S) -> Self {
         Failover {
             routes: Arc::new([Route {
@@ -211,6 +252,20 @@ impl<S, Req> Failover<S, Req> {
 
 impl<S: Clone, Req, C> Failover<S, Req, C> {
     /// Adds an upstream, tried after those added before it.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Failover;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let breaker = || Breaker::builder().build().unwrap();
+    /// let failover = Failover::<_, http::Request<String>>::new(CircuitBreaker::new(upstream.clone(), breaker()))
+    ///     .fallback(CircuitBreaker::new(upstream.clone(), breaker()))
+    ///     .fallback(CircuitBreaker::new(upstream, breaker()));
+    /// assert_eq!(failover.len(), 3);
+    /// ```
     pub fn fallback(self, service: S) -> Self {
         self.push(Route {
             service,
@@ -220,6 +275,27 @@ impl<S: Clone, Req, C> Failover<S, Req, C> {
 
     /// Adds an upstream that gets the request rewritten by `rewrite` first
     /// (another model on the same client, another base URL).
+    ///
+    /// ```
+    /// use tower::ServiceExt;
+    /// use tower_circuit_breaker::failover::Failover;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // One gateway; the model is a header. A 503 for the big model sends the
+    /// // request on to the small one, on the same client.
+    /// let gateway = tower::service_fn(|req: http::Request<String>| async move {
+    ///     let status = if req.headers()["x-model"] == "big" { 503 } else { 200 };
+    ///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(status).body(String::new()).unwrap())
+    /// });
+    /// let failover = Failover::new(CircuitBreaker::new(gateway.clone(), Breaker::builder().build().unwrap()))
+    ///     .fallback_with(CircuitBreaker::new(gateway, Breaker::builder().build().unwrap()), |req: &mut http::Request<String>| {
+    ///         req.headers_mut().insert("x-model", "small".parse().unwrap());
+    ///     });
+    /// let request = http::Request::builder().header("x-model", "big").body(String::new()).unwrap();
+    /// assert_eq!(failover.oneshot(request).await.unwrap().status(), 200);
+    /// # }
+    /// ```
     pub fn fallback_with<F>(self, service: S, rewrite: F) -> Self
     where
         F: Fn(&mut Req) + Send + Sync + 'static,
@@ -242,24 +318,81 @@ impl<S, Req, C> Failover<S, Req, C> {
     /// Pauses a random time in `[low, high]` before each fallback that
     /// follows a failed attempt. `Duration::ZERO` twice turns the pause off.
     /// Skipping an open upstream never pauses.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Failover;
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// // Fall over at once, with no pause.
+    /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone())
+    ///     .fallback(upstream)
+    ///     .jitter(Duration::ZERO, Duration::ZERO);
+    /// # let _ = failover;
+    /// ```
     pub fn jitter(mut self, low: Duration, high: Duration) -> Self {
         self.jitter = (low.min(high), high);
         self
     }
 
     /// Seeds the jitter, for runs that must repeat exactly.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Failover;
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// // The same pauses before each fallback, run after run.
+    /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone()).fallback(upstream).seed(7);
+    /// # let _ = failover;
+    /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Rng::new(seed);
         self
     }
 
     /// What to do when every upstream rejected the call; see [`AllOpen`].
+    ///
+    /// ```
+    /// use tower::ServiceExt;
+    /// use tower_circuit_breaker::failover::{AllOpen, Failover};
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// a.force_open();
+    /// b.force_open();
+    /// let failover = Failover::new(CircuitBreaker::new(upstream.clone(), a))
+    ///     .fallback(CircuitBreaker::new(upstream, b))
+    ///     .when_all_open(AllOpen::FailFast);
+    /// let err = failover.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// assert!(err.is_circuit_open());
+    /// # }
+    /// ```
     pub fn when_all_open(mut self, policy: AllOpen) -> Self {
         self.all_open = policy;
         self
     }
 
     /// Decides which answers fail over with `classifier` instead.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::failover::Failover;
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// // Decide which answers fail over by the LLM rules (a 529 "overloaded" does).
+    /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone()).fallback(upstream).with_classifier(LlmClassifier::default());
+    /// # let _ = failover;
+    /// ```
     pub fn with_classifier<C2>(self, classifier: C2) -> Failover<S, Req, C2> {
         Failover {
             routes: self.routes,
@@ -271,11 +404,29 @@ impl<S, Req, C> Failover<S, Req, C> {
     }
 
     /// How many upstreams there are.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Failover;
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// assert_eq!(Failover::<_, http::Request<String>>::new(upstream.clone()).fallback(upstream).len(), 2);
+    /// ```
     pub fn len(&self) -> usize {
         self.routes.len()
     }
 
     /// Always `false`: there is at least the primary.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Failover;
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// assert!(!Failover::<_, http::Request<String>>::new(upstream).is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         false
     }
