@@ -140,6 +140,22 @@ type Outer<S, C, D, P> =
 /// Wraps a client in the whole stack; built by [`StackBuilder`].
 ///
 /// Every service it makes shares its one breaker (or its one keyed set).
+///
+/// ```
+/// use tower::{Layer, ServiceExt};
+/// use tower_circuit_breaker::stack::Stack;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let layer = Stack::builder().max_retries(1).build().unwrap();
+/// let client = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// // Every service the layer makes shares its one breaker.
+/// let (a, b) = (layer.layer(client.clone()), layer.layer(client));
+/// assert!(a.breaker().ptr_eq(b.breaker()));
+/// assert_eq!(a.oneshot(http::Request::new(String::new())).await.unwrap().status(), 200);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct StackLayer<C = HttpClassifier, D = (), P: StackSelect = Breaker> {
     attempt_timeout: Duration,
@@ -152,6 +168,16 @@ pub struct StackLayer<C = HttpClassifier, D = (), P: StackSelect = Breaker> {
 
 impl<C, D> StackLayer<C, D> {
     /// The shared breaker, for snapshots and manual control.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::stack::Stack;
+    /// use tower_circuit_breaker::State;
+    ///
+    /// let layer = Stack::builder().build().unwrap();
+    /// assert_eq!(layer.breaker().state(), State::Closed);
+    /// layer.breaker().force_open(); // an operator's switch
+    /// assert_eq!(layer.breaker().state(), State::ForcedOpen);
+    /// ```
     pub fn breaker(&self) -> &Breaker {
         &self.select
     }
@@ -160,6 +186,14 @@ impl<C, D> StackLayer<C, D> {
 impl<C, D, K: Clone + fmt::Debug> StackLayer<C, D, Keyed<K>> {
     /// The keyed set, for snapshots, manual control, a
     /// [status page](crate::status) or a [health prober](crate::health).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::keyed(KeyedBreakers::builder(), keyed::header("x-model")).build().unwrap();
+    /// assert!(layer.breakers().is_empty(), "keys come with requests");
+    /// ```
     pub fn breakers(&self) -> &KeyedBreakers {
         self.select.breakers()
     }
@@ -167,11 +201,31 @@ impl<C, D, K: Clone + fmt::Debug> StackLayer<C, D, Keyed<K>> {
 
 impl<C, D, P: StackSelect> StackLayer<C, D, P> {
     /// The attempt timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::builder().attempt_timeout(Duration::from_secs(30)).build().unwrap();
+    /// assert_eq!(layer.attempt_timeout(), Duration::from_secs(30));
+    /// ```
     pub fn attempt_timeout(&self) -> Duration {
         self.attempt_timeout
     }
 
     /// The total timeout, if there is one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::builder()
+    ///     .attempt_timeout(Duration::from_secs(30))
+    ///     .total_timeout(Duration::from_secs(90))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.total_timeout(), Some(Duration::from_secs(90)));
+    /// ```
     pub fn total_timeout(&self) -> Option<Duration> {
         self.total_timeout
     }
@@ -209,6 +263,23 @@ impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
 /// Its error is a [`BoxError`]: a [`CircuitOpen`](crate::CircuitOpen), a
 /// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
 /// the client's own error.
+///
+/// ```
+/// use tower::{Layer, ServiceExt};
+/// use tower_circuit_breaker::stack::Stack;
+/// use tower_circuit_breaker::{BoxError, CircuitOpen};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let layer = Stack::builder().build().unwrap();
+/// let client = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let stack = layer.layer(client);
+/// stack.breaker().force_open();
+/// let err: BoxError = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
+/// assert!(err.downcast_ref::<CircuitOpen>().is_some());
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Stack<S, C = HttpClassifier, D = (), P: StackSelect = Breaker> {
     inner: Outer<S, C, D, P>,
@@ -217,6 +288,20 @@ pub struct Stack<S, C = HttpClassifier, D = (), P: StackSelect = Breaker> {
 
 impl Stack<(), HttpClassifier> {
     /// A builder with the defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::builder()
+    ///     .attempt_timeout(Duration::from_secs(60))
+    ///     .max_retries(2)
+    ///     .classifier(LlmClassifier::default())
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn builder() -> StackBuilder {
         StackBuilder::new()
     }
@@ -247,6 +332,18 @@ impl Stack<(), HttpClassifier> {
 
 impl<S, C, D> Stack<S, C, D> {
     /// The breaker, for snapshots and manual control.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::builder().build().unwrap();
+    /// let client = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let stack = layer.layer(client);
+    /// assert!(stack.breaker().ptr_eq(layer.breaker()));
+    /// ```
     pub fn breaker(&self) -> &Breaker {
         &self.select
     }
@@ -254,6 +351,19 @@ impl<S, C, D> Stack<S, C, D> {
 
 impl<S, C, D, K: Clone + fmt::Debug> Stack<S, C, D, Keyed<K>> {
     /// The keyed set, for snapshots and manual control.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
+    /// use tower_circuit_breaker::stack::Stack;
+    ///
+    /// let layer = Stack::keyed(KeyedBreakers::builder(), keyed::header("x-model")).build().unwrap();
+    /// let client = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let stack = layer.layer(client);
+    /// assert!(stack.breakers().is_empty());
+    /// ```
     pub fn breakers(&self) -> &KeyedBreakers {
         self.select.breakers()
     }
