@@ -262,7 +262,18 @@ impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
 ///
 /// Its error is a [`BoxError`]: a [`CircuitOpen`](crate::CircuitOpen), a
 /// `tower::timeout::error::Elapsed` (the attempt or the total timeout), or
-/// the client's own error.
+/// the client's own error. Boxing is the one allocation a rejection costs
+/// here (tower's timeout and retry speak `BoxError`); the bare
+/// [`CircuitBreaker`] rejects without allocating.
+///
+/// The retry clones each request, so the request must be `Clone`
+/// (`http::Request<String>`, `http::Request<Full<Bytes>>`): passed where a
+/// `Service` of a request that is not, the compiler says
+/// ``the trait `Clone` is not implemented for `http::Request<…>` `` and that
+/// it is required for `Stack<…>` to implement `Service`; a method call such as
+/// `stack.oneshot(request)` says only that `Stack<…>: Service<_>` is not
+/// satisfied. For bodies that cannot be cloned (a stream being uploaded), use
+/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) without a retry.
 ///
 /// ```
 /// use tower::{Layer, ServiceExt};
@@ -372,6 +383,8 @@ impl<S, C, D, K: Clone + fmt::Debug> Stack<S, C, D, Keyed<K>> {
 impl<S, C, D, P, Req> Service<Req> for Stack<S, C, D, P>
 where
     P: StackSelect,
+    // Said here, not only deep in the retry, so that a compile error names it.
+    Req: Clone,
     Outer<S, C, D, P>: Service<Req, Error = BoxError>,
 {
     type Response = <Outer<S, C, D, P> as Service<Req>>::Response;
