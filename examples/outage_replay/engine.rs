@@ -610,10 +610,9 @@ fn keyed_breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<Si
         .build()
         .map_err(|e| format!("the keyed breakers do not accept this scenario: {e}"))?;
     spawn_keyed_health_probe(sim, &set);
-    // No breaker to watch: a backoff ends when every watched breaker is
-    // open, and a request's retry waits on its own key only; the retry
-    // after it is rejected at once.
-    let policy = retry_policy(scenario);
+    // A request's backoff ends the moment its own key opens; the retry
+    // after it is then rejected at once.
+    let policy = retry_policy(scenario).watch_keyed(set.clone(), keyed::header(BREAKER_KEY));
     let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
