@@ -29,23 +29,22 @@ impl Shared {
             State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
             State::Open => {
                 let until = self.hot.open_until.load(Ordering::Acquire);
-                let now = self.now();
-                if now < until {
+                if self.before(until) {
                     if word.is_last_resort() {
                         return self.admit_last_resort(word);
                     }
                     self.reject_open(word, until)
                 } else {
-                    self.admit_probe(now)
+                    self.admit_probe(self.now())
                 }
             }
             State::HalfOpen => {
-                let now = self.now();
-                if word.is_probes_out() && now < self.hot.open_until.load(Ordering::Acquire) {
+                if word.is_probes_out() && self.before(self.hot.open_until.load(Ordering::Acquire))
+                {
                     // Every slot is taken and no deadline has come.
                     return self.reject(Rejection::HalfOpenFull, None);
                 }
-                self.admit_probe(now)
+                self.admit_probe(self.now())
             }
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
         }
@@ -147,7 +146,7 @@ impl Shared {
     /// not come yet.
     #[cold]
     fn pace_check(self: &Arc<Self>, until: u64) -> Option<Result<Permit, CircuitOpen>> {
-        if self.now() < until {
+        if self.before(until) {
             self.counters.incr(Counter::Paced);
             return Some(self.reject(Rejection::RateLimited, Some(until)));
         }

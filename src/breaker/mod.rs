@@ -533,6 +533,18 @@ impl Shared {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
+    /// Whether the moment `ns` after `epoch` is still to come. Compares
+    /// instants, so that the paths that only need that answer (an open
+    /// circuit turning a call away) read the clock without turning the
+    /// reading into a count of nanoseconds.
+    #[inline]
+    fn before(&self, ns: u64) -> bool {
+        match self.epoch.checked_add(Duration::from_nanos(ns)) {
+            Some(at) => Instant::now() < at,
+            None => true,
+        }
+    }
+
     /// The moment `ns` after `epoch`.
     #[inline]
     fn deadline(&self, ns: u64) -> Deadline {
