@@ -232,7 +232,7 @@ impl Shared {
             ));
         }
         self.counters.incr(Counter::Rejected);
-        if let Some(observer) = &self.observer {
+        if let Some(observer) = self.observer() {
             observer.rejected(cause, self.load().state());
         }
         Err(CircuitOpen::new(

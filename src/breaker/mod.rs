@@ -163,8 +163,11 @@ pub(crate) struct Shared {
     /// the circuit, in ns.
     quota_gate_ns: Option<u64>,
     epoch: Instant,
-    /// Told of calls, rejections and transitions, if anyone listens.
-    pub(super) observer: Option<Box<dyn Observe>>,
+    /// Told of calls, rejections and transitions, if anyone listens. Only
+    /// the `metrics` feature makes observers: without it the field is not
+    /// there, and no report tests it.
+    #[cfg(feature = "metrics")]
+    observer: Option<Box<dyn Observe>>,
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -273,6 +276,7 @@ impl Breaker {
                 epoch: Instant::now(),
                 // A keyed set names each breaker by its key, never by the
                 // name it gave the set.
+                #[cfg(feature = "metrics")]
                 observer: config.observer.as_ref().map(|make| {
                     let keyed = name.is_some()
                         && !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
@@ -552,6 +556,15 @@ impl Shared {
             epoch: self.epoch,
             ns,
         }
+    }
+
+    /// The breaker's observer, if it has one.
+    #[inline(always)]
+    pub(super) fn observer(&self) -> Option<&dyn Observe> {
+        #[cfg(feature = "metrics")]
+        return self.observer.as_deref();
+        #[cfg(not(feature = "metrics"))]
+        None
     }
 
     #[inline]

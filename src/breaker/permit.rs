@@ -76,6 +76,11 @@ pub struct Permit {
     shared: Option<Arc<Shared>>,
     ticket: Ticket,
     head: Head,
+    /// The observer's token for the call's start, when its time to first
+    /// byte is reported (0: not timed); it fits in the padding after the
+    /// ticket, so a permit is no larger for it.
+    #[cfg(feature = "metrics")]
+    start: u32,
 }
 
 impl fmt::Debug for Permit {
@@ -99,6 +104,29 @@ impl Permit {
                 kind,
             },
             head: Head::Pending,
+            #[cfg(feature = "metrics")]
+            start: 0,
+        }
+    }
+
+    /// Times the call to its response head for the observer, if there is
+    /// one (see [`Observe::start`]); [`report_head`](Self::report_head)
+    /// reports it.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn time_head(&mut self) {
+        self.start = self.observer().map_or(0, |o| o.start());
+    }
+
+    /// The response head came: tells the observer how long it took, if
+    /// the call is timed.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn report_head(&self) {
+        if self.start != 0
+            && let Some(observer) = self.observer()
+        {
+            observer.head(self.start, self.is_probe());
         }
     }
 
@@ -209,6 +237,8 @@ impl Permit {
                 shared: None,
                 ticket: self.ticket,
                 head: self.head,
+                #[cfg(feature = "metrics")]
+                start: self.start,
             },
         )
     }
@@ -226,7 +256,7 @@ impl Permit {
             return;
         };
         shared.counters.incr(counter);
-        if let Some(observer) = &shared.observer {
+        if let Some(observer) = shared.observer() {
             observer.outcome(
                 outcome,
                 matches!(counter, Counter::Dropped),
@@ -250,7 +280,7 @@ impl Permit {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     #[inline]
     pub(crate) fn observer(&self) -> Option<&dyn Observe> {
-        self.shared.as_deref()?.observer.as_deref()
+        self.shared.as_deref()?.observer()
     }
 
     #[cold]
