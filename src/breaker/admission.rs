@@ -159,6 +159,7 @@ impl Shared {
     }
 
     /// Rejects a call to an open circuit, saying why it opened.
+    #[inline]
     fn reject_open(self: &Arc<Self>, word: Packed, until: u64) -> Result<Permit, CircuitOpen> {
         if word.is_quota_open() {
             self.counters.incr(Counter::QuotaRejected);
@@ -217,19 +218,14 @@ impl Shared {
 
     /// Rejects a call; `deadline` (ns since `epoch`) is when one may be
     /// admitted again.
+    #[inline]
     pub(super) fn reject(
         self: &Arc<Self>,
         cause: Rejection,
         deadline: Option<u64>,
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
-            self.counters.incr(Counter::WouldReject);
-            return Ok(Permit::new(
-                self,
-                self.load().generation(),
-                Kind::Passive,
-                0,
-            ));
+            return self.admit_shadow();
         }
         self.counters.incr(Counter::Rejected);
         if let Some(observer) = self.observer() {
@@ -239,6 +235,18 @@ impl Shared {
             self.name.clone(),
             cause,
             deadline.map(|ns| self.deadline(ns)),
+        ))
+    }
+
+    /// In shadow mode: admits the call that would have been rejected.
+    #[cold]
+    fn admit_shadow(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        self.counters.incr(Counter::WouldReject);
+        Ok(Permit::new(
+            self,
+            self.load().generation(),
+            Kind::Passive,
+            0,
         ))
     }
 }
