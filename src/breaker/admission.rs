@@ -218,7 +218,7 @@ impl Shared {
 
     /// Rejects a call; `deadline` (ns since `epoch`) is when one may be
     /// admitted again.
-    #[inline]
+    #[inline(always)]
     pub(super) fn reject(
         self: &Arc<Self>,
         cause: Rejection,

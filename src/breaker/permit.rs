@@ -115,7 +115,9 @@ impl Permit {
     #[cfg(feature = "metrics")]
     #[inline]
     pub(crate) fn time_head(&mut self) {
-        self.start = self.observer().map_or(0, |o| o.start());
+        if let Some(observer) = self.observer() {
+            self.start = observer.start();
+        }
     }
 
     /// The response head came: tells the observer how long it took, if
