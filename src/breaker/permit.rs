@@ -266,9 +266,12 @@ impl Permit {
             );
         }
         // The healthy steady state: a success in a full, clean window with no
-        // streak to break changes nothing, so it writes nothing.
+        // streak to break changes nothing, so it writes nothing. A call the
+        // slow-call rule tracked is such a success once its head was judged
+        // fast (which took it out of the calls in flight).
         let unchanged = outcome == Outcome::Success
-            && self.ticket.kind == Kind::Closed
+            && (self.ticket.kind == Kind::Closed
+                || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast))
             && shared.hot.consecutive.load(Ordering::Relaxed) == 0
             && shared.rates.is_clean();
         if !unchanged {

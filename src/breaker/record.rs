@@ -111,7 +111,9 @@ impl Shared {
         let Some(threshold) = self.slow_ns else {
             return Head::Fast;
         };
-        if self.now().saturating_sub(started) > threshold {
+        // Slow: more than `threshold` after it started, so not before the
+        // nanosecond after that.
+        if !self.before(started.saturating_add(threshold).saturating_add(1)) {
             self.counters.incr(Counter::Slow);
             Head::Slow
         } else {
