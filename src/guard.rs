@@ -155,10 +155,6 @@ where
 pub(crate) struct Guard {
     // Empty once the call has finished or handed its permit to the body.
     permit: Permit,
-    /// The observer's token for the call's start, if its time to first
-    /// byte is reported (see [`Observe::start`](crate::breaker::Observe::start)).
-    #[cfg(feature = "metrics")]
-    start: u64,
 }
 
 impl Guard {
@@ -168,10 +164,12 @@ impl Guard {
     where
         P: Select<R>,
     {
-        select.admit(request).map(|permit| Guard {
+        select.admit(request).map(|permit| {
             #[cfg(feature = "metrics")]
-            start: permit.observer().map_or(0, |o| o.start()),
-            permit,
+            let mut permit = permit;
+            #[cfg(feature = "metrics")]
+            permit.time_head();
+            Guard { permit }
         })
     }
 
@@ -206,11 +204,7 @@ impl Guard {
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
         #[cfg(feature = "metrics")]
-        if self.start != 0
-            && let Some(observer) = self.permit.observer()
-        {
-            observer.head(self.start, self.permit.is_probe());
-        }
+        self.permit.report_head();
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {
                 self.permit

@@ -308,10 +308,11 @@ impl Meter {
     }
 
     #[cold]
-    fn since_epoch(&self) -> u64 {
-        // Far below u64::MAX: there is room for the one added.
-        crate::breaker::nanos(Instant::now().saturating_duration_since(self.epoch))
-            .min(u64::MAX - 1)
+    /// Microseconds since the meter was made, wrapped to 32 bits.
+    fn micros(&self) -> u32 {
+        Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_micros() as u32
     }
 }
 
@@ -347,12 +348,15 @@ impl Observe for Meter {
         }
     }
 
-    /// When a call admitted now starts, in ns since the meter was made,
-    /// plus one, if it is to be timed; else 0. A word rather than an
-    /// `Option<Instant>`, so that every call's guard stays small.
-    fn start(&self) -> u64 {
+    /// When a call admitted now starts, if it is to be timed: the low 32
+    /// bits of the microseconds since the meter was made, the lowest bit
+    /// set so that it is never 0; else 0. 32 bits rather than an
+    /// `Option<Instant>`, so that it fits in a permit's padding: the
+    /// difference of two such tokens is the time between them (to a
+    /// microsecond) up to 71 minutes, far beyond any wait for a head.
+    fn start(&self) -> u32 {
         if self.is_on() {
-            self.since_epoch() + 1
+            self.micros() | 1
         } else {
             0
         }
@@ -361,14 +365,14 @@ impl Observe for Meter {
     /// The response head of a call that started at `start` (see
     /// [`start`](Self::start)) came; `probe`: the call is a half-open probe.
     #[cold]
-    fn head(&self, start: u64, probe: bool) {
+    fn head(&self, start: u32, probe: bool) {
         let state = if probe {
             State::HalfOpen
         } else {
             State::Closed
         };
         let series = self.series(|| state);
-        let elapsed = (self.since_epoch() + 1).saturating_sub(start) as f64 / 1e9;
+        let elapsed = f64::from((self.micros() | 1).wrapping_sub(start)) / 1e6;
         ::metrics::with_recorder(|r| {
             r.register_histogram(&series.ttfb, &METADATA)
                 .record(elapsed)

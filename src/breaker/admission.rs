@@ -29,23 +29,22 @@ impl Shared {
             State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
             State::Open => {
                 let until = self.hot.open_until.load(Ordering::Acquire);
-                let now = self.now();
-                if now < until {
+                if self.before(until) {
                     if word.is_last_resort() {
                         return self.admit_last_resort(word);
                     }
                     self.reject_open(word, until)
                 } else {
-                    self.admit_probe(now)
+                    self.admit_probe(self.now())
                 }
             }
             State::HalfOpen => {
-                let now = self.now();
-                if word.is_probes_out() && now < self.hot.open_until.load(Ordering::Acquire) {
+                if word.is_probes_out() && self.before(self.hot.open_until.load(Ordering::Acquire))
+                {
                     // Every slot is taken and no deadline has come.
                     return self.reject(Rejection::HalfOpenFull, None);
                 }
-                self.admit_probe(now)
+                self.admit_probe(self.now())
             }
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
         }
@@ -147,7 +146,7 @@ impl Shared {
     /// not come yet.
     #[cold]
     fn pace_check(self: &Arc<Self>, until: u64) -> Option<Result<Permit, CircuitOpen>> {
-        if self.now() < until {
+        if self.before(until) {
             self.counters.incr(Counter::Paced);
             return Some(self.reject(Rejection::RateLimited, Some(until)));
         }
@@ -160,6 +159,7 @@ impl Shared {
     }
 
     /// Rejects a call to an open circuit, saying why it opened.
+    #[inline]
     fn reject_open(self: &Arc<Self>, word: Packed, until: u64) -> Result<Permit, CircuitOpen> {
         if word.is_quota_open() {
             self.counters.incr(Counter::QuotaRejected);
@@ -218,28 +218,35 @@ impl Shared {
 
     /// Rejects a call; `deadline` (ns since `epoch`) is when one may be
     /// admitted again.
+    #[inline(always)]
     pub(super) fn reject(
         self: &Arc<Self>,
         cause: Rejection,
         deadline: Option<u64>,
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
-            self.counters.incr(Counter::WouldReject);
-            return Ok(Permit::new(
-                self,
-                self.load().generation(),
-                Kind::Passive,
-                0,
-            ));
+            return self.admit_shadow();
         }
         self.counters.incr(Counter::Rejected);
-        if let Some(observer) = &self.observer {
+        if let Some(observer) = self.observer() {
             observer.rejected(cause, self.load().state());
         }
         Err(CircuitOpen::new(
             self.name.clone(),
             cause,
             deadline.map(|ns| self.deadline(ns)),
+        ))
+    }
+
+    /// In shadow mode: admits the call that would have been rejected.
+    #[cold]
+    fn admit_shadow(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        self.counters.incr(Counter::WouldReject);
+        Ok(Permit::new(
+            self,
+            self.load().generation(),
+            Kind::Passive,
+            0,
         ))
     }
 }

@@ -163,8 +163,11 @@ pub(crate) struct Shared {
     /// the circuit, in ns.
     quota_gate_ns: Option<u64>,
     epoch: Instant,
-    /// Told of calls, rejections and transitions, if anyone listens.
-    pub(super) observer: Option<Box<dyn Observe>>,
+    /// Told of calls, rejections and transitions, if anyone listens. Only
+    /// the `metrics` feature makes observers: without it the field is not
+    /// there, and no report tests it.
+    #[cfg(feature = "metrics")]
+    observer: Option<Box<dyn Observe>>,
 }
 
 /// Everything that changes only on transitions or in half-open.
@@ -273,6 +276,7 @@ impl Breaker {
                 epoch: Instant::now(),
                 // A keyed set names each breaker by its key, never by the
                 // name it gave the set.
+                #[cfg(feature = "metrics")]
                 observer: config.observer.as_ref().map(|make| {
                     let keyed = name.is_some()
                         && !matches!((&name, &config.name), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
@@ -533,6 +537,18 @@ impl Shared {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
+    /// Whether the moment `ns` after `epoch` is still to come. Compares
+    /// instants, so that the paths that only need that answer (an open
+    /// circuit turning a call away) read the clock without turning the
+    /// reading into a count of nanoseconds.
+    #[inline]
+    fn before(&self, ns: u64) -> bool {
+        match self.epoch.checked_add(Duration::from_nanos(ns)) {
+            Some(at) => Instant::now() < at,
+            None => true,
+        }
+    }
+
     /// The moment `ns` after `epoch`.
     #[inline]
     fn deadline(&self, ns: u64) -> Deadline {
@@ -540,6 +556,15 @@ impl Shared {
             epoch: self.epoch,
             ns,
         }
+    }
+
+    /// The breaker's observer, if it has one.
+    #[inline(always)]
+    pub(super) fn observer(&self) -> Option<&dyn Observe> {
+        #[cfg(feature = "metrics")]
+        return self.observer.as_deref();
+        #[cfg(not(feature = "metrics"))]
+        None
     }
 
     #[inline]

@@ -25,21 +25,22 @@ pub(crate) trait Observe: Send + Sync {
     /// The circuit changed state.
     fn transition(&self, transition: &Transition);
 
-    /// A call admitted now starts: a token the caller keeps until the
+    /// A call admitted now starts: a token the permit keeps until the
     /// response head comes and hands to [`head`](Self::head); 0 when the
-    /// call is not timed.
-    fn start(&self) -> u64 {
+    /// call is not timed. 32 bits, so that it fits in a permit's padding.
+    fn start(&self) -> u32 {
         0
     }
 
     /// The response head of a call that started with token `start` came;
     /// `probe`: the call is a half-open probe.
-    fn head(&self, start: u64, probe: bool) {
+    fn head(&self, start: u32, probe: bool) {
         let _ = (start, probe);
     }
 }
 
 /// Gives each breaker built from a configuration its observer.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) trait MakeObserver: Send + Sync {
     /// The observer of a breaker named `name`; `keyed`: `name` is a key of
     /// a keyed set whose builder was named `set`.

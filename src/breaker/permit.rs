@@ -76,6 +76,11 @@ pub struct Permit {
     shared: Option<Arc<Shared>>,
     ticket: Ticket,
     head: Head,
+    /// The observer's token for the call's start, when its time to first
+    /// byte is reported (0: not timed); it fits in the padding after the
+    /// ticket, so a permit is no larger for it.
+    #[cfg(feature = "metrics")]
+    start: u32,
 }
 
 impl fmt::Debug for Permit {
@@ -99,6 +104,31 @@ impl Permit {
                 kind,
             },
             head: Head::Pending,
+            #[cfg(feature = "metrics")]
+            start: 0,
+        }
+    }
+
+    /// Times the call to its response head for the observer, if there is
+    /// one (see [`Observe::start`]); [`report_head`](Self::report_head)
+    /// reports it.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn time_head(&mut self) {
+        if let Some(observer) = self.observer() {
+            self.start = observer.start();
+        }
+    }
+
+    /// The response head came: tells the observer how long it took, if
+    /// the call is timed.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn report_head(&self) {
+        if self.start != 0
+            && let Some(observer) = self.observer()
+        {
+            observer.head(self.start, self.is_probe());
         }
     }
 
@@ -209,6 +239,8 @@ impl Permit {
                 shared: None,
                 ticket: self.ticket,
                 head: self.head,
+                #[cfg(feature = "metrics")]
+                start: self.start,
             },
         )
     }
@@ -226,7 +258,7 @@ impl Permit {
             return;
         };
         shared.counters.incr(counter);
-        if let Some(observer) = &shared.observer {
+        if let Some(observer) = shared.observer() {
             observer.outcome(
                 outcome,
                 matches!(counter, Counter::Dropped),
@@ -234,9 +266,12 @@ impl Permit {
             );
         }
         // The healthy steady state: a success in a full, clean window with no
-        // streak to break changes nothing, so it writes nothing.
+        // streak to break changes nothing, so it writes nothing. A call the
+        // slow-call rule tracked is such a success once its head was judged
+        // fast (which took it out of the calls in flight).
         let unchanged = outcome == Outcome::Success
-            && self.ticket.kind == Kind::Closed
+            && (self.ticket.kind == Kind::Closed
+                || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast))
             && shared.hot.consecutive.load(Ordering::Relaxed) == 0
             && shared.rates.is_clean();
         if !unchanged {
@@ -250,7 +285,7 @@ impl Permit {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     #[inline]
     pub(crate) fn observer(&self) -> Option<&dyn Observe> {
-        self.shared.as_deref()?.observer.as_deref()
+        self.shared.as_deref()?.observer()
     }
 
     #[cold]

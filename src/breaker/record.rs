@@ -21,7 +21,11 @@ impl Shared {
         announced: &dyn Fn() -> Option<Duration>,
     ) {
         if *head == Head::Pending {
-            *head = self.judge_head(permit);
+            // Only tracked calls and probes are timed to their heads.
+            *head = match permit.kind {
+                Kind::Tracked | Kind::Probe => self.judge_head(permit),
+                Kind::Closed | Kind::Passive | Kind::LastResort => Head::Fast,
+            };
         }
         let slow = *head == Head::Slow;
         if permit.kind != Kind::Passive {
@@ -107,7 +111,9 @@ impl Shared {
         let Some(threshold) = self.slow_ns else {
             return Head::Fast;
         };
-        if self.now().saturating_sub(started) > threshold {
+        // Slow: more than `threshold` after it started, so not before the
+        // nanosecond after that.
+        if !self.before(started.saturating_add(threshold).saturating_add(1)) {
             self.counters.incr(Counter::Slow);
             Head::Slow
         } else {
@@ -119,6 +125,7 @@ impl Shared {
     /// window it went, if it counted. `finished` is false for a call
     /// counted as slow while still in flight: it is no outcome, so it does
     /// not break a failure streak.
+    #[inline]
     pub(super) fn record_closed(
         &self,
         generation: u32,

@@ -110,7 +110,7 @@ impl Shared {
     /// caught.
     pub(super) fn emit(&self, events: Events) {
         for t in events.list.into_iter().flatten() {
-            if let Some(observer) = &self.observer {
+            if let Some(observer) = self.observer() {
                 observer.transition(&t);
             }
             tracing::info!(

@@ -44,6 +44,7 @@ impl Rates {
     }
 
     /// Adds one call; returns the window after it, and where the call went.
+    #[inline]
     pub(crate) fn record(&self, entry: u8, now: u64) -> (WindowStats, Slot) {
         match self {
             Rates::None => (WindowStats::default(), Slot::NONE),
@@ -121,6 +122,7 @@ impl CountWindow {
         self.slots.len() as u64
     }
 
+    #[inline]
     fn record(&self, entry: u8) -> (WindowStats, Slot) {
         if entry == 0 && self.is_full_and_clean() {
             let stats = WindowStats {

@@ -38,6 +38,7 @@ pub struct HttpClassifier;
 impl Classify for HttpClassifier {
     type Stream = NeverDefer;
 
+    #[inline]
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<NeverDefer> {
         Verdict::Done(classify_status(status, headers))
     }
@@ -47,6 +48,7 @@ impl Classify for HttpClassifier {
     }
 }
 
+#[inline]
 pub(crate) fn classify_status(status: StatusCode, headers: &HeaderMap) -> Outcome {
     if status == StatusCode::TOO_MANY_REQUESTS {
         Outcome::RateLimited {

@@ -163,6 +163,41 @@ async fn exactly_the_threshold_is_not_slow() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_slow_success_counts_in_a_full_window_of_fast_ones() {
+    let b = base()
+        .count_window(4)
+        .min_calls(4)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(2), 0.5)
+        .build()
+        .unwrap();
+    let fast = |n| {
+        for _ in 0..n {
+            let mut p = b.admit().unwrap();
+            p.head_received();
+            p.record(Outcome::Success);
+        }
+    };
+    // A full window of fast successes, then one slow to its head.
+    fast(4);
+    let mut slow = b.admit().unwrap();
+    advance(Duration::from_secs(3)).await;
+    slow.head_received();
+    slow.record(Outcome::Success);
+    assert_eq!(b.snapshot().window.slow, 1);
+    // Clean and full again, then one slow whose head was never reported:
+    // judged when it is recorded.
+    fast(4);
+    assert_eq!(b.snapshot().window.slow, 0);
+    let unjudged = b.admit().unwrap();
+    advance(Duration::from_secs(3)).await;
+    unjudged.record(Outcome::Success);
+    assert_eq!(b.snapshot().window.slow, 1);
+    assert_eq!(b.snapshot().counters.slow, 2);
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
     let b = base()
         .count_window(10)

@@ -182,12 +182,24 @@ impl Classify for LlmClassifier {
     }
 }
 
+#[inline]
 fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("text/event-stream"))
+    const SSE: &[u8] = b"text/event-stream";
+    let Some(value) = headers.get(http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    // Read as bytes, so that the common answer (a JSON one) is turned
+    // down at its first letters; a value that is not visible ASCII is
+    // not an event stream.
+    let value = value.as_bytes().trim_ascii_start();
+    let Some((media, params)) = value.split_at_checked(SSE.len()) else {
+        return false;
+    };
+    media.eq_ignore_ascii_case(SSE)
+        && matches!(params.trim_ascii_start().first(), None | Some(b';'))
+        && value
+            .iter()
+            .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
 }
 
 // === impl LlmStream ===

@@ -50,6 +50,9 @@ fn only_event_streams_are_read() {
         "text/event-stream",
         "text/event-stream; charset=utf-8",
         "Text/Event-Stream",
+        " text/event-stream ",
+        "text/event-stream ;charset=utf-8",
+        "text/event-stream\t; x=y",
     ] {
         assert!(
             matches!(
@@ -59,7 +62,16 @@ fn only_event_streams_are_read() {
             "{ct}"
         );
     }
-    for ct in ["application/json", "text/plain", "text/event-streamx"] {
+    // Not visible ASCII (as `HeaderValue::to_str` reads it): not a stream.
+    for ct in [
+        "application/json",
+        "text/plain",
+        "text/event-streamx",
+        "text/event-stream x",
+        "text/event",
+        "",
+        "text/event-stream; charset=\u{ff}",
+    ] {
         assert!(
             matches!(
                 head(200, &headers(&[("content-type", ct)])),
