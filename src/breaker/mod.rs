@@ -57,6 +57,7 @@ mod turns;
 mod volume;
 mod window;
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -87,7 +88,7 @@ use self::state::Packed;
 use self::volume::VolumeGuard;
 use self::window::{InFlight, Rates};
 use crate::rng::Rng;
-use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
+use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 
 /// A handle to one circuit breaker. Cheap to clone; every clone shares the
 /// same state.
@@ -541,8 +542,21 @@ impl Shared {
     /// instants, so that the paths that only need that answer (an open
     /// circuit turning a call away) read the clock without turning the
     /// reading into a count of nanoseconds.
+    ///
+    /// For a moment many calls ask about (the end of the open period, the
+    /// next probe deadline, a rate limit's reset); see [`moment`].
     #[inline]
     fn before(&self, ns: u64) -> bool {
+        match moment(self.epoch, ns) {
+            Some(at) => Instant::now() < at,
+            None => true,
+        }
+    }
+
+    /// [`before`](Self::before), for a moment of one call's own (when it
+    /// turns slow), which no other call asks about.
+    #[inline]
+    fn before_own(&self, ns: u64) -> bool {
         match self.epoch.checked_add(Duration::from_nanos(ns)) {
             Some(at) => Instant::now() < at,
             None => true,
@@ -632,6 +646,31 @@ impl Shared {
 }
 
 // === helpers ===
+
+thread_local! {
+    /// The last moment [`moment`] worked out on this thread, and from what.
+    static MOMENT: Cell<Option<(Instant, u64, Option<Instant>)>> = const { Cell::new(None) };
+}
+
+/// The moment `ns` after `epoch`; `None` past what an `Instant` can hold.
+///
+/// An open circuit asks for the same moment (the end of its open period)
+/// on every call it turns away, so each thread keeps the last answer: a
+/// pure function of its arguments, worked out again whenever they change.
+/// That saves the addition of a duration to an instant, whose cost also
+/// depends on the two values' nanoseconds.
+#[inline]
+fn moment(epoch: Instant, ns: u64) -> Option<Instant> {
+    if let Ok(Some((e, n, at))) = MOMENT.try_with(Cell::get)
+        && n == ns
+        && e == epoch
+    {
+        return at;
+    }
+    let at = epoch.checked_add(Duration::from_nanos(ns));
+    let _ = MOMENT.try_with(|m| m.set(Some((epoch, ns, at))));
+    at
+}
 
 pub(crate) fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64

@@ -113,7 +113,7 @@ impl Shared {
         };
         // Slow: more than `threshold` after it started, so not before the
         // nanosecond after that.
-        if !self.before(started.saturating_add(threshold).saturating_add(1)) {
+        if !self.before_own(started.saturating_add(threshold).saturating_add(1)) {
             self.counters.incr(Counter::Slow);
             Head::Slow
         } else {

@@ -230,6 +230,38 @@ async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn breakers_called_in_turn_each_end_their_open_period_on_time() {
+    let tripped = |open: u64| {
+        let b = base()
+            .consecutive_failures(1)
+            .open_duration(Duration::from_secs(open))
+            .build()
+            .unwrap();
+        b.admit().unwrap().record(Outcome::Failure);
+        b
+    };
+    let (a, d) = (tripped(30), tripped(100));
+    advance(Duration::from_secs(5)).await;
+    // Made and tripped 5 s after `a`: the same open period, counted from a
+    // later start; and beside it, a longer one from that same start.
+    let (b, c) = (tripped(30), tripped(40));
+    let mut elapsed = 5;
+    for step in [24, 1, 4, 1, 9, 1] {
+        advance(Duration::from_secs(step)).await;
+        elapsed += step;
+        // Each is asked right after one whose open period ends later: `b`
+        // after `c` (the same start), `a` after `b` (the same duration).
+        for (name, breaker, ends) in [("d", &d, 100), ("c", &c, 45), ("b", &b, 35), ("a", &a, 30)] {
+            assert_eq!(
+                breaker.admit().is_ok(),
+                elapsed >= ends,
+                "{name} at {elapsed} s"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn open_rejects_with_time_until_the_next_probe() {
     let b = base()
         .no_window()
