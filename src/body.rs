@@ -27,6 +27,30 @@ pin_project! {
     ///
     /// It is `Send` and `Sync` whenever `B` and the stream classifier are, and
     /// `Default` whenever `B` is.
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::classify::LlmClassifier;
+    /// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A 200 whose event stream reports an error: the verdict waits for the body.
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     let body = "data: {\"choices\":[]}\n\nevent: error\ndata: {\"error\":{\"type\":\"overloaded_error\"}}\n\n";
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         http::Response::builder().header("content-type", "text/event-stream").body(body.to_string()).unwrap(),
+    ///     )
+    /// });
+    /// let layer = CircuitBreakerLayer::builder().consecutive_failures(1).build().unwrap()
+    ///     .with_classifier(LlmClassifier::default());
+    /// let breaker = layer.breaker().clone();
+    /// let res = layer.layer(upstream).oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(breaker.state(), State::Closed, "the head said 200");
+    /// res.into_body().collect().await.unwrap();
+    /// assert_eq!(breaker.state(), State::Open, "the stream said error");
+    /// # }
+    /// ```
     pub struct ResponseBody<B, S: ClassifyStream = NeverDefer> {
         #[pin]
         inner: B,
@@ -57,6 +81,24 @@ impl<B, S: ClassifyStream> ResponseBody<B, S> {
 
     /// Whether the body still holds its call's permit, waiting for the end of
     /// the stream to decide the outcome.
+    ///
+    /// ```
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new("hello".to_string()))
+    /// });
+    /// // The default classifier decides on the head: the body holds nothing.
+    /// let res = CircuitBreakerLayer::builder().build().unwrap()
+    ///     .layer(upstream)
+    ///     .oneshot(http::Request::new(String::new()))
+    ///     .await
+    ///     .unwrap();
+    /// assert!(!res.body().is_pending());
+    /// # }
+    /// ```
     pub fn is_pending(&self) -> bool {
         self.pending.is_pending()
     }
@@ -121,6 +163,32 @@ pin_project! {
     ///
     /// It is `Send` and `Sync` whenever `B`, its data and the stream
     /// classifier are, and `Unpin` whenever `B` is. See [`deadline`](crate::deadline) for an example.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http_body_util::BodyExt;
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::deadline::{StreamDeadline, StreamDeadlines};
+    /// use tower_circuit_breaker::error::StreamElapsed;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // One chunk, then silence: the stall deadline ends the body with an error.
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     let (tx, body) = tokio::sync::mpsc::channel::<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>(1);
+    ///     tx.send(Ok(http_body::Frame::data(bytes::Bytes::from("data: hi\n\n")))).await.unwrap();
+    ///     tokio::spawn(async move { let _tx = tx; std::future::pending::<()>().await });
+    ///     let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(body));
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(body))
+    /// });
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap()
+    ///     .stream_deadlines(StreamDeadlines::new().stall(Duration::from_secs(15)))
+    ///     .unwrap();
+    /// let res = layer.layer(upstream).oneshot(http::Request::new(String::new())).await.unwrap();
+    /// let err = res.into_body().collect().await.unwrap_err();
+    /// assert_eq!(err.downcast_ref::<StreamElapsed>().unwrap().deadline(), StreamDeadline::Stall);
+    /// # }
+    /// ```
     pub struct TimedBody<B: Body, S: ClassifyStream = NeverDefer> {
         #[pin]
         inner: B,
@@ -179,6 +247,32 @@ impl<B: Body, S: ClassifyStream> TimedBody<B, S> {
     }
 
     /// Whether the body still holds its call's permit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http_body_util::BodyExt;
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::deadline::StreamDeadlines;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new("answer".to_string()))
+    /// });
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap()
+    ///     .stream_deadlines(StreamDeadlines::new().total(Duration::from_secs(60)))
+    ///     .unwrap();
+    /// let res = layer.layer(upstream).oneshot(http::Request::new(String::new())).await.unwrap();
+    /// // Under deadlines the permit stays with the body until it ends: a
+    /// // deadline that passes first is a failure.
+    /// let mut body = res.into_body();
+    /// assert!(body.is_pending());
+    /// while let Some(frame) = body.frame().await {
+    ///     frame.unwrap();
+    /// }
+    /// assert!(!body.is_pending());
+    /// # }
+    /// ```
     pub fn is_pending(&self) -> bool {
         self.pending.is_pending()
     }

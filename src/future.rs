@@ -23,6 +23,23 @@ pin_project! {
     ///
     /// Dropping it before it completes releases the call's permit as
     /// [`Ignored`](crate::Outcome::Ignored).
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
+    /// let mut svc = layer.layer(upstream);
+    /// layer.breaker().force_open();
+    /// // A rejected call's future is ready at once; the upstream is never called.
+    /// let future = svc.ready().await.unwrap().call(http::Request::new(String::new()));
+    /// assert!(future.await.unwrap_err().is_circuit_open());
+    /// # }
+    /// ```
     pub struct ResponseFuture<F, C> {
         #[pin]
         kind: Kind<F, C>,
@@ -119,6 +136,31 @@ pin_project! {
     /// that ends or fails before its first frame resolves the future with
     /// the ended body or the error. Dropping it before it completes releases
     /// the call's permit as [`Ignored`](crate::Outcome::Ignored).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::deadline::{StreamDeadline, StreamDeadlines};
+    /// use tower_circuit_breaker::error::StreamElapsed;
+    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // A head, then no first token: with a first-frame deadline the future
+    /// // waits for it, and fails when it does not come.
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     let body = http_body_util::StreamBody::new(futures::stream::pending::<
+    ///         Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>,
+    ///     >());
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(body))
+    /// });
+    /// let layer = CircuitBreakerLayer::builder().build().unwrap()
+    ///     .stream_deadlines(StreamDeadlines::new().first_frame(Duration::from_secs(10)))
+    ///     .unwrap();
+    /// let err = layer.layer(upstream).oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// let elapsed = err.inner().and_then(|e| e.downcast_ref::<StreamElapsed>()).unwrap();
+    /// assert_eq!(elapsed.deadline(), StreamDeadline::FirstFrame);
+    /// # }
+    /// ```
     pub struct TimedResponseFuture<F, C, B>
     where
         C: Classify,

@@ -146,16 +146,38 @@ pub struct MetricsSwitch(Arc<AtomicBool>);
 
 impl MetricsSwitch {
     /// A switch, on or off.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::metrics::MetricsSwitch;
+    ///
+    /// let switch = MetricsSwitch::new(true);
+    /// assert!(switch.is_on());
+    /// ```
     pub fn new(on: bool) -> Self {
         MetricsSwitch(Arc::new(AtomicBool::new(on)))
     }
 
     /// Turns reporting on or off.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::metrics::MetricsSwitch;
+    ///
+    /// let switch = MetricsSwitch::new(true);
+    /// let clone = switch.clone();
+    /// clone.set(false); // during an incident review, say, to cut the noise
+    /// assert!(!switch.is_on(), "clones share the switch");
+    /// ```
     pub fn set(&self, on: bool) {
         self.0.store(on, Ordering::Relaxed);
     }
 
     /// Whether reporting is on.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::metrics::MetricsSwitch;
+    ///
+    /// assert!(!MetricsSwitch::new(false).is_on());
+    /// ```
     pub fn is_on(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }

@@ -103,6 +103,19 @@ use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 /// its reference with its thread for the next call, so a thread may keep a
 /// dropped breaker's state alive until it calls another breaker or exits).
 /// An open circuit rejects with two atomic loads and one clock read.
+///
+/// ```
+/// use tower_circuit_breaker::{Breaker, Outcome, State};
+///
+/// let breaker = Breaker::builder().name("gpt-4o").consecutive_failures(2).build().unwrap();
+/// for _ in 0..2 {
+///     let permit = breaker.admit().unwrap();
+///     permit.record(Outcome::Failure);
+/// }
+/// let rejected = breaker.admit().unwrap_err();
+/// assert_eq!(rejected.state(), State::Open);
+/// assert_eq!(rejected.key(), Some("gpt-4o"));
+/// ```
 #[derive(Clone)]
 pub struct Breaker {
     shared: Arc<Shared>,
@@ -470,6 +483,18 @@ impl Breaker {
 
     /// Controls for a shared-state backend (such as the Redis one) that keeps
     /// this breaker in step with other replicas.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Another replica opened the shared circuit for 30 s more.
+    /// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
+    /// breaker.remote().open_for(Duration::from_secs(30));
+    /// assert_eq!(breaker.state(), State::Open);
+    /// # }
+    /// ```
     pub fn remote(&self) -> Remote<'_> {
         Remote {
             shared: &self.shared,
