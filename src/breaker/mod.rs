@@ -108,10 +108,8 @@ use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 /// use tower_circuit_breaker::{Breaker, Outcome, State};
 ///
 /// let breaker = Breaker::builder().name("gpt-4o").consecutive_failures(2).build().unwrap();
-/// for _ in 0..2 {
-///     let permit = breaker.admit().unwrap();
-///     permit.record(Outcome::Failure);
-/// }
+/// breaker.admit().unwrap().record(Outcome::Failure);
+/// breaker.admit().unwrap().record(Outcome::Failure);
 /// let rejected = breaker.admit().unwrap_err();
 /// assert_eq!(rejected.state(), State::Open);
 /// assert_eq!(rejected.key(), Some("gpt-4o"));
