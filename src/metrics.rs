@@ -44,7 +44,7 @@
 //! | `circuit_breaker_rejections_total` | counter | `reason`: [`Rejection::as_str`] (`open`, `half_open_full`, `forced_open`, `volume_guard`) |
 //! | `circuit_breaker_transitions_total` | counter | `from`, `to`: [`State::as_str`] |
 //! | `circuit_breaker_state` | gauge | the state: 0 closed, 1 open, 2 half-open, 3 forced open, 4 disabled |
-//! | `circuit_breaker_time_to_first_byte_seconds` | histogram | (time from admission to the response head, for calls through a layer or an integration) |
+//! | `circuit_breaker_time_to_first_byte_seconds` | histogram | (time from admission to the response head, for calls through a layer or an integration; to the microsecond, and a wait over 71 minutes wraps around) |
 //!
 //! The state gauge is set at each transition and when a breaker first
 //! reports anything. Calls in shadow mode that would have been rejected are
