@@ -10,11 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{Empty, Full};
-use hyper::body::Incoming;
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_circuit_breaker::failover::Failover;
@@ -220,39 +218,19 @@ async fn a_retry_around_keyed_failover_members_ends_its_wait_when_the_key_is_ope
 /// A server on 127.0.0.1:0 for which "big" is down (503) and every other
 /// model is fine; it notes when each call came.
 async fn models_server() -> (std::net::SocketAddr, Calls) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let calls = Calls::default();
     let seen = Arc::clone(&calls);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let seen = Arc::clone(&seen);
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let model = model_of(&req);
-                    seen.lock()
-                        .unwrap()
-                        .entry(model.clone())
-                        .or_default()
-                        .push(Instant::now());
-                    let code = if model == "big" { 503 } else { 200 };
-                    async move {
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(code)
-                                .body(Full::new(Bytes::from_static(b"{}")))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
+    let app = axum::Router::new().fallback(move |req: Request<axum::body::Body>| {
+        let model = model_of(&req);
+        seen.lock()
+            .unwrap()
+            .entry(model.clone())
+            .or_default()
+            .push(Instant::now());
+        let code = if model == "big" { 503 } else { 200 };
+        async move { (StatusCode::from_u16(code).unwrap(), "{}") }
     });
-    (addr, calls)
+    (crate::support::serve(app).await, calls)
 }
 
 #[tokio::test(start_paused = true)]
