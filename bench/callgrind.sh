@@ -36,6 +36,8 @@ bare                         -               bare service_fn, answering at once
 failing                      -               bare service_fn, failing at once
 bare-5xx                     -               bare service_fn, every 50th a 503
 bare-json                    -               bare service_fn, a JSON 200
+passthrough                  bare            tower MapResponse doing nothing (reference)
+passthrough-wrapped          bare            MapResponse, body rebuilt in a 64-byte wrapper (reference)
 closed                       bare            closed
 closed-5xx                   bare-5xx        closed, 2 % failing
 http-json                    bare-json       closed, HttpClassifier, JSON 200
@@ -68,6 +70,7 @@ seatbelt-open                failing         seatbelt 0.11, open (named, as ever
 # the calls made (bench-report has its row, at the calls of one run).
 # A second figure for some of ours: what the path adds over another of ours.
 also='
+closed passthrough-wrapped
 closed-5xx closed
 window closed
 open-named open

@@ -101,6 +101,10 @@ loops! {
     bare_5xx => Ok(rows::failing_every::<Infallible>());
     /// The inner service alone, answering a JSON 200.
     bare_json => Ok(rows::json_upstream());
+    /// `MapResponse` doing nothing over the inner service.
+    passthrough => Ok(rows::passthrough());
+    /// `MapResponse` rebuilding the response around a wrapped body.
+    passthrough_wrapped => Ok(rows::passthrough_wrapped());
     /// This crate, closed.
     closed => rows::ours_closed();
     /// This crate, closed, every 50th call a 503.

@@ -269,13 +269,13 @@ impl Permit {
         // streak to break changes nothing, so it writes nothing. A call the
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
-        let unchanged = outcome == Outcome::Success
+        let plain_success = outcome == Outcome::Success
             && (self.ticket.kind == Kind::Closed
-                || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast))
-            && shared.hot.consecutive.load(Ordering::Relaxed) == 0
-            && shared.rates.is_clean();
-        if !unchanged {
+                || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
+        if !plain_success {
             shared.record(self.ticket, &mut self.head, outcome, announced);
+        } else if shared.hot.consecutive.load(Ordering::Relaxed) != 0 || !shared.rates.is_clean() {
+            shared.record_success(self.ticket.generation);
         }
         spare::give_back(shared);
     }

@@ -76,6 +76,28 @@ impl Shared {
         }
     }
 
+    /// Records the success of a call admitted while closed whose head was
+    /// judged fast (or never timed): the common outcome, without the
+    /// general path's questions. In a full count window a success can only
+    /// lower the rates, so the rules are not run.
+    pub(super) fn record_success(&self, generation: u32) {
+        if self.rates.is_full_count() {
+            if self.is_current(State::Closed, generation) {
+                if self.hot.consecutive.load(Ordering::Acquire) != 0 {
+                    self.hot.consecutive.store(0, Ordering::Release);
+                }
+                self.rates.record(0, 0);
+            }
+            return;
+        }
+        let now = if matches!(self.rates, Rates::Time(_)) {
+            self.now()
+        } else {
+            0
+        };
+        self.record_closed(generation, 0, true, now);
+    }
+
     /// Judges the call's time to head, now: slow, fast, or already counted
     /// as slow while it was in flight. Counts a slow call. For a probe,
     /// marks its head as come, so its deadline no longer applies.

@@ -73,6 +73,16 @@ impl Rates {
         }
     }
 
+    /// Whether the window is a count window that has held all its calls:
+    /// a success recorded into it can only lower its rates, never trip.
+    #[inline]
+    pub(crate) fn is_full_count(&self) -> bool {
+        match self {
+            Rates::Count(w) => w.head.load(Ordering::Acquire) >= w.len(),
+            Rates::None | Rates::Time(_) => false,
+        }
+    }
+
     pub(crate) fn stats(&self, now: u64) -> WindowStats {
         match self {
             Rates::None => WindowStats::default(),
