@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::http::parse_retry_after;
 use super::sse::{SseStream, DEFAULT_MAX_LINE};
@@ -152,19 +153,20 @@ impl Default for LlmClassifier {
 impl Classify for LlmClassifier {
     type Stream = LlmStream;
 
+    #[inline]
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict<LlmStream> {
         let outcome = match status.as_u16() {
             200..=299 if is_event_stream(headers) => {
                 let sse = SseStream::new()
                     .max_line(self.max_line)
                     .require_final_event(self.require_final);
-                return Verdict::Defer(LlmStream(Inner::Sse(sse)));
+                return Verdict::Defer(LlmStream(Box::new(Inner::Sse(sse))));
             }
             429 => {
-                return Verdict::Defer(LlmStream(Inner::RateLimited(ErrorBody {
+                return Verdict::Defer(LlmStream(Box::new(Inner::RateLimited(ErrorBody {
                     buf: Vec::new(),
                     retry_after: LlmClassifier::retry_after(headers),
-                })))
+                }))))
             }
             409 => Outcome::RateLimited {
                 retry_after: LlmClassifier::retry_after(headers),
@@ -182,10 +184,35 @@ impl Classify for LlmClassifier {
     }
 }
 
+/// How many header values are looked at in order before the map is
+/// searched by hash: an answer keeps its headers in the order they came, and
+/// servers send `content-type` among the first (`date`, `content-type`, ...).
+const SCAN: usize = 4;
+
+/// The `content-type` header's first value, as `HeaderMap::get` finds it.
+///
+/// `get` hashes the name byte by byte (about 90 instructions on a JSON
+/// 200); comparing a name costs a few, so the first [`SCAN`] values are
+/// compared in order first, and only a later or missing `content-type`
+/// costs the lookup too. The first value `HeaderMap::iter` yields for a
+/// name is the one `get` returns (its first).
+#[inline]
+fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
+    for (i, (name, value)) in headers.iter().enumerate() {
+        if *name == CONTENT_TYPE {
+            return Some(value);
+        }
+        if i + 1 == SCAN {
+            return headers.get(CONTENT_TYPE);
+        }
+    }
+    None
+}
+
 #[inline]
 fn is_event_stream(headers: &HeaderMap) -> bool {
     const SSE: &[u8] = b"text/event-stream";
-    let Some(value) = headers.get(http::header::CONTENT_TYPE) else {
+    let Some(value) = content_type(headers) else {
         return false;
     };
     // Read as bytes, so that the common answer (a JSON one) is turned
@@ -207,7 +234,12 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 /// The body classifier of [`LlmClassifier`]: an SSE stream, or a 429 error
 /// body read for `insufficient_quota`.
 #[derive(Debug)]
-pub struct LlmStream(Inner);
+pub struct LlmStream(
+    // Boxed: every response body has room for it, and an answer decided on
+    // its head (the common JSON 200) would otherwise move a scanner's worth
+    // of bytes along with it. A deferred answer allocates once.
+    Box<Inner>,
+);
 
 #[derive(Debug)]
 enum Inner {
@@ -255,7 +287,7 @@ impl ErrorBody {
 
 impl ClassifyStream for LlmStream {
     fn on_data(&mut self, chunk: &[u8]) -> Option<Outcome> {
-        match &mut self.0 {
+        match &mut *self.0 {
             Inner::Sse(sse) => sse.on_data(chunk),
             Inner::RateLimited(body) => {
                 let room = MAX_ERROR_BODY - body.buf.len();
@@ -266,28 +298,28 @@ impl ClassifyStream for LlmStream {
     }
 
     fn on_end(self) -> Outcome {
-        match self.0 {
+        match *self.0 {
             Inner::Sse(sse) => sse.on_end(),
             Inner::RateLimited(body) => body.decide(),
         }
     }
 
     fn on_error(self) -> Outcome {
-        match self.0 {
+        match *self.0 {
             Inner::Sse(sse) => sse.on_error(),
             Inner::RateLimited(body) => body.head_only(),
         }
     }
 
     fn announced_reset(&self) -> Option<Duration> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Sse(_) => None,
             Inner::RateLimited(body) => body.retry_after,
         }
     }
 
     fn on_drop(self) -> Outcome {
-        match self.0 {
+        match *self.0 {
             Inner::Sse(sse) => sse.on_drop(),
             Inner::RateLimited(body) => body.head_only(),
         }

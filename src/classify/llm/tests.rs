@@ -84,6 +84,129 @@ fn only_event_streams_are_read() {
     assert!(matches!(head(503, &sse), Verdict::Done(Outcome::Failure)));
 }
 
+/// Headers as an answer brings them: `before` others, then each value of
+/// `content_type`, then `after` more.
+fn with_content_type(before: usize, content_type: &[&str], after: usize) -> HeaderMap {
+    const OTHERS: [&str; 10] = [
+        "date",
+        "x-request-id",
+        "server",
+        "openai-version",
+        "vary",
+        "cf-ray",
+        "x-ratelimit-limit-requests",
+        "connection",
+        "alt-svc",
+        "x-other",
+    ];
+    let mut h = HeaderMap::new();
+    for name in &OTHERS[..before] {
+        h.append(*name, "1".parse().unwrap());
+    }
+    for ct in content_type {
+        h.append(http::header::CONTENT_TYPE, ct.parse().unwrap());
+    }
+    for i in 0..after {
+        let name = http::HeaderName::from_bytes(format!("x-after-{i}").as_bytes()).unwrap();
+        h.append(name, "1".parse().unwrap());
+    }
+    h
+}
+
+fn deferred(status: u16, h: &HeaderMap) -> bool {
+    matches!(head(status, h), Verdict::Defer(_))
+}
+
+#[test]
+fn content_type_is_found_wherever_it_stands() {
+    for before in 0..=10 {
+        for after in [0, 3] {
+            for (ct, stream) in [
+                ("text/event-stream", true),
+                ("text/event-stream; charset=utf-8", true),
+                ("TEXT/Event-Stream;charset=UTF-8", true),
+                ("application/json", false),
+                ("application/json; charset=utf-8", false),
+                ("text/event-stream x", false),
+            ] {
+                let h = with_content_type(before, &[ct], after);
+                assert_eq!(deferred(200, &h), stream, "{ct} after {before} others");
+                assert_eq!(deferred(201, &h), stream, "{ct} after {before} others");
+            }
+            let none = with_content_type(before, &[], after);
+            assert!(matches!(head(200, &none), Verdict::Done(Outcome::Success)));
+        }
+    }
+    // Names are case-insensitive on the wire; the map holds them lowercased.
+    let mut h = with_content_type(2, &[], 0);
+    let name = http::HeaderName::from_bytes(b"Content-Type").unwrap();
+    h.append(name, "text/event-stream".parse().unwrap());
+    assert!(deferred(200, &h));
+}
+
+#[test]
+fn the_first_content_type_value_decides() {
+    // As `HeaderMap::get` reads it: the first value, wherever the others are.
+    for before in 0..=10 {
+        let h = with_content_type(before, &["text/event-stream", "application/json"], 2);
+        assert!(deferred(200, &h), "after {before} others");
+        let h = with_content_type(before, &["application/json", "text/event-stream"], 2);
+        assert!(!deferred(200, &h), "after {before} others");
+        let mut h = with_content_type(before, &["application/json"], 3);
+        h.append(
+            http::header::CONTENT_TYPE,
+            "text/event-stream".parse().unwrap(),
+        );
+        assert!(!deferred(200, &h), "after {before} others");
+        let mut h = with_content_type(before, &["text/event-stream"], 3);
+        h.append(
+            http::header::CONTENT_TYPE,
+            "application/json".parse().unwrap(),
+        );
+        assert!(deferred(200, &h), "after {before} others");
+    }
+}
+
+#[test]
+fn an_event_stream_type_does_not_change_error_statuses() {
+    for before in [0, 1, 6] {
+        let sse = with_content_type(before, &["text/event-stream"], 2);
+        assert!(matches!(head(529, &sse), Verdict::Done(Outcome::Failure)));
+        assert!(matches!(
+            head(402, &sse),
+            Verdict::Done(Outcome::QuotaExhausted)
+        ));
+        assert!(matches!(head(400, &sse), Verdict::Done(Outcome::Ignored)));
+        // A 429 reads its error body, not an event stream.
+        assert_eq!(
+            body(
+                429,
+                &sse,
+                br#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#
+            ),
+            Outcome::QuotaExhausted
+        );
+        assert_eq!(
+            body(429, &sse, b"event: error\ndata: {}\n\n"),
+            Outcome::RateLimited { retry_after: None }
+        );
+        // A 200 event stream is read for its events.
+        let overloaded = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n";
+        assert_eq!(body(200, &sse, overloaded), Outcome::Failure);
+        assert_eq!(body(200, &sse, b"data: [DONE]\n\n"), Outcome::Success);
+    }
+}
+
+#[test]
+fn the_deferred_state_is_one_pointer() {
+    // Every response body carries it, also when the head decided and it is
+    // never made: a JSON answer would move a scanner's worth of bytes.
+    assert_eq!(
+        std::mem::size_of::<LlmStream>(),
+        std::mem::size_of::<usize>()
+    );
+}
+
 #[test]
 fn provider_error_bodies() {
     let none = HeaderMap::new();
