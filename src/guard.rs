@@ -395,7 +395,19 @@ impl<S: ClassifyStream> BodyGuard<S> {
 }
 
 impl<S: ClassifyStream> Drop for BodyGuard<S> {
+    #[inline]
     fn drop(&mut self) {
+        // Most bodies were decided on their heads, or have ended.
+        if self.0.is_some() {
+            self.abandon();
+        }
+    }
+}
+
+impl<S: ClassifyStream> BodyGuard<S> {
+    /// The caller dropped the body before its verdict came.
+    #[cold]
+    fn abandon(&mut self) {
         self.settle(S::on_drop);
     }
 }
