@@ -438,3 +438,66 @@ fn keyed_calls_through_remembered_entries_count_on_their_own_key() {
         }
     });
 }
+
+// === the slow-call rule's calls in flight ===
+
+#[test]
+fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
+    model(|| {
+        // Every call is slow: the threshold is a nanosecond, and the clock
+        // (real, not modelled) moves on by more than that between any two
+        // steps. The window (of 8, tracking 4 calls under loom) cannot trip.
+        let b = base()
+            .count_window(8)
+            .min_calls(8)
+            .no_failure_rate()
+            .slow_call(Duration::from_nanos(1), 1.0)
+            .build()
+            .unwrap();
+        // This thread takes the one owned counter stripe first, so that
+        // neither thread below can be handed it by the other (see the
+        // counters' model).
+        base()
+            .build()
+            .unwrap()
+            .admit()
+            .unwrap()
+            .record(Outcome::Success);
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || {
+                    let mut first = b.admit().unwrap();
+                    // Sweeps (if it takes the sweep): the other thread's
+                    // calls and `first` may be found crossed here.
+                    let second = b.admit().unwrap();
+                    // Takes its slot back, racing the other thread's sweep:
+                    // crossed already, or judged slow now.
+                    first.head_received();
+                    first.record(Outcome::Success);
+                    second
+                })
+            })
+            .collect();
+        let held: Vec<Permit> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        // No call missed: this admission finds the two still in flight
+        // crossed, whoever swept last.
+        let last = b.admit().unwrap();
+        let s = b.snapshot();
+        assert_eq!(s.counters.slow, 4, "each call once: {:?}", s.counters);
+        assert_eq!((s.window.calls, s.window.slow), (4, 4), "{:?}", s.window);
+        drop(last);
+        for p in held {
+            p.record(Outcome::Failure);
+        }
+        let s = b.snapshot();
+        assert_eq!(s.counters.slow, 5, "the dropped call, at its drop");
+        assert_eq!(
+            (s.window.calls, s.window.failures, s.window.slow),
+            (4, 2, 4),
+            "a crossed call's failure marks its own entry"
+        );
+        assert_eq!(s.state, State::Closed);
+        balance(&b, 0);
+    });
+}

@@ -79,38 +79,39 @@ impl Shared {
             return Ok(Permit::new(self, generation, Kind::Closed, 0));
         };
         let now = self.now();
-        let threshold = self.slow_ns.unwrap_or(u64::MAX);
-        let mut f = lock(in_flight);
-        let crossed = f.sweep(now, threshold);
-        if crossed.is_empty() {
-            let id = f.start(now);
-            drop(f);
-            return Ok(Permit::new(self, generation, Kind::Tracked, id));
+        let current = generation as u32;
+        if in_flight.is_due(now)
+            && self.record_crossings(current, now) > 0
+            && !self.is_current(State::Closed, current)
+        {
+            // The crossings this admission found tripped the circuit: it is
+            // the first call the open circuit turns away, not one more call
+            // to an upstream already known to hang.
+            return self.admit();
         }
-        drop(f);
-        self.record_crossings(generation as u32, &crossed, now);
-        if self.is_current(State::Closed, generation as u32) {
-            let id = lock(in_flight).start(now);
-            return Ok(Permit::new(self, generation, Kind::Tracked, id));
+        let (mut kind, mut id) = (Kind::Tracked, in_flight.start(now));
+        if !self.is_current(State::Closed, current) {
+            // The period that admitted the call ended as it took its slot:
+            // its outcome will be dropped, so it is not watched either.
+            in_flight.finish(id, || now);
+            (kind, id) = (Kind::Closed, 0);
         }
-        // The crossings this admission found tripped the circuit: it is the
-        // first call the open circuit turns away, not one more call to an
-        // upstream already known to hang.
-        self.admit()
+        Ok(Permit::new(self, generation, kind, id))
     }
 
     /// Calls still hanging past the slow threshold are slow now, not when
     /// their timeouts finally return; each takes its one place in the
-    /// window here.
+    /// window here. Returns how many crossed (none if another admission
+    /// is sweeping).
     #[cold]
-    pub(super) fn record_crossings(&self, generation: u32, crossed: &[u32], now: u64) {
-        self.counters.add(Counter::Slow, crossed.len() as u64);
-        for &id in crossed {
-            let slot = self.record_closed(generation, SLOW, false, now);
-            if let (Some(slot), Some(f)) = (slot, &self.in_flight) {
-                lock(f).crossed_at(id, slot);
-            }
-        }
+    pub(super) fn record_crossings(&self, generation: u32, now: u64) -> u64 {
+        let Some(in_flight) = &self.in_flight else {
+            return 0;
+        };
+        in_flight.sweep(now, || {
+            self.counters.incr(Counter::Slow);
+            self.record_closed(generation, SLOW, false, now)
+        })
     }
 
     #[cold]

@@ -151,7 +151,7 @@ pub(crate) struct Shared {
     changes: Arc<Notify>,
     rates: Rates,
     /// Calls in flight, tracked only when the slow-call rule is on.
-    in_flight: Option<Mutex<InFlight>>,
+    in_flight: Option<InFlight>,
     volume: Option<VolumeGuard>,
     counters: Striped,
     control: Mutex<Control>,
@@ -261,7 +261,7 @@ impl Breaker {
                 } else {
                     Rates::None
                 },
-                in_flight: slow_ns.map(|_| Mutex::new(InFlight::default())),
+                in_flight: slow_ns.map(|t| InFlight::new(t, config.window, config.min_calls)),
                 volume: config
                     .volume_guard
                     .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::counters::Counter;
 use super::permit::{Head, Kind, Ticket};
-use super::window::{self, Rates, FAILED, SLOW};
+use super::window::{self, Rates, Taken, FAILED, SLOW};
 use super::{nanos, Control, Events, Outcome, Reason, Shared, State, WindowStats};
 use crate::sync::lock;
 
@@ -101,13 +101,35 @@ impl Shared {
     /// Judges the call's time to head, now: slow, fast, or already counted
     /// as slow while it was in flight. Counts a slow call. For a probe,
     /// marks its head as come, so its deadline no longer applies.
+    #[inline]
     pub(super) fn judge_head(&self, permit: Ticket) -> Head {
+        if permit.kind != Kind::Tracked {
+            return self.judge_other(permit);
+        }
+        let Some(in_flight) = &self.in_flight else {
+            return Head::Fast;
+        };
+        let started = match in_flight.finish(permit.id, || self.now()) {
+            Taken::Running(started) => started,
+            Taken::Crossed(slot) => return Head::Crossed(slot),
+            // Untracked, or forgotten by the transition that started its
+            // own period as it was admitted: judged on its head.
+            Taken::Forgotten(started) | Taken::Untracked(started)
+                if self.is_current(State::Closed, permit.generation) =>
+            {
+                started
+            }
+            // Its period ended: its outcome will be dropped.
+            Taken::Forgotten(_) | Taken::Untracked(_) => return Head::Fast,
+        };
+        self.judge_started(started)
+    }
+
+    /// [`judge_head`](Self::judge_head) for a probe (or a call that is not
+    /// timed).
+    #[cold]
+    fn judge_other(&self, permit: Ticket) -> Head {
         let started = match permit.kind {
-            Kind::Tracked => match self.in_flight.as_ref().map(|f| lock(f).finish(permit.id)) {
-                Some(window::Finished::Running(started)) => started,
-                Some(window::Finished::Crossed(slot)) => return Head::Crossed(slot),
-                Some(window::Finished::Gone) | None => return Head::Fast,
-            },
             Kind::Probe => {
                 let mut ctl = lock(&self.control);
                 let now = self.now();
@@ -128,8 +150,14 @@ impl Shared {
                     None => return Head::Fast,
                 }
             }
-            Kind::Closed | Kind::Passive | Kind::LastResort => return Head::Fast,
+            Kind::Tracked | Kind::Closed | Kind::Passive | Kind::LastResort => return Head::Fast,
         };
+        self.judge_started(started)
+    }
+
+    /// Slow or fast, for a call that started at `started`; counts a slow one.
+    #[inline]
+    fn judge_started(&self, started: u64) -> Head {
         let Some(threshold) = self.slow_ns else {
             return Head::Fast;
         };

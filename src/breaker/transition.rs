@@ -66,9 +66,6 @@ impl Shared {
             }
             State::HalfOpen | State::ForcedOpen | State::Disabled => {}
         }
-        if let Some(f) = &self.in_flight {
-            lock(f).clear();
-        }
         // The deadline before the word: a reader that sees the new word
         // reads its deadline.
         ctl.reason = Some(reason);
@@ -79,6 +76,11 @@ impl Shared {
             Packed::new(to, generation)
         };
         self.hot.state.store(word.0, Ordering::Release);
+        // After the word: an admission of the ended period either has its
+        // call forgotten here or sees the new word and lets its slot go.
+        if let Some(f) = &self.in_flight {
+            f.forget();
+        }
         self.changes.notify_waiters();
         Transition {
             key: self.name.clone(),

@@ -1,13 +1,15 @@
 //! Sliding windows: the last N calls, the last D of time, and the calls still
 //! in flight that the slow-call rule watches.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::sync::{lock, AtomicU32, AtomicU64, AtomicU8, Mutex};
 
 use super::config::Window;
 use super::state::WindowStats;
+
+mod inflight;
+pub(crate) use self::inflight::{InFlight, Taken};
 
 /// One call as the window sees it.
 pub(crate) const FAILED: u8 = 0b01;
@@ -286,96 +288,6 @@ impl TimeWindow {
     }
 }
 
-// === impl InFlight ===
-
-/// Calls admitted while closed that have not finished, oldest first, so the
-/// slow-call rule can count a call as slow the moment it crosses the
-/// threshold instead of when (or if) it returns.
-#[derive(Debug, Default)]
-pub(crate) struct InFlight {
-    /// Id of the entry at the front of `calls`.
-    base: u64,
-    /// Start time of each call, or `None` once it finished.
-    calls: VecDeque<Option<u64>>,
-    /// Calls counted as slow while in flight, with their place in the
-    /// window, until they finish.
-    crossed: Vec<(u32, Slot)>,
-}
-
-/// What [`InFlight::finish`] knew of a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Finished {
-    /// Still running; it started then.
-    Running(u64),
-    /// Counted as slow while in flight, here in the window.
-    Crossed(Slot),
-    /// Not tracked: its period ended.
-    Gone,
-}
-
-impl InFlight {
-    /// Tracks a call that starts at `now`; returns its id.
-    pub(crate) fn start(&mut self, now: u64) -> u32 {
-        let id = self.base + self.calls.len() as u64;
-        self.calls.push_back(Some(now));
-        id as u32
-    }
-
-    /// Stops tracking call `id`. Ids are compared modulo 2^32, which holds
-    /// while fewer than 2^32 calls are tracked at once.
-    pub(crate) fn finish(&mut self, id: u32) -> Finished {
-        if let Some(i) = self.crossed.iter().position(|&(c, _)| c == id) {
-            return Finished::Crossed(self.crossed.swap_remove(i).1);
-        }
-        let offset = id.wrapping_sub(self.base as u32) as usize;
-        let start = self.calls.get_mut(offset).and_then(Option::take);
-        self.trim();
-        start.map_or(Finished::Gone, Finished::Running)
-    }
-
-    /// Takes out the calls that have been in flight for longer than
-    /// `threshold` and returns their ids; they stay known as crossed (see
-    /// [`crossed_at`](Self::crossed_at)) until they finish.
-    pub(crate) fn sweep(&mut self, now: u64, threshold: u64) -> Vec<u32> {
-        let mut crossed = Vec::new();
-        while let Some(front) = self.calls.front() {
-            match front {
-                Some(start) if now.saturating_sub(*start) > threshold => {
-                    crossed.push(self.base as u32);
-                    self.crossed.push((self.base as u32, Slot::NONE));
-                }
-                Some(_) => break,
-                None => {}
-            }
-            self.calls.pop_front();
-            self.base += 1;
-        }
-        crossed
-    }
-
-    /// Notes where in the window crossed call `id` was counted.
-    pub(crate) fn crossed_at(&mut self, id: u32, slot: Slot) {
-        if let Some(entry) = self.crossed.iter_mut().find(|(c, _)| *c == id) {
-            entry.1 = slot;
-        }
-    }
-
-    fn trim(&mut self) {
-        while let Some(None) = self.calls.front() {
-            self.calls.pop_front();
-            self.base += 1;
-        }
-    }
-
-    /// Forgets every call: they belong to a generation that has ended, and
-    /// their ids are already below no longer being tracked.
-    pub(crate) fn clear(&mut self) {
-        self.base += self.calls.len() as u64;
-        self.calls.clear();
-        self.crossed.clear();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,26 +345,5 @@ mod tests {
         assert_eq!((s.calls, s.failures, s.slow), (1, 1, 1));
         let s = t.mark_failed(slot, 2_000);
         assert_eq!(s.failures, 1, "never more failures than calls in a bucket");
-    }
-
-    #[test]
-    fn in_flight_counts_a_crossing_call_once() {
-        let mut f = InFlight::default();
-        let a = f.start(0);
-        let b = f.start(10);
-        assert_eq!(f.finish(b), Finished::Running(10));
-        assert!(
-            f.sweep(100, 100).is_empty(),
-            "exactly at the threshold is not slow"
-        );
-        assert_eq!(f.sweep(101, 100), vec![a]);
-        assert!(f.sweep(500, 100).is_empty());
-        f.crossed_at(a, Slot(7));
-        assert_eq!(
-            f.finish(a),
-            Finished::Crossed(Slot(7)),
-            "a swept call knows it was counted"
-        );
-        assert_eq!(f.finish(a), Finished::Gone);
     }
 }

@@ -772,3 +772,96 @@ async fn a_call_that_crossed_the_slow_threshold_counts_once_in_the_window() {
     assert_eq!(b.snapshot().consecutive_failures, 1);
     assert_eq!(b.snapshot().counters.slow, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_call_counts_at_the_first_admission_after_it_crosses() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    let hanging = b.admit().unwrap();
+    advance(Duration::from_secs(5)).await;
+    drop(b.admit().unwrap());
+    assert_eq!(b.snapshot().counters.slow, 0, "exactly the threshold");
+    advance(Duration::from_nanos(1)).await;
+    drop(b.admit().unwrap());
+    assert_eq!(b.snapshot().counters.slow, 1, "a nanosecond past it");
+    assert_eq!(b.snapshot().window.slow, 1);
+    hanging.record(Outcome::Success);
+    assert_eq!(b.snapshot().counters.slow, 1, "counted once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_younger_than_one_that_finished_is_still_found_when_it_crosses() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    let mut quick = b.admit().unwrap();
+    advance(Duration::from_secs(1)).await;
+    let hanging = b.admit().unwrap();
+    quick.head_received();
+    quick.record(Outcome::Success);
+    // The oldest call could have crossed by now, but it finished: the
+    // admission finds nothing, and looks again when the younger one can.
+    advance(Duration::from_secs(5)).await;
+    drop(b.admit().unwrap());
+    assert_eq!(b.snapshot().counters.slow, 0);
+    advance(Duration::from_nanos(1)).await;
+    drop(b.admit().unwrap());
+    assert_eq!(b.snapshot().counters.slow, 1);
+    drop(hanging);
+    assert_eq!(b.snapshot().counters.slow, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_beyond_the_tracked_ones_are_judged_on_their_heads() {
+    // A time window tracks as many calls in flight as `min_calls` (16 at
+    // least); the rest are judged when their heads come.
+    let b = base()
+        .time_window(Duration::from_secs(60), 6)
+        .min_calls(16)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    record(&b, Outcome::Success, 10);
+    let hanging: Vec<_> = (0..18).map(|_| b.admit().unwrap()).collect();
+    advance(Duration::from_secs(6)).await;
+    drop(b.admit().unwrap());
+    assert_eq!(b.snapshot().counters.slow, 16, "the tracked ones crossed");
+    for mut h in hanging {
+        h.head_received();
+        h.record(Outcome::Success);
+    }
+    let snap = b.snapshot();
+    assert_eq!(snap.counters.slow, 18, "the other two, at their heads");
+    assert_eq!((snap.window.calls, snap.window.slow), (28, 18));
+    assert_eq!(snap.state, State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_of_an_ended_period_is_not_counted_in_the_next() {
+    let b = base()
+        .count_window(10)
+        .min_calls(10)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 1.0)
+        .build()
+        .unwrap();
+    let old = b.admit().unwrap();
+    b.reset();
+    advance(Duration::from_secs(6)).await;
+    drop(b.admit().unwrap());
+    let snap = b.snapshot();
+    assert_eq!((snap.counters.slow, snap.window.slow), (0, 0));
+    old.record(Outcome::Failure);
+    let snap = b.snapshot();
+    assert_eq!((snap.counters.slow, snap.window.calls), (0, 0));
+}
