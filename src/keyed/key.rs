@@ -28,13 +28,17 @@ enum Repr<'a> {
 
 impl<'a> Key<'a> {
     /// The key as a string.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::Key;
+    ///
+    /// assert_eq!(Key::from("gpt-4o").as_str(), "gpt-4o");
+    /// ```
+    #[inline]
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Borrowed(s) => s,
-            // Only ever filled with ASCII by `hashed`.
-            Repr::Inline { buf, len } => {
-                std::str::from_utf8(&buf[..usize::from(*len)]).unwrap_or("")
-            }
+            Repr::Inline { buf, len } => inline_str(buf, *len),
             Repr::Owned(s) => s,
         }
     }
@@ -69,6 +73,44 @@ impl<'a> Key<'a> {
             buf[1 + i] = b"0123456789abcdef"[usize::from(nibble)];
         }
         Key(Repr::Inline { buf, len: 17 })
+    }
+}
+
+/// The text of an inline key, which `hashed` only ever fills with ASCII.
+fn inline_str(buf: &[u8; 23], len: u8) -> &str {
+    std::str::from_utf8(&buf[..usize::from(len)]).unwrap_or("")
+}
+
+/// Whether two keys are equal. Keys are short (a model name, a host, a
+/// 17-byte hashed credential), and comparing them a word at a time inline
+/// costs a fraction of a call to `memcmp`, which a lookup would otherwise
+/// make every time.
+#[inline]
+pub(super) fn same_key(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| {
+        let mut w = [0; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let half = |s: &[u8], at: usize| {
+        let mut w = [0; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u32::from_ne_bytes(w)
+    };
+    // Two loads from each end, which overlap in the middle of a short key.
+    match n {
+        0..=3 => a.iter().zip(b).all(|(x, y)| x == y),
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        17..=24 => {
+            word(a, 0) == word(b, 0) && word(a, 8) == word(b, 8) && word(a, n - 8) == word(b, n - 8)
+        }
+        _ => a == b,
     }
 }
 

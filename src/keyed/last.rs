@@ -14,10 +14,11 @@
 //! The remembered entry keeps its breaker alive until the thread looks up
 //! another key twice or exits.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::key::same_key;
 use super::Entry;
 use crate::breaker::CircuitOpen;
 use crate::sync::thread_local;
@@ -30,17 +31,23 @@ pub(super) fn next_version() -> u64 {
     VERSIONS.fetch_add(1, Ordering::Relaxed)
 }
 
-#[derive(Default)]
 struct Last {
-    /// The version of the set `entry` was found in.
-    version: u64,
+    /// The version of the set `entry` was found in; 0, which no set has,
+    /// while it holds none.
+    version: Cell<u64>,
     /// The hash of the key last looked up, remembered or not.
-    hash: u64,
-    entry: Option<Arc<Entry>>,
+    hash: Cell<u64>,
+    entry: RefCell<Option<Arc<Entry>>>,
 }
 
 thread_local! {
-    static LAST: RefCell<Last> = RefCell::new(Last::default());
+    static LAST: Last = const {
+        Last {
+            version: Cell::new(0),
+            hash: Cell::new(0),
+            entry: RefCell::new(None),
+        }
+    };
 }
 
 /// Admits through the remembered entry if it is `key`'s in the set at
@@ -48,10 +55,15 @@ thread_local! {
 #[inline]
 pub(super) fn admit(version: u64, key: &str) -> Option<Result<Permit, CircuitOpen>> {
     LAST.try_with(|last| {
+        // Nothing remembered from this set (or nothing at all): no need to
+        // look at the entry.
+        if last.version.get() != version {
+            return None;
+        }
         // A listener calling in during an admission finds it borrowed.
-        let last = last.try_borrow().ok()?;
-        let entry = last.entry.as_ref()?;
-        if last.version != version || *entry.key != *key {
+        let entry = last.entry.try_borrow().ok()?;
+        let entry = entry.as_ref()?;
+        if !same_key(&entry.key, key) {
             return None;
         }
         entry.mark_used();
@@ -66,14 +78,11 @@ pub(super) fn admit(version: u64, key: &str) -> Option<Result<Permit, CircuitOpe
 #[inline]
 pub(super) fn looked_up(version: u64, hash: u64, entry: &Arc<Entry>) {
     let _ = LAST.try_with(|last| {
-        let Ok(mut last) = last.try_borrow_mut() else {
-            return;
-        };
-        if last.hash == hash {
-            last.version = version;
-            last.entry = Some(Arc::clone(entry));
-        } else {
-            last.hash = hash;
+        if last.hash.get() != hash {
+            last.hash.set(hash);
+        } else if let Ok(mut remembered) = last.entry.try_borrow_mut() {
+            *remembered = Some(Arc::clone(entry));
+            last.version.set(version);
         }
     });
 }

@@ -54,6 +54,8 @@
 mod key;
 mod last;
 mod settings;
+#[cfg(test)]
+mod tests;
 
 pub use self::settings::KeyedSettings;
 
@@ -71,8 +73,9 @@ use std::time::Duration;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::time::Instant;
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 
+use self::key::same_key;
 use crate::breaker::CircuitOpen;
 use crate::breaker::{sealed, Breaker, Build, Config, Snapshot, State};
 use crate::{Builder, Permit};
@@ -98,10 +101,12 @@ pub struct KeyedBreakers {
 }
 
 struct Inner {
-    shards: Box<[RwLock<HashTable<Arc<Entry>>>]>,
+    shards: [RwLock<HashTable<Arc<Entry>>>; SHARDS],
     /// Changes whenever keys are evicted; see [`last`].
     version: AtomicU64,
     hasher: DefaultHashBuilder,
+    /// Mixed into every key's hash first: see [`Inner::hash`].
+    seed: u128,
     config: Arc<Config>,
     overrides: Vec<(Box<str>, Arc<Config>)>,
     max_keys: usize,
@@ -172,9 +177,10 @@ impl Build for KeyedBreakers {
         let config = Arc::new(config);
         Ok(KeyedBreakers {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+                shards: std::array::from_fn(|_| RwLock::new(HashTable::new())),
                 version: AtomicU64::new(last::next_version()),
                 hasher: DefaultHashBuilder::default(),
+                seed: os_random_seed(),
                 max_keys: extra.max_keys,
                 idle: extra.idle_timeout,
                 overflow: Breaker::with_config(config.clone(), Some("(overflow)".into())),
@@ -226,16 +232,16 @@ impl KeyedBreakers {
         if let Some(admitted) = last::admit(version, key) {
             return admitted;
         }
-        let hash = inner.hasher.hash_one(key);
+        let hash = inner.hash(key);
         {
             let table = read(inner.shard(hash));
-            if let Some(e) = table.find(hash, |e| &*e.key == key) {
+            if let Some(e) = table.find(hash, |e| same_key(&e.key, key)) {
                 e.mark_used();
                 last::looked_up(version, hash, e);
                 return e.breaker.admit();
             }
         }
-        inner.insert(key, hash).admit()
+        inner.admit_new(key, hash)
     }
 
     /// Admits a call that carries no key (it shares the `(unkeyed)` breaker).
@@ -265,9 +271,9 @@ impl KeyedBreakers {
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::Closed);
     /// ```
     pub fn get(&self, key: &str) -> Option<Breaker> {
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hash(key);
         read(self.inner.shard(hash))
-            .find(hash, |e| &*e.key == key)
+            .find(hash, |e| same_key(&e.key, key))
             .map(|e| e.breaker.clone())
     }
 
@@ -285,7 +291,7 @@ impl KeyedBreakers {
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::ForcedOpen);
     /// ```
     pub fn get_or_insert(&self, key: &str) -> Breaker {
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hash(key);
         self.get(key)
             .unwrap_or_else(|| self.inner.insert(key, hash))
     }
@@ -429,10 +435,39 @@ impl Inner {
         self.overflow.admit()
     }
 
+    /// The hash of `key`, which picks its shard and its place in the table.
+    ///
+    /// Keys can come from request headers, so an attacker who could make
+    /// many keys hash alike would turn every lookup in their shard into a
+    /// scan. The hasher is foldhash (hashbrown's), a fast hash for short
+    /// strings that is seeded but makes no claim against such attacks, and
+    /// in this build draws its seed from address-space layout alone; so the
+    /// state it starts from is first folded with 128 bits the operating
+    /// system's randomness gave this set, which an attacker never sees.
+    /// The cap on keys and the overflow breaker bound what is left, and
+    /// credentials should be keyed by [`header_hashed`], whose SipHash under
+    /// a secret no one outside can steer. A lone string needs no terminator
+    /// (`str`'s `Hash` adds one, to keep keys made of several fields
+    /// apart), which saves a round of mixing.
+    #[inline]
+    fn hash(&self, key: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_u128(self.seed);
+        h.write(key.as_bytes());
+        h.finish()
+    }
+
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Entry>>> {
         // Top bits pick the shard; the table uses the low ones.
         &self.shards[(hash >> 60) as usize % SHARDS]
+    }
+
+    /// Admits a call for a key the set does not hold yet.
+    #[cold]
+    #[inline(never)]
+    fn admit_new(&self, key: &str, hash: u64) -> Result<Permit, CircuitOpen> {
+        self.insert(key, hash).admit()
     }
 
     #[cold]
@@ -455,7 +490,7 @@ impl Inner {
 
     fn try_insert(&self, key: &str, hash: u64) -> Option<Breaker> {
         let mut table = write(self.shard(hash));
-        if let Some(e) = table.find(hash, |e| &*e.key == key) {
+        if let Some(e) = table.find(hash, |e| same_key(&e.key, key)) {
             return Some(e.breaker.clone());
         }
         // Reserve a place first, so racing inserts cannot pass the cap.
@@ -479,7 +514,7 @@ impl Inner {
                 breaker: breaker.clone(),
                 used: AtomicBool::new(true),
             }),
-            |e| self.hasher.hash_one(&*e.key),
+            |e| self.hash(&e.key),
         );
         Some(breaker)
     }
@@ -520,6 +555,14 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 128 bits from the operating system's randomness: std's `RandomState`
+/// keys SipHash with them, and two hashes under two of its keys are
+/// unpredictable without them.
+fn os_random_seed() -> u128 {
+    let draw = || std::collections::hash_map::RandomState::new().hash_one(0u8);
+    (u128::from(draw()) << 64) | u128::from(draw())
 }
 
 /// Keyed breakers plus the function that takes the key from a request: what

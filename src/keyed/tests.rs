@@ -1,0 +1,71 @@
+//! Lookups that must find exactly their own key.
+
+use super::key::same_key;
+use super::KeyedBreakers;
+use crate::Outcome;
+
+/// Keys of every length up to 40 bytes, and for each every way to differ
+/// from it in one byte, or in length.
+#[test]
+fn keys_are_equal_exactly_when_their_bytes_are() {
+    for n in 0..=40 {
+        let key: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        assert!(same_key(&key, &key.clone()), "{key:?} against itself");
+        for at in 0..n {
+            let mut other = key.clone().into_bytes();
+            other[at] = b'Z';
+            let other = String::from_utf8(other).unwrap();
+            assert!(!same_key(&key, &other), "{key:?} against {other:?}");
+            assert!(!same_key(&other, &key), "{other:?} against {key:?}");
+        }
+        let longer = format!("{key}a");
+        assert!(!same_key(&key, &longer), "{key:?} against {longer:?}");
+        assert!(!same_key(&longer, &key), "{longer:?} against {key:?}");
+    }
+}
+
+/// Keys differing in one byte, at every position and length, each have
+/// their own breaker, looked up through the table and through the entry a
+/// thread remembers.
+#[test]
+fn keys_one_byte_apart_have_their_own_breakers() {
+    let set = KeyedBreakers::builder()
+        .consecutive_failures(1)
+        .build()
+        .unwrap();
+    for n in 1..=40 {
+        let key: String = "k".repeat(n);
+        for at in 0..n {
+            let mut other = key.clone().into_bytes();
+            other[at] = b'x';
+            let other = String::from_utf8(other).unwrap();
+            // Twice in a row, so this thread remembers the entry, then the
+            // other key.
+            set.admit(&key).unwrap().record(Outcome::Success);
+            set.admit(&key).unwrap().record(Outcome::Success);
+            set.admit(&other).unwrap().record(Outcome::Failure);
+            assert!(set.admit(&key).is_ok(), "{key:?} took {other:?}'s failure");
+            assert!(set.admit(&other).is_err(), "{other:?} is open");
+            set.get(&other).unwrap().reset();
+        }
+    }
+}
+
+/// A thread that remembers a key's entry in one set admits the same key
+/// in another set on that set's breaker.
+#[test]
+fn a_remembered_entry_serves_only_its_own_set() {
+    let set = || {
+        KeyedBreakers::builder()
+            .consecutive_failures(100)
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (set(), set());
+    for _ in 0..3 {
+        first.admit("gpt-4o").unwrap().record(Outcome::Success);
+    }
+    second.admit("gpt-4o").unwrap().record(Outcome::Success);
+    let admitted = |s: &KeyedBreakers| s.get("gpt-4o").unwrap().snapshot().counters.admitted;
+    assert_eq!((admitted(&first), admitted(&second)), (3, 1));
+}
