@@ -203,11 +203,13 @@ impl<T: Build> Builder<T> {
     /// long before its timeouts come back. In half-open, a slow probe is a
     /// failed probe.
     ///
-    /// Calls in flight are tracked in a fixed ring of slots, as many as the
-    /// count window holds (`min_calls` for a time window), at least 16 and at
-    /// most 1,024, rounded up to a power of two; admissions take no lock. A
-    /// call that finds every slot taken is judged on its response head alone
-    /// (to the millisecond), not counted while it hangs.
+    /// Calls in flight are tracked in a fixed ring of slots, eight for each
+    /// call the count window holds (`min_calls` for a time window), at least
+    /// 16 and at most 1,024, rounded up to a power of two: 256 slots, 2 KiB,
+    /// for a window of 20, allocated when the breaker is built (for each key
+    /// of a keyed set). Admissions take no lock. A call that finds every slot
+    /// taken is judged on its response head alone (to the millisecond), not
+    /// counted while it hangs.
     pub fn slow_call(mut self, threshold: Duration, rate: f64) -> Self {
         self.config.slow_call = Some((threshold, rate));
         self

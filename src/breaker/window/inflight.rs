@@ -33,10 +33,15 @@
 //!
 //! A call that finds no free slot goes untracked: it is judged on its head
 //! alone, to the millisecond (its start travels in its permit), and counted
-//! slow then if it was. The ring holds as many calls as the window holds
-//! (at least 16, at most 1024, rounded up to a power of two): the calls that find it full started after
-//! every tracked one, so by the time they could cross, the tracked calls
-//! have crossed and filled the window, or finished and freed their slots.
+//! slow then if it was. The ring holds eight times as many calls as the
+//! window (at least 16, at most 1,024, rounded up to a power of two): LLM
+//! traffic keeps many calls in flight (140 a second answering in 1.2 s is
+//! 170 at once), and when the upstream slows down the trip comes as soon as
+//! enough tracked calls cross, so a ring the size of the window alone would
+//! fill with healthy calls and track too few of the slow ones (the slow
+//! failover scenario's breaker sent 6 % more calls to the slow primary
+//! with a ring of 32 than with 256). With more calls in flight than slots,
+//! only the tracked ones are counted while they hang.
 
 use std::sync::atomic::Ordering;
 
@@ -62,6 +67,8 @@ const CROSSED_NOWHERE: u64 = CROSSED | LOW;
 const UNTRACKED: u32 = 1 << 31;
 const NS_PER_MS: u64 = 1_000_000;
 
+/// Slots in a ring for each call of the window.
+const PER_CALL: usize = if cfg!(loom) { 1 } else { 8 };
 /// Slots in a ring, whatever the window (rounded up to a power of two);
 /// under loom a ring small enough for its models to explore.
 const MIN_SLOTS: usize = if cfg!(loom) { 2 } else { 16 };
@@ -102,7 +109,10 @@ impl InFlight {
             Window::Count(n) => n as usize,
             Window::Time { .. } | Window::None => min_calls as usize,
         };
-        let n = calls.clamp(MIN_SLOTS, MAX_SLOTS).next_power_of_two();
+        let n = calls
+            .saturating_mul(PER_CALL)
+            .clamp(MIN_SLOTS, MAX_SLOTS)
+            .next_power_of_two();
         InFlight {
             slots: (0..n).map(|_| AtomicU64::new(FREE)).collect(),
             due: AtomicU64::new(u64::MAX),
