@@ -501,3 +501,42 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
         balance(&b, 0);
     });
 }
+
+#[test]
+fn a_call_claimed_while_a_sweep_resets_the_due_moment_is_not_missed() {
+    use tower_circuit_breaker::breaker::InFlightRing;
+    model(|| {
+        // Calls slower than 100ns, the clock in hand: one call in flight
+        // since 0, so a sweep is due from 101.
+        let ring = Arc::new(InFlightRing::new(100));
+        let (early, _) = ring.admit(0);
+        // A call admitted at 50, before anything crossed: it claims its slot
+        // and finds the moment 101 (earlier than its own, 151) already
+        // there, unless it sees the sweep's reset.
+        let r = ring.clone();
+        let late = thread::spawn(move || r.admit(50));
+        // A sweep at 200 (an admission's, before its own claim): it takes
+        // the moment 101, then reads every slot. Either it finds the late
+        // call (crossed by 200), or the late call found the reset and wrote
+        // its own moment.
+        let r = ring.clone();
+        let sweeper = thread::spawn(move || if r.is_due(200) { r.sweep(200) } else { 0 });
+        let (late, none) = late.join().unwrap();
+        let swept = sweeper.join().unwrap();
+        assert_eq!(none, 0, "nothing had crossed at 50");
+        let after = if ring.is_due(1000) {
+            ring.sweep(1000)
+        } else {
+            0
+        };
+        assert_eq!(
+            swept + after,
+            2,
+            "swept {swept}, then {after}: a call missed"
+        );
+        assert!(
+            ring.finish(early) && ring.finish(late),
+            "each counted by a sweep"
+        );
+    });
+}

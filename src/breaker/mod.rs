@@ -86,6 +86,8 @@ use self::rejection::Deadline;
 pub use self::rejection::{CircuitOpen, Rejection};
 use self::state::Packed;
 use self::volume::VolumeGuard;
+#[doc(hidden)]
+pub use self::window::InFlightRing;
 use self::window::{InFlight, Rates};
 use crate::rng::Rng;
 use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};

@@ -9,6 +9,8 @@ use super::config::Window;
 use super::state::WindowStats;
 
 mod inflight;
+#[doc(hidden)]
+pub use self::inflight::InFlightRing;
 pub(crate) use self::inflight::{InFlight, Taken};
 
 /// One call as the window sees it.

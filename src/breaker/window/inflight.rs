@@ -245,6 +245,47 @@ impl InFlight {
     }
 }
 
+/// Not part of the API: the ring on its own, with the clock in the
+/// caller's hands, so that the loom models can drive an admission and a
+/// sweep at chosen moments (ns).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct InFlightRing(InFlight);
+
+impl InFlightRing {
+    /// A ring for calls slower than `threshold` ns, of the smallest size.
+    pub fn new(threshold: u64) -> Self {
+        InFlightRing(InFlight::new(threshold, Window::Count(1), 1))
+    }
+
+    /// An admission's steps at `now`: sweeps if a tracked call may have
+    /// crossed, then tracks the call. Returns its id and how many the
+    /// sweep found crossed.
+    pub fn admit(&self, now: u64) -> (u32, u64) {
+        let crossed = if self.0.is_due(now) {
+            self.sweep(now)
+        } else {
+            0
+        };
+        (self.0.start(now), crossed)
+    }
+
+    /// Whether a tracked call may have crossed by `now`.
+    pub fn is_due(&self, now: u64) -> bool {
+        self.0.is_due(now)
+    }
+
+    /// Counts the calls crossed by `now` (nowhere in a window).
+    pub fn sweep(&self, now: u64) -> u64 {
+        self.0.sweep(now, || None)
+    }
+
+    /// Takes call `id`'s slot back: whether a sweep had counted it.
+    pub fn finish(&self, id: u32) -> bool {
+        matches!(self.0.finish(id, || 0), Taken::Crossed(_))
+    }
+}
+
 fn decode(held: u64) -> Taken {
     if held & CROSSED != 0 {
         let low = held & LOW;
