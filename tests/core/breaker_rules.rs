@@ -822,11 +822,11 @@ async fn a_call_younger_than_one_that_finished_is_still_found_when_it_crosses() 
 
 #[tokio::test(start_paused = true)]
 async fn calls_beyond_the_tracked_ones_are_judged_on_their_heads() {
-    // A time window tracks as many calls in flight as `min_calls` (16 at
-    // least); the rest are judged when their heads come.
+    // A time window tracks eight calls in flight for each of `min_calls`
+    // (16 at least); the rest are judged when their heads come.
     let b = base()
         .time_window(Duration::from_secs(60), 6)
-        .min_calls(16)
+        .min_calls(2)
         .no_failure_rate()
         .slow_call(Duration::from_secs(5), 1.0)
         .build()
