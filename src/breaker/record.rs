@@ -54,11 +54,7 @@ impl Shared {
                     // of failures goes on.
                     _ => return,
                 };
-                let now = if matches!(self.rates, Rates::Time(_)) {
-                    self.now()
-                } else {
-                    0
-                };
+                let now = self.window_now();
                 if let Head::Crossed(slot) = *head {
                     // Already in the window as slow: a failure marks that
                     // entry failed too, and only a failure counts further.
@@ -90,12 +86,18 @@ impl Shared {
             }
             return;
         }
-        let now = if matches!(self.rates, Rates::Time(_)) {
+        self.record_closed(generation, 0, true, self.window_now());
+    }
+
+    /// The moment a record lands in the window: only a time window reads
+    /// the clock.
+    #[inline]
+    fn window_now(&self) -> u64 {
+        if matches!(self.rates, Rates::Time(_)) {
             self.now()
         } else {
             0
-        };
-        self.record_closed(generation, 0, true, now);
+        }
     }
 
     /// Judges the call's time to head, now: slow, fast, or already counted
