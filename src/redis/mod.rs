@@ -130,8 +130,12 @@
 //! decisions) the moment an exchange fails or takes longer than
 //! [`BackendBuilder::timeout`]. No request fails because of Redis. The
 //! attachment logs one warning, reconnects with backoff, and when Redis
-//! answers again it resyncs and returns to shared mode; breakers still open
-//! tell a Redis that lost its state (restarted empty) that they are. Values
+//! answers again it resyncs and returns to shared mode. Lost shared state
+//! (Redis restarted empty, or flushed) never changes a circuit: breakers
+//! still open tell Redis that they are (the cluster opens again); a
+//! half-open breaker finishes its cycle on its own probes, as without Redis,
+//! and shares its verdict (a reopen opens the others); a state an operator
+//! set cluster-wide stays on every replica that applied it. Values
 //! in its keys that it cannot read (wrong types, non-numeric fields, unknown
 //! states, absurd deadlines) are treated as absent, and overwritten by the
 //! next transition.

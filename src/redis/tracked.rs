@@ -54,6 +54,11 @@ pub(super) struct Tracked {
     /// Calls admitted and rejected at the last resync: a closed breaker
     /// without calls since has nothing to protect and skips the next one.
     pub(super) activity: u64,
+    /// The breaker runs its half-open cycle on its own: it was half-open
+    /// when Redis turned out to hold no state for it (restarted empty,
+    /// flushed), so no cluster cycle exists to grant its probes, and closing
+    /// it without a probe would let lost state close a circuit.
+    pub(super) local_cycle: bool,
 }
 
 /// A request in flight, and what applying its reply needs.
@@ -83,6 +88,7 @@ impl Tracked {
             seen: 0,
             activity: 0,
             opened: None,
+            local_cycle: false,
             trip_sent: false,
             slack: settings.timeout,
         }
@@ -166,6 +172,10 @@ impl Tracked {
         let active = !snap.metrics_only;
         let view_closed = self.view.is_none_or(|v| v.cluster.is_closed());
 
+        if self.local_cycle && local != State::HalfOpen {
+            // Its own probes decided: back to the cluster's cycles.
+            self.end_local_cycle();
+        }
         let mut req = Request {
             epoch: self.view.map_or(0, |v| v.epoch),
             ..Request::default()
@@ -226,6 +236,7 @@ impl Tracked {
             req.slow = slow.min(req.calls);
         }
         if shared
+            && !self.local_cycle
             && local == State::HalfOpen
             && rejected > 0
             && self.leases.len() < self.rule.probes as usize
@@ -247,6 +258,12 @@ impl Tracked {
                 || !view_closed);
         let needed = resync || self.force || self.dirty || inconsistent || !req.is_read();
         needed.then_some((req, local))
+    }
+
+    /// Hands the breaker's half-open decisions back to the cluster.
+    fn end_local_cycle(&mut self) {
+        self.local_cycle = false;
+        self.breaker.remote().set_shared(true);
     }
 
     /// Applies the cluster's answer to the local breaker.
@@ -295,7 +312,9 @@ impl Tracked {
             _ => {
                 // An operator reset every replica, or lifted the cluster's
                 // own forced state: so does this replica.
-                if (reply.reset && new_epoch) || (changed && controlled) {
+                // Epoch 0 is no cluster transition but lost state: an
+                // operator's control lost with it stays where it is.
+                if (reply.reset && new_epoch) || (changed && controlled && reply.epoch != 0) {
                     self.breaker.reset();
                     local = self.breaker.state();
                 }
@@ -315,9 +334,16 @@ impl Tracked {
         });
         let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
         match (reply.cluster, local) {
+            // Epoch 0: Redis holds no state (it restarted empty, was
+            // flushed). Lost state closes nothing: a half-open breaker
+            // finishes its cycle on its own probes, and an open one trips
+            // the cluster again (see `prepare`).
+            (Cluster::Closed, State::HalfOpen) if reply.epoch == 0 && !self.local_cycle => {
+                self.local_cycle = true;
+                remote.set_shared(false);
+            }
+            (Cluster::Closed, State::HalfOpen) if reply.epoch == 0 => {}
             (Cluster::Closed, State::HalfOpen) => remote.close(),
-            // Epoch 0: Redis holds no state (it restarted empty, say). An
-            // open breaker here trips the cluster again rather than close.
             (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
             (Cluster::Open(left), State::Closed | State::HalfOpen) => open(left),
             (Cluster::Open(left), State::Open) if changed => open(left),
@@ -330,6 +356,11 @@ impl Tracked {
             _ => {}
         }
         let after = self.breaker.state();
+        if self.local_cycle && (reply.epoch != 0 || after != State::HalfOpen) {
+            // The cluster holds a state again, or the cycle is over.
+            self.local_cycle = false;
+            remote.set_shared(true);
+        }
         if after != before || by_control {
             let origin = if by_control {
                 Origin::ClusterControl

@@ -171,12 +171,13 @@ impl Worker {
         for t in self.tracked.values_mut() {
             t.base = t.breaker.snapshot().counters;
             t.force = true;
+            t.local_cycle = false;
             t.leases.clear();
             t.releases.clear();
         }
         self.exchange(&mut conn, Pass::All).await?;
         for t in self.tracked.values() {
-            t.breaker.remote().set_shared(true);
+            t.breaker.remote().set_shared(!t.local_cycle);
         }
         self.shared.store(true, Ordering::Release);
         if *warned {

@@ -687,6 +687,113 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
     assert!(replicas.iter().all(|(b, _)| b.state() == State::Open));
 }
 
+/// Transitions seen by a breaker's listener.
+fn counted(builder: Builder<Breaker>) -> (Breaker, Arc<AtomicUsize>) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let seen = n.clone();
+    let breaker = builder
+        .on_transition(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    (breaker, n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_shared_state_changes_no_circuit_in_any_state() {
+    if redis_support::skip("lost_shared_state_changes_no_circuit_in_any_state") {
+        return;
+    }
+    let mut server = Server::start().await;
+    let url = server.url();
+    let prefix = unique_prefix("lost-any");
+    let names = ["closed", "open", "half-open", "forced", "disabled"];
+    // Two replicas, each one backend holding one breaker of every name.
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let backend = backend(&url, &prefix).build().unwrap();
+        let mut breakers = Vec::new();
+        for name in names {
+            let open = if name == "half-open" {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_secs(3600)
+            };
+            let (b, n) = counted(
+                Breaker::builder()
+                    .name(name)
+                    .consecutive_failures(1)
+                    .probes(1)
+                    .close_after(1)
+                    .jitter(0.0)
+                    .open_duration(open),
+            );
+            let a = backend.attach(&b).unwrap();
+            breakers.push((b, a, n));
+        }
+        replicas.push(breakers);
+    }
+    let all = || replicas.iter().flatten();
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| a.is_shared()) }).await);
+
+    trip(&replicas[0][1].0, 1);
+    trip(&replicas[0][2].0, 1);
+    replicas[0][3].1.force_open_cluster("forced").await.unwrap();
+    replicas[0][4].1.disable_cluster("disabled").await.unwrap();
+    let want = [
+        State::Closed,
+        State::Open,
+        State::HalfOpen,
+        State::ForcedOpen,
+        State::Disabled,
+    ];
+    let settled = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|r| r.iter().zip(want).all(|((b, _, _), s)| b.state() == s))
+    })
+    .await;
+    assert!(settled, "every replica in every state");
+    let before: Vec<usize> = all().map(|(_, _, n)| n.load(Ordering::SeqCst)).collect();
+    let unchanged = |what: &str| {
+        for (r, replica) in replicas.iter().enumerate() {
+            for ((b, _, _), s) in replica.iter().zip(want) {
+                assert_eq!(b.state(), s, "{what}: replica {r}, {:?}", b.name());
+            }
+        }
+        let after: Vec<usize> = all().map(|(_, _, n)| n.load(Ordering::SeqCst)).collect();
+        assert_eq!(before, after, "{what}: no transition");
+    };
+
+    // Restarted with no data.
+    server.kill().await;
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| !a.is_shared()) }).await);
+    server.restart().await;
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| a.is_shared()) }).await);
+    // Several resyncs (every 500 ms) read what Redis holds.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    unchanged("restarted empty");
+
+    // Flushed under live connections.
+    let mut conn = connection(&url).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(all().all(|(_, a, _)| a.is_shared()));
+    unchanged("flushed");
+
+    // The half-open circuits still answer to their probes: a failed probe
+    // reopens them, and the trip opens the other replica again.
+    let probe = replicas[0][2].0.admit().expect("a probe of its own cycle");
+    probe.record(Outcome::Failure);
+    assert_eq!(replicas[0][2].0.state(), State::Open);
+    let reopened = eventually(WAIT, || async {
+        replicas[1][2].2.load(Ordering::SeqCst) > before[names.len() + 2]
+    })
+    .await;
+    assert!(reopened, "the probe's verdict is shared");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_counts_as_down_until_it_answers_again() {
     if redis_support::skip("a_paused_redis_counts_as_down_until_it_answers_again") {
