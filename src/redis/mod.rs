@@ -75,7 +75,10 @@
 //! - **Quorum** (off by default): with [`BackendBuilder::quorum`], the
 //!   cluster opens only on failures seen by that many distinct replicas, so
 //!   one replica with a broken path to the upstream opens only its own
-//!   circuit.
+//!   circuit. A replica is a [`Backend`]: every breaker attached to one
+//!   backend (build one per process) counts once, under one id. When fewer
+//!   replicas are alive than the quorum (by their heartbeats), the quorum
+//!   falls to the number alive, so it can always be met.
 //!
 //! # Redis Cluster and TLS
 //!
@@ -202,7 +205,7 @@ mod worker;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -263,6 +266,11 @@ pub(crate) struct Settings {
     timeout: Duration,
     backoff: (Duration, Duration),
     quorum: u32,
+    /// This replica's id: in its heartbeats, quorum votes, probe leases and
+    /// health-probe turns, shared by every attachment of the backend.
+    replica: Arc<str>,
+    /// Numbers the probe leases of every attachment of the backend.
+    leases: AtomicU64,
 }
 
 impl fmt::Debug for Settings {
@@ -276,7 +284,8 @@ impl fmt::Debug for Settings {
             .field("timeout", &self.timeout)
             .field("backoff", &self.backoff)
             .field("quorum", &self.quorum)
-            .finish()
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
     }
 }
 

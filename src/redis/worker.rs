@@ -65,8 +65,7 @@ pub(super) struct Worker {
     origins: Origins,
     stop: watch::Receiver<()>,
     channel: String,
-    replica: String,
-    next_lease: u64,
+    replica: Arc<str>,
     rng: Rng,
     round: u64,
     /// The quorum in force: the one configured, or the live replicas when
@@ -97,6 +96,7 @@ impl Worker {
         let (desk, asks) = Desk::new(shared.clone(), settings.timeout);
         let mut w = Worker {
             quorum: settings.quorum,
+            replica: settings.replica.clone(),
             settings,
             target,
             tracked: HashMap::new(),
@@ -104,8 +104,6 @@ impl Worker {
             origins,
             stop,
             channel,
-            replica: format!("{seed:016x}"),
-            next_lease: 0,
             rng: Rng::new(seed),
             round: 0,
             schemas: HashSet::new(),
@@ -387,9 +385,10 @@ impl Worker {
             if pass == Pass::Trips && !t.moved() {
                 continue;
             }
+            let settings = &self.settings;
             let claim = || {
-                self.next_lease += 1;
-                format!("{}:{}", self.replica, self.next_lease)
+                let n = settings.leases.fetch_add(1, Ordering::Relaxed) + 1;
+                format!("{}:{n}", settings.replica)
             };
             if let Some((request, local)) = t.prepare(now, pass == Pass::All, shared, claim) {
                 pending.push(Pending {

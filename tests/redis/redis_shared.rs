@@ -1319,6 +1319,77 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
     );
 }
 
+/// The cluster state of `name`, as its state key says.
+async fn cluster_state(prefix: &str, name: &str) -> Option<String> {
+    let mut conn = connection(shared_url()).await;
+    conn.hget(format!("{{{prefix}:{name}}}:v2:state"), "state")
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
+    if redis_support::skip("a_quorum_counts_backends_not_the_breakers_attached_to_them") {
+        return;
+    }
+    let prefix = unique_prefix("quorum-backends");
+    let config = |name: &str| {
+        Breaker::builder()
+            .name(name)
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let with_quorum = || backend(shared_url(), &prefix).quorum(2).build().unwrap();
+    // One process, one backend, two breakers: one replica.
+    let first = with_quorum();
+    let (solo, pair) = (config("solo"), config("pair"));
+    let attached = [first.attach(&solo).unwrap(), first.attach(&pair).unwrap()];
+    assert!(
+        eventually(WAIT, || async {
+            attached.iter().all(Attachment::is_shared)
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Alone, its trip opens the shared circuit: the quorum falls to the one
+    // replica alive.
+    trip(&solo, 2);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "solo").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(opened, "one replica alive: a quorum of one");
+
+    // A second backend is a second replica.
+    let second = with_quorum();
+    let other = config("pair");
+    let attachment = second.attach(&other).unwrap();
+    assert!(eventually(WAIT, || async { attachment.is_shared() }).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    trip(&pair, 2);
+    assert_eq!(pair.state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        other.state(),
+        State::Closed,
+        "one of two replicas opens no one"
+    );
+    assert_ne!(
+        cluster_state(&prefix, "pair").await.as_deref(),
+        Some("open")
+    );
+    trip(&other, 2);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "pair").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(opened, "two replicas make the quorum");
+}
+
 // === clock safety ===
 
 /// Builds the shim that steps a process's wall clock; `None` (and a message,
