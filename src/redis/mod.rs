@@ -70,6 +70,15 @@
 //!   round trip and real traffic confirms; the reopen backoff and the window
 //!   stay as they were. A failed health probe tells the cluster nothing.
 //!   When Redis does not answer, each replica probes on its own.
+//! - **Quota gates** ([`quota_gate`](crate::Builder::quota_gate)) are
+//!   shared as quota gates, with their reset: an account whose quota ran
+//!   out on one replica is gated on every replica until the reset the
+//!   answer announced (or the configured gate), with
+//!   [`Reason::QuotaExhausted`](crate::Reason::QuotaExhausted), whatever
+//!   the open duration, its backoff, the open cap or the quorum (an
+//!   exhausted account is a fact, not one replica's view of the upstream).
+//!   The cluster neither ends nor moves a replica's own gate, and a gate
+//!   leaves the reopen backoff alone.
 //! - A breaker in [metrics-only](Breaker::set_metrics_only) mode follows the
 //!   cluster but never trips it, adds to its window or heals it.
 //! - **Quorum** (off by default): with [`BackendBuilder::quorum`], the
@@ -126,6 +135,12 @@
 //! can live with: a replica of an earlier release follows a heal (to it, the
 //! open period simply ended) but neither shares its own heals nor takes
 //! turns, so it probes on its own, as before.
+//!
+//! Shared quota gates came within schema 2 too: a replica of an earlier
+//! release reads a gate as an ordinary open period, which its own open cap
+//! may end early for every replica, and shares its own gates as plain trips
+//! (the cluster's open duration), as before. Gates last their full reset
+//! once every replica runs this release.
 //!
 //! # When Redis is down, slow or holds garbage
 //!

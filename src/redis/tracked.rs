@@ -13,7 +13,7 @@ use super::worker::MARGIN;
 use super::{Origin, Origins, Settings};
 use crate::breaker::Counters;
 use crate::sync::lock;
-use crate::{Breaker, State};
+use crate::{Breaker, Reason, State};
 
 /// The cluster state of a breaker as this replica last learned it.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +59,9 @@ pub(super) struct Tracked {
     /// flushed), so no cluster cycle exists to grant its probes, and closing
     /// it without a probe would let lost state close a circuit.
     pub(super) local_cycle: bool,
+    /// The length of the cluster's open period when it is a quota gate
+    /// (zero otherwise): a gate may outlast the open cap.
+    pub(super) gate: Duration,
 }
 
 /// A request in flight, and what applying its reply needs.
@@ -89,6 +92,7 @@ impl Tracked {
             activity: 0,
             opened: None,
             local_cycle: false,
+            gate: Duration::ZERO,
             trip_sent: false,
             slack: settings.timeout,
         }
@@ -101,6 +105,7 @@ impl Tracked {
     pub(super) fn longest(&self) -> Duration {
         self.rule
             .open_max
+            .max(self.gate)
             .saturating_add(self.slack)
             .saturating_add(MARGIN)
     }
@@ -208,6 +213,10 @@ impl Tracked {
         if active && local == State::Open && view_closed {
             req.trip = true;
             self.trip_sent = true;
+            // A quota gate is shared as one, with what is left of its reset.
+            if snap.reason == Some(Reason::QuotaExhausted) {
+                req.gate = snap.retry_in.filter(|d| !d.is_zero());
+            }
         }
         // By this replica's clock the cluster's open period has outlasted
         // the open cap (the server's clock went back): end it.
@@ -321,19 +330,41 @@ impl Tracked {
             }
         }
         // When this replica first learned of the open period: the deadline
-        // the cluster gives is trusted up to the open cap from then.
+        // the cluster gives is trusted up to the open cap (or the gate's
+        // length) from then.
         match reply.cluster {
             Cluster::Open(_) | Cluster::HalfOpen => match self.opened {
                 Some((e, _)) if e == reply.epoch => {}
-                _ => self.opened = Some((reply.epoch, sent)),
+                _ => {
+                    self.opened = Some((reply.epoch, sent));
+                    self.gate = match reply.cluster {
+                        Cluster::Open(left) if reply.gated => left,
+                        _ => Duration::ZERO,
+                    };
+                }
             },
-            _ => self.opened = None,
+            _ => {
+                self.opened = None;
+                self.gate = Duration::ZERO;
+            }
         }
+        // A quota gate keeps its own reset: the cluster neither ends nor
+        // moves it (an operator's controls above still apply).
+        let gated_here =
+            local == State::Open && self.breaker.snapshot().reason == Some(Reason::QuotaExhausted);
         let cap = self.opened.map_or(Duration::ZERO, |(_, at)| {
             later(at, self.longest()).saturating_duration_since(Instant::now())
         });
-        let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
+        let open = |left: Duration| {
+            let left = left.saturating_add(MARGIN).min(cap);
+            if reply.gated {
+                remote.gate_for(left);
+            } else {
+                remote.open_for(left);
+            }
+        };
         match (reply.cluster, local) {
+            _ if gated_here => {}
             // Epoch 0: Redis holds no state (it restarted empty, was
             // flushed). Lost state closes nothing: a half-open breaker
             // finishes its cycle on its own probes, and an open one trips
@@ -439,6 +470,7 @@ mod tests {
             epoch: 7,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, open, Request::default());
         assert_eq!(t.breaker.state(), State::Open);
@@ -516,6 +548,7 @@ mod tests {
             epoch: 8,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, healed, req);
         assert_eq!(t.breaker.state(), State::HalfOpen);
@@ -537,6 +570,7 @@ mod tests {
             epoch: 8,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, healed, Request::default());
         // Its open period ends a nanosecond on.
@@ -557,6 +591,7 @@ mod tests {
             epoch: 9,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, reopened, req);
         assert_eq!(t.breaker.state(), State::Open);

@@ -609,6 +609,7 @@ mod tests {
             epoch: 7,
             granted: false,
             reset: false,
+            gated: false,
         };
         let p = pending(&t);
         let origins = Origins::default();

@@ -540,7 +540,8 @@ async fn sync(
         .arg("") // control
         .arg(0) // overdue
         .arg(claim)
-        .arg(u8::from(heal));
+        .arg(u8::from(heal))
+        .arg(0); // not a quota gate
     for (id, code) in reports {
         inv.arg(*id).arg(*code);
     }

@@ -19,7 +19,7 @@ use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{
     Attachment, Backend, BackendBuilder, Client, Origin, SetupError, SCHEMA,
 };
-use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, State};
+use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, Reason, State};
 
 use redis_support::{
     backend, connection, eventually, scratch_dir, shared_url, unique_prefix, Server,
@@ -1388,6 +1388,44 @@ async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
     })
     .await;
     assert!(opened, "two replicas make the quorum");
+}
+
+// === quota gates ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_gate_keeps_its_reset_on_every_replica() {
+    if redis_support::skip("a_quota_gate_keeps_its_reset_on_every_replica") {
+        return;
+    }
+    let prefix = unique_prefix("quota");
+    let replicas = replicas(2, shared_url(), &prefix, || {
+        Breaker::builder()
+            .name("account")
+            .quota_gate(Duration::from_secs(3600))
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+    let (here, there) = (&replicas[0].0, &replicas[1].0);
+    here.admit().unwrap().record(Outcome::QuotaExhausted);
+    assert_eq!(here.snapshot().reason, Some(Reason::QuotaExhausted));
+    assert!(eventually(WAIT, || async { there.state() == State::Open }).await);
+    // Past a resync (every 500 ms), so every replica has read the cluster
+    // state again since the gate was shared.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for (who, b) in [("this replica", here), ("the other replica", there)] {
+        let snap = b.snapshot();
+        let left = snap.retry_in.expect("open");
+        assert!(left > Duration::from_secs(3590), "{who}: {left:?} left");
+        assert!(left <= Duration::from_secs(3601), "{who}: {left:?} left");
+        assert_eq!(snap.reason, Some(Reason::QuotaExhausted), "{who}");
+    }
+    let mut conn = connection(shared_url()).await;
+    let gate: Option<String> = conn
+        .hget(format!("{{{prefix}:account}}:v2:state"), "gate")
+        .await
+        .unwrap();
+    assert_eq!(gate.as_deref(), Some("1"), "shared as a quota gate");
 }
 
 // === clock safety ===
