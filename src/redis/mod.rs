@@ -22,6 +22,24 @@
 //!   is not closed or saw calls since the last resync, in case a message was
 //!   lost, and otherwise pings Redis.
 //!
+//! A message touches only the breaker it names: the messages already
+//! received join one pipelined round trip of their keys' script calls, and
+//! no other key of a keyed set is read or written for them. Two replicas on
+//! loopback, each a keyed set with every key in use, one tripping keys at
+//! once, timed from that replica's transition to the other's (`cargo run
+//! --release --features redis --example redis_replicas -- keys`, one run on
+//! a shared 2-core machine):
+//!
+//! | keys | trips | p50 | max |
+//! |---:|---:|---:|---:|
+//! | 50 | 1 | 3 ms | 3 ms |
+//! | 5,000 | 1 | 3 ms | 3 ms |
+//! | 5,000 | 100 | 16 ms | 17 ms |
+//! | 5,000 | 1,000 | 64 ms | 94 ms |
+//! | 20,000 | 1 | 17 ms | 17 ms |
+//! | 20,000 | 100 | 21 ms | 22 ms |
+//! | 20,000 | 1,000 | 58 ms | 86 ms |
+//!
 //! A call costs about the same whether its breaker is attached or not (the
 //! `redis_overhead` example measures both in one run).
 //!

@@ -55,6 +55,8 @@ pub(super) enum Pass {
     /// Breakers that tripped, or that a health probe healed, locally since
     /// the last exchange.
     Trips,
+    /// Only the breakers that pub/sub messages named, in `Worker::named`.
+    Named,
 }
 
 pub(super) struct Worker {
@@ -80,6 +82,8 @@ pub(super) struct Worker {
     /// Where the breakers' probers ask whose turn it is to probe.
     desk: Desk,
     asks: mpsc::Receiver<Ask>,
+    /// Breakers whose transitions messages announced, for `Pass::Named`.
+    named: Vec<Arc<str>>,
 }
 
 impl Worker {
@@ -111,6 +115,7 @@ impl Worker {
             node: seed as usize,
             desk,
             asks,
+            named: Vec::new(),
         };
         w.refresh(false);
         w
@@ -202,7 +207,17 @@ impl Worker {
                 biased;
                 _ = self.stop.changed() => return Ok(()),
                 msg = next(&mut messages) => match msg {
-                    Some(msg) => self.on_message(&mut conn, &msg).await?,
+                    Some(msg) => {
+                        self.on_message(&mut conn, &msg).await?;
+                        // Every message already here joins one round trip,
+                        // which touches only the keys they name.
+                        while let Some(Some(msg)) = ready(&mut messages).await {
+                            self.on_message(&mut conn, &msg).await?;
+                        }
+                        if !self.named.is_empty() {
+                            self.exchange(&mut conn, Pass::Named).await?;
+                        }
+                    }
                     // A cluster node went away: listen on another one, and
                     // read everything again for what was missed meanwhile.
                     None if self.settings.store.is_cluster() => {
@@ -378,14 +393,17 @@ impl Worker {
     /// pipeline of script calls.
     async fn exchange(&mut self, conn: &mut Conn, pass: Pass) -> Result<(), Failure> {
         let shared = self.shared.load(Ordering::Acquire);
-        self.refresh(shared);
         let now = Instant::now();
         let mut pending = Vec::new();
-        for t in self.tracked.values_mut() {
+        let named = std::mem::take(&mut self.named);
+        if pass != Pass::Named {
+            self.refresh(shared);
+        }
+        let settings = self.settings.clone();
+        let mut visit = |t: &mut Tracked| {
             if pass == Pass::Trips && !t.moved() {
-                continue;
+                return;
             }
-            let settings = &self.settings;
             let claim = || {
                 let n = settings.leases.fetch_add(1, Ordering::Relaxed) + 1;
                 format!("{}:{n}", settings.replica)
@@ -397,6 +415,17 @@ impl Worker {
                     local,
                 });
             }
+        };
+        if pass == Pass::Named {
+            // Only the keys the messages named: no scan of the whole set
+            // (the next flush picks up keys new to it).
+            for name in &named {
+                if let Some(t) = self.tracked.get_mut(name) {
+                    visit(t);
+                }
+            }
+        } else {
+            self.tracked.values_mut().for_each(visit);
         }
         if pending.is_empty() {
             if pass == Pass::All {
@@ -465,9 +494,9 @@ impl Worker {
             return Ok(());
         }
         if let Some(t) = self.tracked.get_mut(name) {
-            if t.view.is_none_or(|v| v.epoch != epoch) {
+            if t.view.is_none_or(|v| v.epoch != epoch) && !t.dirty {
                 t.dirty = true;
-                self.exchange(conn, Pass::Changes).await?;
+                self.named.push(t.name.clone());
             }
             return Ok(());
         }
@@ -556,6 +585,16 @@ fn schema_of(text: &str) -> Option<u32> {
     let epoch = parts.next()?.parse::<u64>().ok()?;
     let named = parts.next().is_some_and(|n| !n.is_empty());
     (matches!(first, "open" | "closed") && epoch > 0 && named).then_some(1)
+}
+
+/// The next message if one is already here: `None` if none is, and
+/// `Some(None)` if the subscription ended (left to `next` to see).
+async fn ready(stream: &mut Messages) -> Option<Option<Msg>> {
+    std::future::poll_fn(|cx| match stream.as_mut().poll_next(cx) {
+        Poll::Ready(Some(msg)) => Poll::Ready(Some(Some(msg))),
+        Poll::Ready(None) | Poll::Pending => Poll::Ready(None),
+    })
+    .await
 }
 
 async fn next(stream: &mut Messages) -> Option<Msg> {
