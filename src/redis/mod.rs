@@ -135,6 +135,11 @@
 //! a replica whose clock says the period is over tells the cluster, which
 //! ends it. A server clock that jumps forward does not end a period early on
 //! replicas that already know it: they keep their own deadline.
+//! Replicas' heartbeats (which the [quorum](BackendBuilder::quorum) counts)
+//! written before the server's clock stepped back count from the moment
+//! the step is seen, so a replica that died meanwhile counts as alive for
+//! one heartbeat lifetime (three resync intervals and a timeout), not for
+//! the length of the step.
 //!
 //! # Schema versions and rolling upgrades
 //!

@@ -1390,6 +1390,54 @@ async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
     assert!(opened, "two replicas make the quorum");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only() {
+    if redis_support::skip("a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only") {
+        return;
+    }
+    let prefix = unique_prefix("quorum-ahead");
+    // A replica that wrote its heartbeat an hour ahead of the server's clock
+    // (the clock stepped back since) and died.
+    let mut conn = connection(shared_url()).await;
+    let time: Vec<String> = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000;
+    let _: () = conn
+        .hset(
+            format!("{{{prefix}}}:replicas"),
+            "dead-replica",
+            format!("{SCHEMA} {}", now_ms + 3_600_000),
+        )
+        .await
+        .unwrap();
+    let replicas = replicas_with(
+        1,
+        shared_url(),
+        &prefix,
+        || {
+            Breaker::builder()
+                .name("upstream")
+                .consecutive_failures(1)
+                .jitter(0.0)
+                .open_duration(Duration::from_secs(30))
+        },
+        |b| b.quorum(2),
+    )
+    .await;
+    // Its heartbeat lasts one ttl (3 resyncs of 500 ms and a timeout of
+    // 300 ms) from the first heartbeat that saw it, then the quorum falls to
+    // the one replica alive.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    trip(&replicas[0].0, 1);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "upstream").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(
+        opened,
+        "a dead replica's heartbeat from ahead of the clock expired"
+    );
+}
+
 // === quota gates ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
