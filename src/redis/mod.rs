@@ -83,7 +83,11 @@
 //!   [`HealthProbe`](crate::health::HealthProbe) takes the breaker's turn in
 //!   Redis, which its holder renews with each probe and loses after an
 //!   interval plus the probe timeout without one; the other replicas skip
-//!   their ticks meanwhile. A healthy answer ends the cluster's open period
+//!   their ticks meanwhile. A holder whose last three health probes all
+//!   failed passes the turn on: the first other replica to ask takes it
+//!   (one replica, never all, so a fleet does not multiply probes into a
+//!   dead upstream), and if none asks within the hold, the turn is free
+//!   again. A healthy answer ends the cluster's open period
 //!   (as a new epoch, published), so every replica turns half-open within a
 //!   round trip and real traffic confirms; the reopen backoff and the window
 //!   stay as they were. A failed health probe tells the cluster nothing.

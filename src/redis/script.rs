@@ -259,10 +259,19 @@ pub(super) fn heartbeat(prefix: &str, replica: &str, ttl: Duration) -> ScriptInv
 }
 
 /// One ask for the turn to send a health probe, held for `hold` unless the
-/// holder renews it; the script answers 1 when the turn is `replica`'s.
-pub(super) fn turn(key: &str, replica: &str, hold: Duration) -> ScriptInvocation<'static> {
+/// holder renews it; the script answers 1 when the turn is `replica`'s. With
+/// `pass`, a holder passes the turn on instead (its probes keep failing).
+pub(super) fn turn(
+    key: &str,
+    replica: &str,
+    hold: Duration,
+    pass: bool,
+) -> ScriptInvocation<'static> {
     let mut inv = TURN.prepare_invoke();
-    inv.key(key).arg(replica).arg(ms(hold).max(1));
+    inv.key(key)
+        .arg(replica)
+        .arg(ms(hold).max(1))
+        .arg(u8::from(pass));
     inv
 }
 

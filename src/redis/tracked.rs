@@ -15,6 +15,10 @@ use crate::breaker::Counters;
 use crate::sync::lock;
 use crate::{Breaker, Reason, State};
 
+/// Failed health probes in a row after which the replica holding the turn
+/// to probe passes it to another replica.
+pub(super) const PASS_AFTER: u64 = 3;
+
 /// The cluster state of a breaker as this replica last learned it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct View {
@@ -62,6 +66,9 @@ pub(super) struct Tracked {
     /// The length of the cluster's open period when it is a quota gate
     /// (zero otherwise): a gate may outlast the open cap.
     pub(super) gate: Duration,
+    /// Health-probe successes and failures when this replica's current
+    /// streak of failed health probes began.
+    pub(super) streak: (u64, u64),
 }
 
 /// A request in flight, and what applying its reply needs.
@@ -93,6 +100,7 @@ impl Tracked {
             opened: None,
             local_cycle: false,
             gate: Duration::ZERO,
+            streak: (0, 0),
             trip_sent: false,
             slack: settings.timeout,
         }
@@ -129,6 +137,22 @@ impl Tracked {
                 !snap.metrics_only
                     && snap.counters.health_probe_successes > self.base.health_probe_successes
             }
+    }
+
+    /// Whether this replica should pass the health-probe turn on: its last
+    /// [`PASS_AFTER`] health probes all failed. The streak starts again once
+    /// it says so, so a replica given the turn back gets as many tries.
+    pub(super) fn pass_turn(&mut self) -> bool {
+        let c = self.breaker.snapshot().counters;
+        let (ok, failed) = (c.health_probe_successes, c.health_probe_failures);
+        if ok != self.streak.0 || failed < self.streak.1 {
+            self.streak = (ok, failed);
+        }
+        let pass = failed - self.streak.1 >= PASS_AFTER;
+        if pass {
+            self.streak = (ok, failed);
+        }
+        pass
     }
 
     /// Whether the cluster holds the circuit open or half-open, as this
@@ -511,6 +535,24 @@ mod tests {
         assert!(!req.trip && req.calls == 0 && req.reports.is_empty());
         assert!(!t.healed());
         assert!(prepare(&mut t).is_none_or(|r| !r.heal), "sent once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_turn_passes_after_three_failed_health_probes_in_a_row() {
+        let (mut t, _) = held_open();
+        for _ in 0..2 {
+            t.breaker.record_health_probe(Outcome::Failure);
+            assert!(!t.pass_turn());
+        }
+        t.breaker.record_health_probe(Outcome::Success);
+        assert!(!t.pass_turn(), "a success starts the streak again");
+        for _ in 0..2 {
+            t.breaker.record_health_probe(Outcome::Failure);
+            assert!(!t.pass_turn());
+        }
+        t.breaker.record_health_probe(Outcome::Failure);
+        assert!(t.pass_turn(), "three in a row");
+        assert!(!t.pass_turn(), "once, then three more tries");
     }
 
     #[tokio::test(start_paused = true)]

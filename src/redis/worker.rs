@@ -245,10 +245,17 @@ impl Worker {
                     }
                 }
                 Some(ask) = self.asks.recv() => {
-                    let tracked = &self.tracked;
-                    let held_open = |name: &str| tracked.get(name).is_some_and(Tracked::held_open);
+                    let tracked = &mut self.tracked;
+                    // Circuits the cluster holds open take turns; whether
+                    // this replica passes its turn on.
+                    let status = |name: &str| {
+                        tracked
+                            .get_mut(name)
+                            .filter(|t| t.held_open())
+                            .map(Tracked::pass_turn)
+                    };
                     let (replica, limit) = (&self.replica, self.settings.timeout);
-                    turns::answer(&mut conn, replica, ask, &mut self.asks, held_open, limit).await?;
+                    turns::answer(&mut conn, replica, ask, &mut self.asks, status, limit).await?;
                 }
             }
         }
