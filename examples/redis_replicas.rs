@@ -10,8 +10,21 @@
 //! cargo run --release --features redis --example redis_replicas -- [replicas] [trials]
 //! ```
 //!
+//! With `keys`, it measures propagation at many keys instead: two replicas,
+//! each a keyed set holding the same keys (every key used on both), one
+//! trips a number of keys at once, and each trip is timed from the
+//! deciding replica's transition to the other replica's (both taken in
+//! the sets' transition listeners). Prints p50 and max for 50, 5,000 and
+//! 20,000 keys and 1, 100 and 1,000 trips, or one cell:
+//!
+//! ```text
+//! cargo run --release --features redis --example redis_replicas -- keys [keys trips]
+//! ```
+//!
 //! `REDIS_URL` picks the server (default `redis://127.0.0.1:6379/`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::{timeout, Instant};
@@ -165,6 +178,92 @@ async fn keyed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     out
 }
 
+/// When each key turned open, by the set's transition listener.
+type Opened = Arc<Mutex<HashMap<Arc<str>, Instant>>>;
+
+fn recording_set(keys: usize) -> (KeyedBreakers, Opened) {
+    let opened = Opened::default();
+    let o = opened.clone();
+    let set = KeyedBreakers::builder()
+        .max_keys(keys + 16)
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(600))
+        .on_transition(move |t| {
+            if t.to == tower_circuit_breaker::State::Open
+                && let Some(key) = &t.key
+            {
+                o.lock()
+                    .unwrap()
+                    .entry(key.clone())
+                    .or_insert_with(Instant::now);
+            }
+        })
+        .build()
+        .unwrap();
+    (set, opened)
+}
+
+/// `trips` of `keys` keys trip at once on one replica: each trip's time
+/// from that replica's transition to the other's; and how many arrived.
+async fn many_keys(url: &str, keys: usize, trips: usize) -> (Vec<Duration>, usize) {
+    let prefix = format!("propagation-many-{}-{keys}-{trips}", std::process::id());
+    let names: Vec<String> = (0..keys).map(|i| format!("key-{i}")).collect();
+    let (deciding, opened_here) = recording_set(keys);
+    let (other, opened_there) = recording_set(keys);
+    for set in [&deciding, &other] {
+        for n in &names {
+            set.admit(n).unwrap().record(Outcome::Success);
+        }
+    }
+    let attachments = vec![
+        backend(url, &prefix).attach_keyed(&deciding).unwrap(),
+        backend(url, &prefix).attach_keyed(&other).unwrap(),
+    ];
+    until_shared(&attachments).await;
+    // Past the first resync, so both replicas hold every key's state.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Spread over the keys.
+    let step = keys / trips;
+    let tripped: Vec<&String> = names.iter().step_by(step.max(1)).take(trips).collect();
+    for n in &tripped {
+        deciding.admit(n).unwrap().record(Outcome::Failure);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while opened_there.lock().unwrap().len() < tripped.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (here, there) = (
+        opened_here.lock().unwrap().clone(),
+        opened_there.lock().unwrap().clone(),
+    );
+    let mut out = Vec::new();
+    for n in &tripped {
+        let key: &str = n;
+        if let (Some(a), Some(b)) = (here.get(key), there.get(key)) {
+            out.push(b.saturating_duration_since(*a));
+        }
+    }
+    let arrived = out.len();
+    for a in attachments {
+        a.detach().await;
+    }
+    (out, arrived)
+}
+
+fn report_many(keys: usize, trips: usize, mut lat: Vec<Duration>, arrived: usize) {
+    lat.sort();
+    let (p50, max) = match lat.len() {
+        0 => ("-".to_string(), "-".to_string()),
+        n => (
+            format!("{} ms", lat[n / 2].as_millis()),
+            format!("{} ms", lat[n - 1].as_millis()),
+        ),
+    };
+    println!(
+        "{keys:>6} keys {trips:>5} trips   p50 {p50:>8}   max {max:>8}   arrived {arrived}/{trips}"
+    );
+}
+
 fn report(what: &str, mut per_replica: Vec<Duration>, mut last: Vec<Duration>) {
     let show = |v: &mut Vec<Duration>| {
         v.sort();
@@ -183,14 +282,32 @@ fn report(what: &str, mut per_replica: Vec<Duration>, mut last: Vec<Duration>) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let mut args = std::env::args().skip(1);
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("keys") {
+        args.next();
+        let cell: Vec<usize> = args.filter_map(|a| a.parse().ok()).collect();
+        let cells: Vec<(usize, usize)> = match cell[..] {
+            [keys, trips] => vec![(keys, trips.clamp(1, keys))],
+            _ => [50, 5_000, 20_000]
+                .into_iter()
+                .flat_map(|k| [1, 100, 1_000].into_iter().map(move |t| (k, t)))
+                .filter(|&(k, t)| t <= k)
+                .collect(),
+        };
+        println!("propagation at many keys: 2 replicas, {url}, from the deciding replica's transition to the other's");
+        for (keys, trips) in cells {
+            let (lat, arrived) = many_keys(&url, keys, trips).await;
+            report_many(keys, trips, lat, arrived);
+        }
+        return;
+    }
     let replicas: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5).max(2);
     let trials: usize = args
         .next()
         .and_then(|a| a.parse().ok())
         .unwrap_or(20)
         .max(1);
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     println!("{replicas} replicas, {trials} trials, {url}");
 
     for (what, mode) in [

@@ -71,6 +71,18 @@ impl Remote<'_> {
     /// backoff is the cluster's too). Already open: only the deadline moves.
     /// Forced-open and disabled circuits are left alone.
     pub fn open_for(&self, remaining: Duration) {
+        self.open_because(remaining, Reason::Remote);
+    }
+
+    /// Opens the circuit for `remaining` because the account's quota ran
+    /// out on another replica: a quota gate, as
+    /// [`Builder::quota_gate`](crate::Builder::quota_gate) opens locally.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn gate_for(&self, remaining: Duration) {
+        self.open_because(remaining, Reason::QuotaExhausted);
+    }
+
+    fn open_because(&self, remaining: Duration, reason: Reason) {
         let s = self.shared;
         let mut ctl = lock(&s.control);
         let now = s.now();
@@ -86,7 +98,7 @@ impl Remote<'_> {
                 events.push(s.transition_for(
                     &mut ctl,
                     State::Open,
-                    Reason::Remote,
+                    reason,
                     now,
                     Some(until - now),
                 ));

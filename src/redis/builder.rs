@@ -1,6 +1,7 @@
 //! Building a [`Backend`]: its settings and their checks.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -250,8 +251,14 @@ impl BackendBuilder {
                 "reconnect backoff needs 0 < min <= max",
             ));
         }
+        // One backend is one replica: every breaker attached to it counts
+        // once towards a quorum, under one id, whichever task runs it.
+        let replica = format!("{:016x}", crate::rng::random_seed()).into();
         Ok(Backend {
-            settings: Arc::new(self.settings),
+            settings: Arc::new(Settings {
+                replica,
+                ..self.settings
+            }),
         })
     }
 }
@@ -268,6 +275,8 @@ impl Settings {
             timeout: Duration::from_millis(500),
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             quorum: 1,
+            replica: "".into(),
+            leases: AtomicU64::new(0),
         }
     }
 }

@@ -32,13 +32,18 @@ end
 redis.call('HSET', K, id, schema .. ' ' .. string.format('%d', now))
 redis.call('PEXPIRE', K, string.format('%d', 10 * ttl))
 
-local live, others, seen, stale = 0, {}, {}, {}
+local live, others, seen, stale, ahead = 0, {}, {}, {}, {}
 local all = redis.call('HGETALL', K)
 for i = 1, #all - 1, 2 do
   local s, ms = string.match(all[i + 1], '^(%d+) (%d+)$')
   local at = tonumber(ms)
-  -- Entries ahead of this clock (it went back) still count: a quorum that
-  -- is too large never opens anyone by mistake.
+  if s ~= nil and at ~= nil and at > now then
+    -- Written before this clock went back: it counts from now, so a replica
+    -- that died meanwhile counts as alive for one ttl, not for the step.
+    ahead[#ahead + 1] = all[i]
+    ahead[#ahead + 1] = s .. ' ' .. string.format('%d', now)
+    at = now
+  end
   if s == nil or at == nil or now - at > ttl then
     stale[#stale + 1] = all[i]
   elseif s == schema then
@@ -50,6 +55,9 @@ for i = 1, #all - 1, 2 do
 end
 if #stale > 0 then
   redis.call('HDEL', K, unpack(stale))
+end
+if #ahead > 0 then
+  redis.call('HSET', K, unpack(ahead))
 end
 
 local out = { live }

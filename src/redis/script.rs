@@ -112,6 +112,9 @@ pub(super) struct Request {
     /// A health probe found the upstream answering in the open period of
     /// `epoch`: the cluster ends it.
     pub(super) heal: bool,
+    /// With `trip`: the trip is a quota gate, open for this long (its
+    /// reset), whatever the open duration, backoff or quorum.
+    pub(super) gate: Option<Duration>,
     /// Probe lease ids with `s` (succeeded), `f` (failed) or `r` (unused).
     pub(super) reports: Vec<(String, &'static str)>,
 }
@@ -214,7 +217,8 @@ pub(super) fn invocation(
         .arg(req.control.map_or("", Control::as_arg))
         .arg(u8::from(req.overdue))
         .arg(req.claim.as_deref().unwrap_or(""))
-        .arg(u8::from(req.heal));
+        .arg(u8::from(req.heal))
+        .arg(req.gate.map_or(0, |g| ms(g).max(1)));
     for (id, code) in &req.reports {
         inv.arg(id.as_str()).arg(*code);
     }
@@ -255,10 +259,19 @@ pub(super) fn heartbeat(prefix: &str, replica: &str, ttl: Duration) -> ScriptInv
 }
 
 /// One ask for the turn to send a health probe, held for `hold` unless the
-/// holder renews it; the script answers 1 when the turn is `replica`'s.
-pub(super) fn turn(key: &str, replica: &str, hold: Duration) -> ScriptInvocation<'static> {
+/// holder renews it; the script answers 1 when the turn is `replica`'s. With
+/// `pass`, a holder passes the turn on instead (its probes keep failing).
+pub(super) fn turn(
+    key: &str,
+    replica: &str,
+    hold: Duration,
+    pass: bool,
+) -> ScriptInvocation<'static> {
     let mut inv = TURN.prepare_invoke();
-    inv.key(key).arg(replica).arg(ms(hold).max(1));
+    inv.key(key)
+        .arg(replica)
+        .arg(ms(hold).max(1))
+        .arg(u8::from(pass));
     inv
 }
 
@@ -290,6 +303,8 @@ pub(super) struct Reply {
     pub(super) granted: bool,
     /// The cluster is closed because an operator reset it.
     pub(super) reset: bool,
+    /// The open period is a quota gate.
+    pub(super) gated: bool,
 }
 
 impl Reply {
@@ -315,6 +330,7 @@ impl Reply {
             epoch: u64::try_from(int(2)?).ok()?,
             granted: int(3)? == 1,
             reset: int(4)? == 1,
+            gated: int(5) == Some(1),
         })
     }
 }

@@ -4,7 +4,8 @@
 --
 -- KEYS[1]  state   hash: state ("closed" | "open" | "forced" | "disabled"),
 --                  until (ms), len (ms the open period was set for), reopens,
---                  epoch, ok, failed, cause ("reset" after an operator reset)
+--                  epoch, ok, failed, cause ("reset" after an operator reset),
+--                  gate ("1" while the open period is a quota gate)
 -- KEYS[2]  window  hash: "c:<bucket>", "f:<bucket>", "s:<bucket>" counts
 -- KEYS[3]  probes  sorted set: probe lease id -> lease deadline (ms)
 -- KEYS[4]  votes   sorted set: replica id -> last failure or trip (ms)
@@ -26,12 +27,15 @@
 -- ARGV[24]     probe lease id to claim ("" = none)
 -- ARGV[25]     1 if a health probe of the replica found the upstream
 --              answering in the open period of ARGV[3]
--- ARGV[26..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
+-- ARGV[26]     with ARGV[4]: the trip is a quota gate, open this long (ms;
+--              0 = an ordinary trip)
+-- ARGV[27..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
 --              "r" (released unused)
 --
 -- Returns { state (0 closed, 1 open, 2 half-open, 3 forced open,
 --           4 disabled), ms until half-open, epoch, 1 if the claim was
---           granted, 1 if the state is an operator's reset }.
+--           granted, 1 if the state is an operator's reset, 1 if the open
+--           period is a quota gate }.
 --
 -- Time comes from this server's clock, and is trusted only within bounds: a
 -- deadline further out than the period it was set for means the clock went
@@ -46,6 +50,13 @@
 -- traffic confirms; it keeps the reopen count (the backoff) and the window.
 -- Replicas of an earlier release of this schema send no heal, and read the
 -- healed state as any open period that is over.
+--
+-- A quota gate (ARGV[26]) opens the cluster for its reset, not for the open
+-- duration: no backoff, no jitter, no open cap and no quorum (an exhausted
+-- account is a fact, not one replica's view of the upstream), and it leaves
+-- the reopen count alone. Replicas of an earlier release of this schema
+-- send none, and read a gate as an ordinary open period (which their own
+-- open cap may end early).
 
 local S, W, P, V = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
@@ -122,7 +133,8 @@ local control = ARGV[22] or ''
 local overdue = ARGV[23] == '1'
 local claim = ARGV[24] or ''
 local heal = ARGV[25] == '1'
-local FIRST_REPORT = 26
+local gate = int(ARGV[26], 0, 1e10, 0)
+local FIRST_REPORT = 27
 
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -137,8 +149,9 @@ own(V, 'zset')
 -- === read the state ===
 
 local f = redis.call('HMGET', S, 'state', 'until', 'reopens', 'epoch', 'ok', 'failed',
-  'len', 'cause')
+  'len', 'cause', 'gate')
 local state, untl, reopens = 'closed', 0, 0
+local gated = false
 local epoch = int(f[4], 0, 1e17, 0)
 local ok, failed = 0, 0
 local cause = ''
@@ -149,6 +162,7 @@ if f[1] == 'open' then
     reopens = int(f[3], 0, 1000, 0)
     ok = int(f[5], 0, probes, 0)
     failed = int(f[6], 0, probes, 0)
+    gated = f[9] == '1'
     local len = int(f[7], 1, 1e10, open_max)
     -- Further out than the period was set for: this clock went back. The
     -- period ends now rather than outlast its length by the step.
@@ -174,10 +188,24 @@ local function set_open(reopen)
   d = math.max(math.floor(d * (1 - jitter)), 1)
   state, untl, ok, failed = 'open', now + d, 0, 0
   epoch = math.max(epoch + 1, now_us)
-  cause = ''
+  cause, gated = '', false
   redis.call('DEL', W, P, V)
   redis.call('HSET', S, 'state', 'open', 'until', str(untl), 'len', str(d),
-    'reopens', str(reopens), 'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '')
+    'reopens', str(reopens), 'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '',
+    'gate', '0')
+  redis.call('PEXPIRE', S, str(d + 2 * lease + 86400000))
+  changed = true
+end
+
+-- The account's quota ran out: open until its reset, the backoff untouched.
+local function set_gate(d)
+  state, untl, ok, failed = 'open', now + d, 0, 0
+  epoch = math.max(epoch + 1, now_us)
+  cause, gated = '', true
+  redis.call('DEL', W, P, V)
+  redis.call('HSET', S, 'state', 'open', 'until', str(untl), 'len', str(d),
+    'reopens', str(reopens), 'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '',
+    'gate', '1')
   redis.call('PEXPIRE', S, str(d + 2 * lease + 86400000))
   changed = true
 end
@@ -185,9 +213,10 @@ end
 local function set_closed(why)
   state, untl, reopens, ok, failed, cause = 'closed', 0, 0, 0, 0, why
   epoch = math.max(epoch + 1, now_us)
+  gated = false
   redis.call('DEL', W, P, V)
   redis.call('HSET', S, 'state', 'closed', 'until', '0', 'len', '0', 'reopens', '0',
-    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', why)
+    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', why, 'gate', '0')
   redis.call('PEXPIRE', S, '86400000')
   changed = true
 end
@@ -196,9 +225,10 @@ end
 local function set_control(to)
   state, untl, reopens, ok, failed, cause = to, 0, 0, 0, 0, ''
   epoch = math.max(epoch + 1, now_us)
+  gated = false
   redis.call('DEL', W, P, V)
   redis.call('HSET', S, 'state', to, 'until', '0', 'len', '0', 'reopens', '0',
-    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '')
+    'epoch', str(epoch), 'ok', '0', 'failed', '0', 'cause', '', 'gate', '0')
   redis.call('PERSIST', S)
   changed = true
 end
@@ -281,7 +311,9 @@ if state == 'closed' and (trip or df > 0) and quorum > 1 then
   -- A vote is cast whether or not the window below trips on this call.
   quorate(true)
 end
-if state == 'closed' and trip and quorate(false) then
+if state == 'closed' and trip and gate > 0 then
+  set_gate(gate)
+elseif state == 'closed' and trip and quorate(false) then
   set_open(false)
 end
 
@@ -370,4 +402,8 @@ local was_reset = 0
 if state == 'closed' and cause == 'reset' then
   was_reset = 1
 end
-return { code, remaining, epoch, granted, was_reset }
+local was_gated = 0
+if state == 'open' and gated then
+  was_gated = 1
+end
+return { code, remaining, epoch, granted, was_reset, was_gated }

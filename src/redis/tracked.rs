@@ -13,7 +13,11 @@ use super::worker::MARGIN;
 use super::{Origin, Origins, Settings};
 use crate::breaker::Counters;
 use crate::sync::lock;
-use crate::{Breaker, State};
+use crate::{Breaker, Reason, State};
+
+/// Failed health probes in a row after which the replica holding the turn
+/// to probe passes it to another replica.
+pub(super) const PASS_AFTER: u64 = 3;
 
 /// The cluster state of a breaker as this replica last learned it.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +58,17 @@ pub(super) struct Tracked {
     /// Calls admitted and rejected at the last resync: a closed breaker
     /// without calls since has nothing to protect and skips the next one.
     pub(super) activity: u64,
+    /// The breaker runs its half-open cycle on its own: it was half-open
+    /// when Redis turned out to hold no state for it (restarted empty,
+    /// flushed), so no cluster cycle exists to grant its probes, and closing
+    /// it without a probe would let lost state close a circuit.
+    pub(super) local_cycle: bool,
+    /// The length of the cluster's open period when it is a quota gate
+    /// (zero otherwise): a gate may outlast the open cap.
+    pub(super) gate: Duration,
+    /// Health-probe successes and failures when this replica's current
+    /// streak of failed health probes began.
+    pub(super) streak: (u64, u64),
 }
 
 /// A request in flight, and what applying its reply needs.
@@ -83,6 +98,9 @@ impl Tracked {
             seen: 0,
             activity: 0,
             opened: None,
+            local_cycle: false,
+            gate: Duration::ZERO,
+            streak: (0, 0),
             trip_sent: false,
             slack: settings.timeout,
         }
@@ -95,6 +113,7 @@ impl Tracked {
     pub(super) fn longest(&self) -> Duration {
         self.rule
             .open_max
+            .max(self.gate)
             .saturating_add(self.slack)
             .saturating_add(MARGIN)
     }
@@ -118,6 +137,22 @@ impl Tracked {
                 !snap.metrics_only
                     && snap.counters.health_probe_successes > self.base.health_probe_successes
             }
+    }
+
+    /// Whether this replica should pass the health-probe turn on: its last
+    /// [`PASS_AFTER`] health probes all failed. The streak starts again once
+    /// it says so, so a replica given the turn back gets as many tries.
+    pub(super) fn pass_turn(&mut self) -> bool {
+        let c = self.breaker.snapshot().counters;
+        let (ok, failed) = (c.health_probe_successes, c.health_probe_failures);
+        if ok != self.streak.0 || failed < self.streak.1 {
+            self.streak = (ok, failed);
+        }
+        let pass = failed - self.streak.1 >= PASS_AFTER;
+        if pass {
+            self.streak = (ok, failed);
+        }
+        pass
     }
 
     /// Whether the cluster holds the circuit open or half-open, as this
@@ -166,6 +201,10 @@ impl Tracked {
         let active = !snap.metrics_only;
         let view_closed = self.view.is_none_or(|v| v.cluster.is_closed());
 
+        if self.local_cycle && local != State::HalfOpen {
+            // Its own probes decided: back to the cluster's cycles.
+            self.end_local_cycle();
+        }
         let mut req = Request {
             epoch: self.view.map_or(0, |v| v.epoch),
             ..Request::default()
@@ -198,6 +237,10 @@ impl Tracked {
         if active && local == State::Open && view_closed {
             req.trip = true;
             self.trip_sent = true;
+            // A quota gate is shared as one, with what is left of its reset.
+            if snap.reason == Some(Reason::QuotaExhausted) {
+                req.gate = snap.retry_in.filter(|d| !d.is_zero());
+            }
         }
         // By this replica's clock the cluster's open period has outlasted
         // the open cap (the server's clock went back): end it.
@@ -226,6 +269,7 @@ impl Tracked {
             req.slow = slow.min(req.calls);
         }
         if shared
+            && !self.local_cycle
             && local == State::HalfOpen
             && rejected > 0
             && self.leases.len() < self.rule.probes as usize
@@ -247,6 +291,12 @@ impl Tracked {
                 || !view_closed);
         let needed = resync || self.force || self.dirty || inconsistent || !req.is_read();
         needed.then_some((req, local))
+    }
+
+    /// Hands the breaker's half-open decisions back to the cluster.
+    fn end_local_cycle(&mut self) {
+        self.local_cycle = false;
+        self.breaker.remote().set_shared(true);
     }
 
     /// Applies the cluster's answer to the local breaker.
@@ -295,29 +345,60 @@ impl Tracked {
             _ => {
                 // An operator reset every replica, or lifted the cluster's
                 // own forced state: so does this replica.
-                if (reply.reset && new_epoch) || (changed && controlled) {
+                // Epoch 0 is no cluster transition but lost state: an
+                // operator's control lost with it stays where it is.
+                if (reply.reset && new_epoch) || (changed && controlled && reply.epoch != 0) {
                     self.breaker.reset();
                     local = self.breaker.state();
                 }
             }
         }
         // When this replica first learned of the open period: the deadline
-        // the cluster gives is trusted up to the open cap from then.
+        // the cluster gives is trusted up to the open cap (or the gate's
+        // length) from then.
         match reply.cluster {
             Cluster::Open(_) | Cluster::HalfOpen => match self.opened {
                 Some((e, _)) if e == reply.epoch => {}
-                _ => self.opened = Some((reply.epoch, sent)),
+                _ => {
+                    self.opened = Some((reply.epoch, sent));
+                    self.gate = match reply.cluster {
+                        Cluster::Open(left) if reply.gated => left,
+                        _ => Duration::ZERO,
+                    };
+                }
             },
-            _ => self.opened = None,
+            _ => {
+                self.opened = None;
+                self.gate = Duration::ZERO;
+            }
         }
+        // A quota gate keeps its own reset: the cluster neither ends nor
+        // moves it (an operator's controls above still apply).
+        let gated_here =
+            local == State::Open && self.breaker.snapshot().reason == Some(Reason::QuotaExhausted);
         let cap = self.opened.map_or(Duration::ZERO, |(_, at)| {
             later(at, self.longest()).saturating_duration_since(Instant::now())
         });
-        let open = |left: Duration| remote.open_for(left.saturating_add(MARGIN).min(cap));
+        let open = |left: Duration| {
+            let left = left.saturating_add(MARGIN).min(cap);
+            if reply.gated {
+                remote.gate_for(left);
+            } else {
+                remote.open_for(left);
+            }
+        };
         match (reply.cluster, local) {
+            _ if gated_here => {}
+            // Epoch 0: Redis holds no state (it restarted empty, was
+            // flushed). Lost state closes nothing: a half-open breaker
+            // finishes its cycle on its own probes, and an open one trips
+            // the cluster again (see `prepare`).
+            (Cluster::Closed, State::HalfOpen) if reply.epoch == 0 && !self.local_cycle => {
+                self.local_cycle = true;
+                remote.set_shared(false);
+            }
+            (Cluster::Closed, State::HalfOpen) if reply.epoch == 0 => {}
             (Cluster::Closed, State::HalfOpen) => remote.close(),
-            // Epoch 0: Redis holds no state (it restarted empty, say). An
-            // open breaker here trips the cluster again rather than close.
             (Cluster::Closed, State::Open) if changed && reply.epoch != 0 => remote.close(),
             (Cluster::Open(left), State::Closed | State::HalfOpen) => open(left),
             (Cluster::Open(left), State::Open) if changed => open(left),
@@ -330,6 +411,11 @@ impl Tracked {
             _ => {}
         }
         let after = self.breaker.state();
+        if self.local_cycle && (reply.epoch != 0 || after != State::HalfOpen) {
+            // The cluster holds a state again, or the cycle is over.
+            self.local_cycle = false;
+            remote.set_shared(true);
+        }
         if after != before || by_control {
             let origin = if by_control {
                 Origin::ClusterControl
@@ -408,6 +494,7 @@ mod tests {
             epoch: 7,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, open, Request::default());
         assert_eq!(t.breaker.state(), State::Open);
@@ -451,6 +538,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_turn_passes_after_three_failed_health_probes_in_a_row() {
+        let (mut t, _) = held_open();
+        for _ in 0..2 {
+            t.breaker.record_health_probe(Outcome::Failure);
+            assert!(!t.pass_turn());
+        }
+        t.breaker.record_health_probe(Outcome::Success);
+        assert!(!t.pass_turn(), "a success starts the streak again");
+        for _ in 0..2 {
+            t.breaker.record_health_probe(Outcome::Failure);
+            assert!(!t.pass_turn());
+        }
+        t.breaker.record_health_probe(Outcome::Failure);
+        assert!(t.pass_turn(), "three in a row");
+        assert!(!t.pass_turn(), "once, then three more tries");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_failed_health_probe_tells_the_cluster_nothing() {
         let (mut t, _) = held_open();
         t.breaker.record_health_probe(Outcome::Failure);
@@ -485,6 +590,7 @@ mod tests {
             epoch: 8,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, healed, req);
         assert_eq!(t.breaker.state(), State::HalfOpen);
@@ -506,6 +612,7 @@ mod tests {
             epoch: 8,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, healed, Request::default());
         // Its open period ends a nanosecond on.
@@ -526,6 +633,7 @@ mod tests {
             epoch: 9,
             granted: false,
             reset: false,
+            gated: false,
         };
         apply(&mut t, reopened, req);
         assert_eq!(t.breaker.state(), State::Open);

@@ -105,24 +105,30 @@ impl Turns for Hook {
 }
 
 /// Answers `first` and every other ask already waiting in `queue`, in one
-/// round trip; `held_open` says which breakers the cluster holds open. On a
-/// failure the asks are dropped unanswered, which their probers take as
+/// round trip; `status` says, for a breaker the cluster holds open, whether
+/// this replica passes its turn on (`None`: not held open, probe alone). On
+/// a failure the asks are dropped unanswered, which their probers take as
 /// "probe".
 pub(super) async fn answer(
     conn: &mut Conn,
     replica: &str,
     first: Ask,
     queue: &mut mpsc::Receiver<Ask>,
-    held_open: impl Fn(&str) -> bool,
+    mut status: impl FnMut(&str) -> Option<bool>,
     limit: Duration,
 ) -> Result<(), Failure> {
-    let asks = for_redis(first, queue, held_open);
+    // In the order of the asks that go to Redis.
+    let mut passes = Vec::new();
+    let asks = for_redis(first, queue, |name| {
+        status(name).map(|pass| passes.push(pass)).is_some()
+    });
     if asks.is_empty() {
         return Ok(());
     }
     let calls: Vec<_> = asks
         .iter()
-        .map(|a| script::turn(&a.key, replica, a.hold))
+        .zip(&passes)
+        .map(|(a, &pass)| script::turn(&a.key, replica, a.hold, pass))
         .collect();
     let values = conn.invoke(&calls, limit).await?;
     if values.len() != asks.len() {
@@ -140,7 +146,7 @@ pub(super) async fn answer(
 fn for_redis(
     first: Ask,
     queue: &mut mpsc::Receiver<Ask>,
-    held_open: impl Fn(&str) -> bool,
+    mut held_open: impl FnMut(&str) -> bool,
 ) -> Vec<Ask> {
     let mut asks = vec![first];
     while asks.len() < BATCH {

@@ -55,6 +55,8 @@ pub(super) enum Pass {
     /// Breakers that tripped, or that a health probe healed, locally since
     /// the last exchange.
     Trips,
+    /// Only the breakers that pub/sub messages named, in `Worker::named`.
+    Named,
 }
 
 pub(super) struct Worker {
@@ -65,8 +67,7 @@ pub(super) struct Worker {
     origins: Origins,
     stop: watch::Receiver<()>,
     channel: String,
-    replica: String,
-    next_lease: u64,
+    replica: Arc<str>,
     rng: Rng,
     round: u64,
     /// The quorum in force: the one configured, or the live replicas when
@@ -81,6 +82,8 @@ pub(super) struct Worker {
     /// Where the breakers' probers ask whose turn it is to probe.
     desk: Desk,
     asks: mpsc::Receiver<Ask>,
+    /// Breakers whose transitions messages announced, for `Pass::Named`.
+    named: Vec<Arc<str>>,
 }
 
 impl Worker {
@@ -97,6 +100,7 @@ impl Worker {
         let (desk, asks) = Desk::new(shared.clone(), settings.timeout);
         let mut w = Worker {
             quorum: settings.quorum,
+            replica: settings.replica.clone(),
             settings,
             target,
             tracked: HashMap::new(),
@@ -104,8 +108,6 @@ impl Worker {
             origins,
             stop,
             channel,
-            replica: format!("{seed:016x}"),
-            next_lease: 0,
             rng: Rng::new(seed),
             round: 0,
             schemas: HashSet::new(),
@@ -113,6 +115,7 @@ impl Worker {
             node: seed as usize,
             desk,
             asks,
+            named: Vec::new(),
         };
         w.refresh(false);
         w
@@ -171,12 +174,13 @@ impl Worker {
         for t in self.tracked.values_mut() {
             t.base = t.breaker.snapshot().counters;
             t.force = true;
+            t.local_cycle = false;
             t.leases.clear();
             t.releases.clear();
         }
         self.exchange(&mut conn, Pass::All).await?;
         for t in self.tracked.values() {
-            t.breaker.remote().set_shared(true);
+            t.breaker.remote().set_shared(!t.local_cycle);
         }
         self.shared.store(true, Ordering::Release);
         if *warned {
@@ -203,7 +207,17 @@ impl Worker {
                 biased;
                 _ = self.stop.changed() => return Ok(()),
                 msg = next(&mut messages) => match msg {
-                    Some(msg) => self.on_message(&mut conn, &msg).await?,
+                    Some(msg) => {
+                        self.on_message(&mut conn, &msg).await?;
+                        // Every message already here joins one round trip,
+                        // which touches only the keys they name.
+                        while let Some(Some(msg)) = ready(&mut messages).await {
+                            self.on_message(&mut conn, &msg).await?;
+                        }
+                        if !self.named.is_empty() {
+                            self.exchange(&mut conn, Pass::Named).await?;
+                        }
+                    }
                     // A cluster node went away: listen on another one, and
                     // read everything again for what was missed meanwhile.
                     None if self.settings.store.is_cluster() => {
@@ -231,10 +245,17 @@ impl Worker {
                     }
                 }
                 Some(ask) = self.asks.recv() => {
-                    let tracked = &self.tracked;
-                    let held_open = |name: &str| tracked.get(name).is_some_and(Tracked::held_open);
+                    let tracked = &mut self.tracked;
+                    // Circuits the cluster holds open take turns; whether
+                    // this replica passes its turn on.
+                    let status = |name: &str| {
+                        tracked
+                            .get_mut(name)
+                            .filter(|t| t.held_open())
+                            .map(Tracked::pass_turn)
+                    };
                     let (replica, limit) = (&self.replica, self.settings.timeout);
-                    turns::answer(&mut conn, replica, ask, &mut self.asks, held_open, limit).await?;
+                    turns::answer(&mut conn, replica, ask, &mut self.asks, status, limit).await?;
                 }
             }
         }
@@ -379,16 +400,20 @@ impl Worker {
     /// pipeline of script calls.
     async fn exchange(&mut self, conn: &mut Conn, pass: Pass) -> Result<(), Failure> {
         let shared = self.shared.load(Ordering::Acquire);
-        self.refresh(shared);
         let now = Instant::now();
         let mut pending = Vec::new();
-        for t in self.tracked.values_mut() {
+        let named = std::mem::take(&mut self.named);
+        if pass != Pass::Named {
+            self.refresh(shared);
+        }
+        let settings = self.settings.clone();
+        let mut visit = |t: &mut Tracked| {
             if pass == Pass::Trips && !t.moved() {
-                continue;
+                return;
             }
             let claim = || {
-                self.next_lease += 1;
-                format!("{}:{}", self.replica, self.next_lease)
+                let n = settings.leases.fetch_add(1, Ordering::Relaxed) + 1;
+                format!("{}:{n}", settings.replica)
             };
             if let Some((request, local)) = t.prepare(now, pass == Pass::All, shared, claim) {
                 pending.push(Pending {
@@ -397,6 +422,17 @@ impl Worker {
                     local,
                 });
             }
+        };
+        if pass == Pass::Named {
+            // Only the keys the messages named: no scan of the whole set
+            // (the next flush picks up keys new to it).
+            for name in &named {
+                if let Some(t) = self.tracked.get_mut(name) {
+                    visit(t);
+                }
+            }
+        } else {
+            self.tracked.values_mut().for_each(visit);
         }
         if pending.is_empty() {
             if pass == Pass::All {
@@ -465,9 +501,9 @@ impl Worker {
             return Ok(());
         }
         if let Some(t) = self.tracked.get_mut(name) {
-            if t.view.is_none_or(|v| v.epoch != epoch) {
+            if t.view.is_none_or(|v| v.epoch != epoch) && !t.dirty {
                 t.dirty = true;
-                self.exchange(conn, Pass::Changes).await?;
+                self.named.push(t.name.clone());
             }
             return Ok(());
         }
@@ -558,6 +594,16 @@ fn schema_of(text: &str) -> Option<u32> {
     (matches!(first, "open" | "closed") && epoch > 0 && named).then_some(1)
 }
 
+/// The next message if one is already here: `None` if none is, and
+/// `Some(None)` if the subscription ended (left to `next` to see).
+async fn ready(stream: &mut Messages) -> Option<Option<Msg>> {
+    std::future::poll_fn(|cx| match stream.as_mut().poll_next(cx) {
+        Poll::Ready(Some(msg)) => Poll::Ready(Some(Some(msg))),
+        Poll::Ready(None) | Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
 async fn next(stream: &mut Messages) -> Option<Msg> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
 }
@@ -609,6 +655,7 @@ mod tests {
             epoch: 7,
             granted: false,
             reset: false,
+            gated: false,
         };
         let p = pending(&t);
         let origins = Origins::default();

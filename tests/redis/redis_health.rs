@@ -540,7 +540,8 @@ async fn sync(
         .arg("") // control
         .arg(0) // overdue
         .arg(claim)
-        .arg(u8::from(heal));
+        .arg(u8::from(heal))
+        .arg(0); // not a quota gate
     for (id, code) in reports {
         inv.arg(*id).arg(*code);
     }
@@ -626,4 +627,38 @@ async fn the_script_ends_only_the_open_period_a_heal_was_found_in() {
     );
     let fields: HashMap<String, String> = conn.hgetall(&state_key).await.unwrap();
     assert_eq!(fields["reopens"], "3");
+}
+
+const TURN: &str = include_str!("../../src/redis/turn.lua");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica() {
+    if redis_support::skip(
+        "a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica",
+    ) {
+        return;
+    }
+    let prefix = unique_prefix("health-pass");
+    let key = format!("{{{prefix}:upstream}}:v2:health");
+    let mut conn = connection(shared_url()).await;
+    let script = redis::Script::new(TURN);
+    let mut ask = async |who: &str, pass: bool| -> i64 {
+        script
+            .key(&key)
+            .arg(who)
+            .arg(60_000)
+            .arg(u8::from(pass))
+            .invoke_async(&mut conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(ask("a", false).await, 1, "a takes the free turn");
+    assert_eq!(ask("b", false).await, 0);
+    assert_eq!(ask("a", false).await, 1, "and renews it");
+    assert_eq!(ask("a", true).await, 0, "a passes it on");
+    assert_eq!(ask("a", false).await, 0, "and does not take it back");
+    assert_eq!(ask("b", false).await, 1, "one other replica takes it");
+    assert_eq!(ask("c", false).await, 0, "only one");
+    assert_eq!(ask("b", true).await, 0, "b passes it in turn");
+    assert_eq!(ask("a", false).await, 1, "and a may take it again");
 }

@@ -19,7 +19,7 @@ use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{
     Attachment, Backend, BackendBuilder, Client, Origin, SetupError, SCHEMA,
 };
-use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, State};
+use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, Reason, State};
 
 use redis_support::{
     backend, connection, eventually, scratch_dir, shared_url, unique_prefix, Server,
@@ -687,6 +687,113 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
     assert!(replicas.iter().all(|(b, _)| b.state() == State::Open));
 }
 
+/// Transitions seen by a breaker's listener.
+fn counted(builder: Builder<Breaker>) -> (Breaker, Arc<AtomicUsize>) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let seen = n.clone();
+    let breaker = builder
+        .on_transition(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    (breaker, n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_shared_state_changes_no_circuit_in_any_state() {
+    if redis_support::skip("lost_shared_state_changes_no_circuit_in_any_state") {
+        return;
+    }
+    let mut server = Server::start().await;
+    let url = server.url();
+    let prefix = unique_prefix("lost-any");
+    let names = ["closed", "open", "half-open", "forced", "disabled"];
+    // Two replicas, each one backend holding one breaker of every name.
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let backend = backend(&url, &prefix).build().unwrap();
+        let mut breakers = Vec::new();
+        for name in names {
+            let open = if name == "half-open" {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_secs(3600)
+            };
+            let (b, n) = counted(
+                Breaker::builder()
+                    .name(name)
+                    .consecutive_failures(1)
+                    .probes(1)
+                    .close_after(1)
+                    .jitter(0.0)
+                    .open_duration(open),
+            );
+            let a = backend.attach(&b).unwrap();
+            breakers.push((b, a, n));
+        }
+        replicas.push(breakers);
+    }
+    let all = || replicas.iter().flatten();
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| a.is_shared()) }).await);
+
+    trip(&replicas[0][1].0, 1);
+    trip(&replicas[0][2].0, 1);
+    replicas[0][3].1.force_open_cluster("forced").await.unwrap();
+    replicas[0][4].1.disable_cluster("disabled").await.unwrap();
+    let want = [
+        State::Closed,
+        State::Open,
+        State::HalfOpen,
+        State::ForcedOpen,
+        State::Disabled,
+    ];
+    let settled = eventually(WAIT, || async {
+        replicas
+            .iter()
+            .all(|r| r.iter().zip(want).all(|((b, _, _), s)| b.state() == s))
+    })
+    .await;
+    assert!(settled, "every replica in every state");
+    let before: Vec<usize> = all().map(|(_, _, n)| n.load(Ordering::SeqCst)).collect();
+    let unchanged = |what: &str| {
+        for (r, replica) in replicas.iter().enumerate() {
+            for ((b, _, _), s) in replica.iter().zip(want) {
+                assert_eq!(b.state(), s, "{what}: replica {r}, {:?}", b.name());
+            }
+        }
+        let after: Vec<usize> = all().map(|(_, _, n)| n.load(Ordering::SeqCst)).collect();
+        assert_eq!(before, after, "{what}: no transition");
+    };
+
+    // Restarted with no data.
+    server.kill().await;
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| !a.is_shared()) }).await);
+    server.restart().await;
+    assert!(eventually(WAIT, || async { all().all(|(_, a, _)| a.is_shared()) }).await);
+    // Several resyncs (every 500 ms) read what Redis holds.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    unchanged("restarted empty");
+
+    // Flushed under live connections.
+    let mut conn = connection(&url).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(all().all(|(_, a, _)| a.is_shared()));
+    unchanged("flushed");
+
+    // The half-open circuits still answer to their probes: a failed probe
+    // reopens them, and the trip opens the other replica again.
+    let probe = replicas[0][2].0.admit().expect("a probe of its own cycle");
+    probe.record(Outcome::Failure);
+    assert_eq!(replicas[0][2].0.state(), State::Open);
+    let reopened = eventually(WAIT, || async {
+        replicas[1][2].2.load(Ordering::SeqCst) > before[names.len() + 2]
+    })
+    .await;
+    assert!(reopened, "the probe's verdict is shared");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_counts_as_down_until_it_answers_again() {
     if redis_support::skip("a_paused_redis_counts_as_down_until_it_answers_again") {
@@ -1210,6 +1317,163 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
         opened,
         "every live replica failing opens the shared circuit"
     );
+}
+
+/// The cluster state of `name`, as its state key says.
+async fn cluster_state(prefix: &str, name: &str) -> Option<String> {
+    let mut conn = connection(shared_url()).await;
+    conn.hget(format!("{{{prefix}:{name}}}:v2:state"), "state")
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
+    if redis_support::skip("a_quorum_counts_backends_not_the_breakers_attached_to_them") {
+        return;
+    }
+    let prefix = unique_prefix("quorum-backends");
+    let config = |name: &str| {
+        Breaker::builder()
+            .name(name)
+            .consecutive_failures(2)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let with_quorum = || backend(shared_url(), &prefix).quorum(2).build().unwrap();
+    // One process, one backend, two breakers: one replica.
+    let first = with_quorum();
+    let (solo, pair) = (config("solo"), config("pair"));
+    let attached = [first.attach(&solo).unwrap(), first.attach(&pair).unwrap()];
+    assert!(
+        eventually(WAIT, || async {
+            attached.iter().all(Attachment::is_shared)
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Alone, its trip opens the shared circuit: the quorum falls to the one
+    // replica alive.
+    trip(&solo, 2);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "solo").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(opened, "one replica alive: a quorum of one");
+
+    // A second backend is a second replica.
+    let second = with_quorum();
+    let other = config("pair");
+    let attachment = second.attach(&other).unwrap();
+    assert!(eventually(WAIT, || async { attachment.is_shared() }).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    trip(&pair, 2);
+    assert_eq!(pair.state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        other.state(),
+        State::Closed,
+        "one of two replicas opens no one"
+    );
+    assert_ne!(
+        cluster_state(&prefix, "pair").await.as_deref(),
+        Some("open")
+    );
+    trip(&other, 2);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "pair").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(opened, "two replicas make the quorum");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only() {
+    if redis_support::skip("a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only") {
+        return;
+    }
+    let prefix = unique_prefix("quorum-ahead");
+    // A replica that wrote its heartbeat an hour ahead of the server's clock
+    // (the clock stepped back since) and died.
+    let mut conn = connection(shared_url()).await;
+    let time: Vec<String> = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000;
+    let _: () = conn
+        .hset(
+            format!("{{{prefix}}}:replicas"),
+            "dead-replica",
+            format!("{SCHEMA} {}", now_ms + 3_600_000),
+        )
+        .await
+        .unwrap();
+    let replicas = replicas_with(
+        1,
+        shared_url(),
+        &prefix,
+        || {
+            Breaker::builder()
+                .name("upstream")
+                .consecutive_failures(1)
+                .jitter(0.0)
+                .open_duration(Duration::from_secs(30))
+        },
+        |b| b.quorum(2),
+    )
+    .await;
+    // Its heartbeat lasts one ttl (3 resyncs of 500 ms and a timeout of
+    // 300 ms) from the first heartbeat that saw it, then the quorum falls to
+    // the one replica alive.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    trip(&replicas[0].0, 1);
+    let opened = eventually(WAIT, || async {
+        cluster_state(&prefix, "upstream").await.as_deref() == Some("open")
+    })
+    .await;
+    assert!(
+        opened,
+        "a dead replica's heartbeat from ahead of the clock expired"
+    );
+}
+
+// === quota gates ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_gate_keeps_its_reset_on_every_replica() {
+    if redis_support::skip("a_quota_gate_keeps_its_reset_on_every_replica") {
+        return;
+    }
+    let prefix = unique_prefix("quota");
+    let replicas = replicas(2, shared_url(), &prefix, || {
+        Breaker::builder()
+            .name("account")
+            .quota_gate(Duration::from_secs(3600))
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+    })
+    .await;
+    let (here, there) = (&replicas[0].0, &replicas[1].0);
+    here.admit().unwrap().record(Outcome::QuotaExhausted);
+    assert_eq!(here.snapshot().reason, Some(Reason::QuotaExhausted));
+    assert!(eventually(WAIT, || async { there.state() == State::Open }).await);
+    // Past a resync (every 500 ms), so every replica has read the cluster
+    // state again since the gate was shared.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for (who, b) in [("this replica", here), ("the other replica", there)] {
+        let snap = b.snapshot();
+        let left = snap.retry_in.expect("open");
+        assert!(left > Duration::from_secs(3590), "{who}: {left:?} left");
+        assert!(left <= Duration::from_secs(3601), "{who}: {left:?} left");
+        assert_eq!(snap.reason, Some(Reason::QuotaExhausted), "{who}");
+    }
+    let mut conn = connection(shared_url()).await;
+    let gate: Option<String> = conn
+        .hget(format!("{{{prefix}:account}}:v2:state"), "gate")
+        .await
+        .unwrap();
+    assert_eq!(gate.as_deref(), Some("1"), "shared as a quota gate");
 }
 
 // === clock safety ===
