@@ -85,6 +85,12 @@ fn assert_consistent(replay: &Replay) {
                 assert!(w.p50_s <= w.p99_s && w.p99_s <= w.max_s, "{}", run.name);
             }
             assert!(f.wasted_cost_usd <= f.cost_usd + 1e-9, "{}", run.name);
+            assert!(
+                f.wasted_cost_usd_hangs_unbilled <= f.wasted_cost_usd + 1e-9,
+                "{}",
+                run.name
+            );
+            assert!(f.answered <= f.succeeded, "{}", run.name);
         }
     }
 }
@@ -265,6 +271,147 @@ fn figures_are_what_the_requests_and_attempts_did() {
     let r = &breaker.recovery[0];
     assert_eq!(r.recovery_lag_s, None);
     assert!(close(r.time_to_trip_s.unwrap(), 4.0), "{r:?}");
+}
+
+#[test]
+fn answers_count_within_the_deadline_in_every_window() {
+    // No total timeout: every answer counts. The heal at 7.5 s leaves the
+    // requests at 8 and 9 s after it; the breaker answers the first and
+    // rejects the second.
+    let replay = engine::replay(&scenario::parse(EXACT, "exact.toml").unwrap()).unwrap();
+    let plain = stack(&replay, "no-breaker");
+    let breaker = stack(&replay, "breaker");
+    assert_eq!(replay.setup.client.deadline, None);
+    assert_eq!((plain.all.answered, breaker.all.answered), (7, 6));
+    let (p, b) = (
+        plain.after_heal.as_ref().unwrap(),
+        breaker.after_heal.as_ref().unwrap(),
+    );
+    assert_eq!((p.from_s, p.requests, p.answered), (7.5, 2, 2));
+    assert_eq!((b.requests, b.answered, b.rejected), (2, 1, 1));
+    let nb = report::no_breaker_answered(&replay, None, report::Window::AfterHeal);
+    assert_eq!(nb, Some(2));
+    assert_eq!(report::vs_no_breaker(b.answered, nb), Some(0.5));
+    assert_eq!(report::vs_no_breaker(3, Some(0)), None);
+    let outage = breaker.outage.as_ref().unwrap();
+    assert_eq!(outage.answered, 0);
+    let doc: serde_json::Value = serde_json::from_str(&report::json(&replay)).unwrap();
+    assert!(doc["stacks"][1]["outage"]["answers_vs_no_breaker"].is_null());
+    assert_eq!(doc["stacks"][1]["outage"]["no_breaker_answered"], 0);
+    assert_eq!(doc["stacks"][1]["after_heal"]["answers_vs_no_breaker"], 0.5);
+
+    // Answers take 0.5 s: a 0.4 s deadline counts none of them, 0.5 s all.
+    for (deadline, answered) in [("0.4", 0), ("0.5", 7)] {
+        let text = EXACT.replace(
+            "max_retries = 0",
+            &format!("max_retries = 0\ndeadline_s = {deadline}"),
+        );
+        let replay = engine::replay(&scenario::parse(&text, "exact.toml").unwrap()).unwrap();
+        let plain = stack(&replay, "no-breaker");
+        assert_eq!((plain.all.succeeded, plain.all.answered), (7, answered));
+        assert!(
+            report::table(&replay).contains(&format!("{answered}/{answered} = ")) || answered == 0
+        );
+    }
+    // By default, the total timeout.
+    let text = EXACT.replace("total_timeout_s = 0", "total_timeout_s = 3");
+    let s = scenario::parse(&text, "exact.toml").unwrap();
+    assert_eq!(s.client.deadline, Some(Duration::from_secs(3)));
+}
+
+#[test]
+fn a_bad_deadline_is_named_with_its_line() {
+    for bad in ["0", "-1"] {
+        let text = EXACT.replace(
+            "max_retries = 0",
+            &format!("max_retries = 0\ndeadline_s = {bad}"),
+        );
+        let e = scenario::parse(&text, "t.toml").unwrap_err();
+        assert!(e.message.contains("deadline_s"), "{e}");
+        assert_eq!(e.line, Some(line_of(&text, "deadline_s")), "{e}");
+    }
+    // A value of the wrong type: its line, as for any key.
+    let text = EXACT.replace("max_retries = 0", "max_retries = 0\ndeadline_s = \"soon\"");
+    let e = scenario::parse(&text, "t.toml").unwrap_err();
+    assert_eq!(e.line, Some(line_of(&text, "deadline_s")), "{e}");
+    let text = EXACT.replace("max_retries = 0", "max_retries = 0\ndeadline = 3");
+    let e = scenario::parse(&text, "t.toml").unwrap_err();
+    assert!(e.message.contains("deadline"), "{e}");
+    assert_eq!(e.line, Some(line_of(&text, "deadline = 3")));
+}
+
+#[test]
+fn a_health_probe_is_billed_as_one_token_and_keeps_its_own_timeout() {
+    // The hang never ends; probes every second from the trip on.
+    let text = EXACT
+        .replace("close_after = 1", "close_after = 1\nhealth_probe_interval_s = 1")
+        .replace(
+            "name = \"only\"",
+            "name = \"only\"\ncost = { usd_per_mtok_in = 1.0, usd_per_mtok_out = 10.0, tokens_in = 1000, tokens_out = 500 }",
+        )
+        .replace("from_s = 7.5", "from_s = 9.5");
+    let s = scenario::parse(&text, "t.toml").unwrap();
+    let probe_price = Cost::PerToken {
+        input_usd: 0.001,
+        output_usd: 10.0 / 1e6,
+    };
+    assert_eq!(s.upstreams[0].probe_cost, probe_price);
+    assert_eq!(s.breaker.health_probe_timeout, None, "the prober's default");
+    let replay = engine::replay(&s).unwrap();
+    let breaker = stack(&replay, "breaker");
+    let probes: Vec<_> = breaker.attempt_log.iter().filter(|a| a.probe).collect();
+    assert!(!probes.is_empty());
+    for a in &probes {
+        // An answered probe: the input and one token; a hanging one as
+        // [billing] hang says of that one token; one still waiting for its
+        // head when the run ends, nothing.
+        assert!(
+            close(a.cost_usd, probe_price.billed(1.0)) || a.cost_usd == 0.0,
+            "{a:?}"
+        );
+    }
+    assert!(probes.iter().any(|a| close(a.cost_usd, 0.001 + 10.0 / 1e6)));
+    // Users' answers cost the full price.
+    let user = breaker
+        .attempt_log
+        .iter()
+        .find(|a| !a.probe && a.answered)
+        .unwrap();
+    assert!(close(user.cost_usd, 0.001 + 0.005), "{user:?}");
+
+    let text = text.replace(
+        "health_probe_interval_s = 1",
+        "health_probe_interval_s = 1\nhealth_probe_timeout_s = 0.25",
+    );
+    let s = scenario::parse(&text, "t.toml").unwrap();
+    assert_eq!(
+        s.breaker.health_probe_timeout,
+        Some(Duration::from_millis(250))
+    );
+    let e = scenario::parse(
+        &text.replace(
+            "health_probe_timeout_s = 0.25",
+            "health_probe_timeout_s = 0",
+        ),
+        "t.toml",
+    )
+    .unwrap_err();
+    assert!(e.message.contains("health_probe_timeout_s"), "{e}");
+}
+
+#[test]
+fn wasted_cost_is_given_with_hangs_billed_and_unbilled() {
+    let replay = engine::replay(&scenario::parse(EXACT, "exact.toml").unwrap()).unwrap();
+    let all = &stack(&replay, "no-breaker").all;
+    // Three hung attempts, billed in full at 0.01 USD, and nothing else.
+    assert!(close(all.wasted_cost_usd, 0.03));
+    assert!(close(all.wasted_cost_usd_hangs_unbilled, 0.0));
+    let table = report::table(&replay);
+    assert!(
+        table.contains("billing: cost $ and wasted $ bill"),
+        "{table}"
+    );
+    assert!(table.contains("hangs unbilled"), "{table}");
 }
 
 #[test]
@@ -507,17 +654,22 @@ fn same_seed_same_numbers_other_seed_other_numbers() {
     assert_ne!(a, c);
 }
 
-const FIGURES: [&str; 19] = [
+const FIGURES: [&str; 25] = [
     "amplification",
+    "answered",
     "answered_ttft_mean_s",
     "answered_ttft_p50_s",
     "answered_ttft_p99_s",
+    "answered_wait_max_s",
     "answered_wait_mean_s",
     "answered_wait_p50_s",
     "answered_wait_p99_s",
+    "answers_vs_no_breaker",
     "attempts",
     "cost_usd",
+    "error_wait_mean_s",
     "failed",
+    "no_breaker_answered",
     "rejected",
     "requests",
     "succeeded",
@@ -527,6 +679,7 @@ const FIGURES: [&str; 19] = [
     "wait_p50_s",
     "wait_p99_s",
     "wasted_cost_usd",
+    "wasted_cost_usd_hangs_unbilled",
 ];
 
 fn keys(v: &serde_json::Value) -> Vec<String> {
@@ -544,7 +697,7 @@ fn sorted(names: &[&str]) -> Vec<String> {
 #[test]
 fn json_has_exactly_the_documented_fields() {
     let mut stack_keys: Vec<&str> = FIGURES.to_vec();
-    stack_keys.extend(["name", "outage", "transitions", "upstreams"]);
+    stack_keys.extend(["name", "outage", "after_heal", "transitions", "upstreams"]);
     let mut outage_keys: Vec<&str> = FIGURES.to_vec();
     outage_keys.extend(["from_s", "to_s"]);
     for (file, upstreams) in [
@@ -555,7 +708,21 @@ fn json_has_exactly_the_documented_fields() {
         ),
     ] {
         let doc: serde_json::Value = serde_json::from_str(&report::json(replayed(file))).unwrap();
-        assert_eq!(keys(&doc), ["scenario", "schema_version", "stacks"]);
+        assert_eq!(
+            keys(&doc),
+            [
+                "billing",
+                "deadline_s",
+                "scenario",
+                "schema_version",
+                "seed",
+                "stacks"
+            ]
+        );
+        assert!(doc["billing"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("a hang 1.00"));
         assert_eq!(doc["schema_version"], report::SCHEMA_VERSION);
         let stacks = doc["stacks"].as_array().unwrap();
         let names: Vec<&str> = stacks.iter().map(|s| s["name"].as_str().unwrap()).collect();
@@ -567,10 +734,32 @@ fn json_has_exactly_the_documented_fields() {
             let name = s["name"].as_str().unwrap();
             assert_eq!(keys(s), sorted(&stack_keys), "{file} {name}");
             assert_eq!(keys(&s["outage"]), sorted(&outage_keys), "{file} {name}");
+            assert_eq!(
+                keys(&s["after_heal"]),
+                sorted(&outage_keys),
+                "{file} {name}"
+            );
             // Figures are numbers, or null only where there is nothing to
-            // measure (no answered request in the breaker's outage).
-            for key in FIGURES.iter().filter(|k| **k != "attempts") {
+            // measure (no answered request in the breaker's outage, no
+            // error for failover).
+            for key in FIGURES
+                .iter()
+                .filter(|k| !["attempts", "error_wait_mean_s"].contains(k))
+            {
                 assert!(s[key].is_number(), "{file} {name} {key}");
+            }
+            // Each window's answers beside no breaker's in the same window.
+            for w in [s, &s["outage"], &s["after_heal"]] {
+                let (a, n) = (&w["answered"], &w["no_breaker_answered"]);
+                let (a, n) = (a.as_u64().unwrap(), n.as_u64().unwrap());
+                assert!(a <= w["succeeded"].as_u64().unwrap());
+                match w["answers_vs_no_breaker"].as_f64() {
+                    Some(r) => assert!((r - a as f64 / n as f64).abs() < 1e-6),
+                    None => assert_eq!(
+                        n, 0,
+                        "{file} {name}: null only where no breaker answered none"
+                    ),
+                }
             }
             let reach = if name.contains("failover") { 2 } else { 1 };
             assert_eq!(keys(&s["attempts"]).len(), reach);
@@ -631,6 +820,7 @@ fn the_writeup_tables_print_beside_the_writeups_figures() {
         let rows = replay.setup.writeup.as_ref().unwrap().rows.len();
         let table = report::table(replay);
         let (_, writeup) = table.split_once(" (write-up | replay").unwrap();
+        let writeup = writeup.split("\n\n").next().unwrap();
         assert_eq!(writeup.lines().count(), rows + 2, "{writeup}");
         for cell in reported {
             assert!(writeup.contains(cell), "{cell}:\n{writeup}");
@@ -1171,7 +1361,11 @@ fn classes<'a>(
     replay: &'a Replay,
     run: &'a StackRun,
 ) -> impl Iterator<Item = (&'a str, &'a Figures)> {
-    replay.classes.iter().map(String::as_str).zip(&run.by_class)
+    replay
+        .classes
+        .iter()
+        .map(String::as_str)
+        .zip(run.by_class.iter().map(|c| &c.all))
 }
 
 #[test]
