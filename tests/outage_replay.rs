@@ -1977,3 +1977,69 @@ fn a_stalled_stream_bills_what_it_generated_until_the_stall() {
     let text = GOOD.replace("[breaker]", "[billing]\nstall = 2.0\n\n[breaker]");
     check_error(&text, line_of(&text, "stall = 2.0"), "stall");
 }
+
+// === the shapes the next changes are judged on ===
+
+/// Retries keep the upstream overloaded after the slowdown that caused it:
+/// without a breaker, at least half the users get an error over the run,
+/// and most of those who arrive after the heal do too.
+#[test]
+fn retries_keep_an_overloaded_upstream_overloaded_after_its_cause() {
+    let replay = replayed("retry-overload-metastable.toml");
+    assert_consistent(replay);
+    assert!(replay.setup.upstreams[0]
+        .capacity
+        .is_some_and(|c| c.queue > 0));
+    let plain = stack(replay, "no-breaker");
+    assert!(plain.all.user_error_rate.unwrap() >= 0.5, "{:?}", plain.all);
+    let after = plain.after_heal.as_ref().unwrap();
+    assert_eq!(after.from_s, 180.0);
+    assert!(after.user_error_rate.unwrap() >= 0.5, "{after:?}");
+    // Every phase answers well within the attempt timeout: the failures
+    // are the load's, not the upstream's answers.
+    for phase in &replay.setup.upstreams[0].phases {
+        assert!(phase.responses.iter().all(|r| !r.kind.is_failure()));
+    }
+}
+
+/// The failing model of the keyed mix fails at most half of its attempts by
+/// construction, some answering fine, some hanging, some 503; the others
+/// never fail; the replay's attempts agree.
+#[test]
+fn the_partial_outage_fails_at_most_half_of_one_models_attempts() {
+    let replay = replayed("partial-outage-keyed.toml");
+    assert_consistent(replay);
+    let failing = &replay.setup.upstreams[0].phases[1];
+    let share = |f: fn(&Kind) -> bool| -> f64 {
+        failing
+            .responses
+            .iter()
+            .filter(|r| f(&r.kind))
+            .map(|r| r.p)
+            .sum()
+    };
+    assert!(share(|k| k.is_failure()) <= 0.5 + 1e-12);
+    assert!(share(|k| matches!(k, Kind::Ok { .. })) > 0.0);
+    assert!(share(|k| matches!(k, Kind::Hang)) > 0.0);
+    assert!(share(|k| matches!(k, Kind::Status { code: 503, .. })) > 0.0);
+    let plain = stack(replay, "no-breaker");
+    let (from, to) = (failing.from.as_secs_f64(), failing.until.as_secs_f64());
+    let theirs: Vec<_> = plain
+        .attempt_log
+        .iter()
+        .filter(|a| a.upstream == 0 && a.t_s >= from && a.t_s < to && !a.probe)
+        .collect();
+    let failed = theirs.iter().filter(|a| a.failed).count() as f64;
+    assert!(
+        failed / theirs.len() as f64 <= 0.56,
+        "{failed} of {}",
+        theirs.len()
+    );
+    for u in 1..replay.setup.upstreams.len() {
+        assert!(
+            replay.setup.heals()[u].is_none(),
+            "upstream {u} never fails"
+        );
+    }
+    assert!(stack(replay, "breaker").by_class.len() == 3);
+}
