@@ -16,6 +16,9 @@ mod report;
 #[path = "../examples/outage_replay/scenario.rs"]
 mod scenario;
 #[allow(dead_code)]
+#[path = "../examples/outage_replay/seeds.rs"]
+mod seeds;
+#[allow(dead_code)]
 #[path = "../examples/outage_replay/sweep.rs"]
 mod sweep;
 
@@ -1525,28 +1528,40 @@ fn swept(name: &str) -> &'static sweep::Sweep {
         let text = std::fs::read_to_string(&path).unwrap();
         let file = path.display().to_string();
         let grid = sweep::grid(&scenario::parse(&text, &file).unwrap(), Vec::new());
-        Box::leak(Box::new(sweep::run(&text, &file, &grid).unwrap()))
+        let seeds = seeds::sequence(1, seeds::DEFAULT_SEEDS);
+        let order = sweep::Objective::parse(None).unwrap();
+        Box::leak(Box::new(
+            sweep::run(&text, &file, &grid, &seeds, &order).unwrap(),
+        ))
     })) as _
 }
 
 #[test]
-fn the_sweep_ranks_on_its_objective_and_recommends_the_first() {
+fn the_sweep_ranks_on_its_objective_and_recommends_the_first_that_recloses() {
     let doc: serde_json::Value =
         serde_json::from_str(&printed("--sweep --json scenarios/seed-000-night.toml")).unwrap();
     let ranked = doc["ranked"].as_array().unwrap();
     let grid: usize = sweep::DEFAULT_GRID.iter().map(|(_, v)| v.len()).product();
-    assert_eq!(ranked.len(), grid);
-    assert_eq!(doc["stack"], "failover");
-    // The objective, recomputed from the printed figures.
+    // Every stack with a breaker, at every combination.
+    assert_eq!(doc["stacks"], serde_json::json!(["breaker", "failover"]));
+    assert_eq!(ranked.len(), 2 * grid);
+    assert_eq!(doc["seeds"].as_array().unwrap().len(), 11);
+    let med = |v: &serde_json::Value| v["median"].as_f64();
+    // The objective, recomputed from the printed medians.
     let key = |r: &serde_json::Value| {
-        let at = |v: &serde_json::Value, step: f64| {
-            v.as_f64().map_or(f64::INFINITY, |x| (x / step).round())
+        let at = |v: Option<f64>, step: f64| v.map_or(f64::INFINITY, |x| (x / step).round());
+        let closed = &r["closed_at_end"];
+        let lag = if closed["seeds"] == closed["of"] {
+            at(med(&r["recovery_lag_s"]).or(Some(0.0)), 1.0)
+        } else {
+            f64::INFINITY
         };
         [
-            at(&r["user_error_rate"], 0.001),
-            at(&r["answered_wait_p99_s"], 0.1),
-            at(&r["wasted_cost_usd"], 0.01),
-            at(&r["recovery_lag_s"], 1.0),
+            -med(&r["answered"]).unwrap(),
+            at(med(&r["user_error_rate"]), 0.001),
+            at(med(&r["answered_wait_p99_s"]), 0.1),
+            lag,
+            at(med(&r["wasted_cost_usd"]), 0.01),
         ]
     };
     for (i, pair) in ranked.windows(2).enumerate() {
@@ -1559,29 +1574,37 @@ fn the_sweep_ranks_on_its_objective_and_recommends_the_first() {
             i + 2
         );
     }
+    // The recommendation: the first row whose breakers re-closed after the
+    // heal in every seed.
     let best = &doc["recommended"];
-    assert_eq!(best["settings"], ranked[0]["settings"]);
-    for field in [
-        "user_error_rate",
-        "answered_wait_p99_s",
-        "wasted_cost_usd",
-        "recovery_lag_s",
-    ] {
-        assert_eq!(best[field], ranked[0][field], "{field}");
-    }
+    let first = ranked
+        .iter()
+        .find(|r| r["closed_at_end"]["seeds"] == r["closed_at_end"]["of"])
+        .unwrap();
+    assert_eq!(best["rank"], first["rank"]);
+    assert_eq!(best["settings"], first["settings"]);
+    assert_eq!(best["closed_at_end"]["seeds"], 11);
+    // It answers at least as many as the old pick (the failover stack,
+    // failure rate 0.25, 10 s open, no health probes), which never
+    // re-closes in some seeds.
+    let old = ranked
+        .iter()
+        .find(|r| {
+            r["stack"] == "failover"
+                && r["settings"]
+                    == serde_json::json!({"failure_rate": 0.25, "open_s": 10, "health_probe_interval_s": 0})
+        })
+        .unwrap();
+    assert!(med(&best["answered"]) >= med(&old["answered"]));
+    assert!(old["closed_at_end"]["seeds"].as_u64() < Some(11));
     // The Pareto marks: no row dominates a marked one; every unmarked one
     // is dominated.
-    let raw = |r: &serde_json::Value| {
-        [
-            r["user_error_rate"].as_f64().unwrap_or(1.0),
-            r["answered_wait_p99_s"].as_f64().unwrap_or(f64::INFINITY),
-            r["wasted_cost_usd"].as_f64().unwrap(),
-            r["recovery_lag_s"].as_f64().unwrap_or(f64::INFINITY),
-        ]
-    };
-    for r in ranked {
-        let dominated = ranked.iter().any(|o| sweep::dominates(&raw(o), &raw(r)));
-        assert_eq!(r["pareto"].as_bool().unwrap(), !dominated, "{r}");
+    let rows = &swept("seed-000-night.toml").rows;
+    for r in rows {
+        let dominated = rows
+            .iter()
+            .any(|o| sweep::dominates(&o.objectives(), &r.objectives()));
+        assert_eq!(r.pareto, !dominated);
     }
     let table = printed("--sweep scenarios/seed-000-night.toml");
     assert!(table.contains("recommended: "), "{table}");
@@ -1592,12 +1615,40 @@ fn the_sweep_ranks_on_its_objective_and_recommends_the_first() {
 }
 
 #[test]
+fn the_objective_can_be_reordered() {
+    let o = sweep::Objective::parse(Some("wasted,lag")).unwrap();
+    assert_eq!(
+        o.0,
+        [
+            sweep::Criterion::Wasted,
+            sweep::Criterion::Lag,
+            sweep::Criterion::Answered,
+            sweep::Criterion::Errors,
+            sweep::Criterion::P99
+        ]
+    );
+    assert!(sweep::Objective::parse(Some("speed")).is_err());
+    assert!(sweep::Objective::parse(Some("lag,lag")).is_err());
+    let text =
+        std::fs::read_to_string(Path::new(ROOT).join("scenarios/seed-000-night.toml")).unwrap();
+    let grid = scenario::parse_grid(&["health_probe_interval_s=0,5".to_owned()]).unwrap();
+    let s = sweep::run(&text, "night.toml", &grid, &[1, 2, 3], &o).unwrap();
+    // Wasted cost first: the rows without health probes (cheaper) lead.
+    let first = &s.rows[0];
+    assert_eq!(first.settings[0].1, "0", "{:?}", first.settings);
+    for pair in s.rows.windows(2) {
+        assert!(pair[0].rank_key(&o) <= pair[1].rank_key(&o));
+    }
+}
+
+#[test]
 fn a_sweep_value_the_format_rejects_is_skipped_with_why() {
     let text =
         std::fs::read_to_string(Path::new(ROOT).join("scenarios/seed-000-night.toml")).unwrap();
     let grid = scenario::parse_grid(&["close_after=2,4".to_owned()]).unwrap();
-    let s = sweep::run(&text, "night.toml", &grid).unwrap();
-    assert_eq!(s.rows.len(), 1);
+    let order = sweep::Objective::parse(None).unwrap();
+    let s = sweep::run(&text, "night.toml", &grid, &[1], &order).unwrap();
+    assert_eq!(s.rows.len(), 2, "one combination, two stacks");
     assert!(s.skipped[0].1.contains("close_after"), "{:?}", s.skipped);
     assert!(scenario::parse_grid(&["colour=1,2".to_owned()]).is_err());
     assert!(scenario::parse_grid(&["open_s=\"x\"".to_owned()]).is_err());
@@ -2042,4 +2093,48 @@ fn the_partial_outage_fails_at_most_half_of_one_models_attempts() {
         );
     }
     assert!(stack(replay, "breaker").by_class.len() == 3);
+}
+
+// === seeds ===
+
+/// Seeds run in parallel give what each seed gives alone, in order; the
+/// medians and the re-close count are those of the runs.
+#[test]
+fn seeds_replay_each_seed_and_summarize_medians_and_reclose_counts() {
+    let base = scenario::parse(EXACT, "exact.toml").unwrap();
+    let seeds = seeds::sequence(base.seed, 3);
+    assert_eq!(seeds, [1, 2, 3]);
+    let runs = seeds::replay_seeds(&base, &base.stacks(), &seeds).unwrap();
+    for (run, seed) in runs.iter().zip(&seeds) {
+        let mut alone = base.clone();
+        alone.seed = *seed;
+        let one = engine::replay(&alone).unwrap();
+        assert_eq!(run.seed, *seed);
+        assert_eq!(report::json(run), report::json(&one));
+    }
+    let s = seeds::summarize(&runs);
+    let breaker = s.stacks.iter().find(|x| x.name == "breaker").unwrap();
+    // The breaker is open at the end of every seed (the last hang trips it).
+    assert_eq!(breaker.closed_at_end, (0, 3));
+    let answered = breaker
+        .figures
+        .iter()
+        .find(|(n, _, _)| *n == "answered")
+        .unwrap()
+        .2
+        .unwrap();
+    let mut xs: Vec<f64> = runs
+        .iter()
+        .map(|r| r.stack("breaker").unwrap().all.answered as f64)
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    assert_eq!(
+        (answered.min, answered.median, answered.max),
+        (xs[0], xs[1], xs[2])
+    );
+    assert_eq!(
+        seeds::Spread::of(vec![4.0, 1.0, 3.0, 2.0]).unwrap().median,
+        2.5
+    );
+    assert!(seeds::table(&s).contains("breaker: closed at the end in 0 of 3 seeds"));
 }
