@@ -984,16 +984,27 @@ const COMMAND: &str = "$ cargo run --release --example outage_replay";
 fn printed(args: &str) -> String {
     let mut json = false;
     let mut sweep = false;
+    let mut seeds: Option<u32> = None;
     let mut file = "scenarios/seed-000-night.toml";
-    for arg in args.split_whitespace() {
+    let mut words = args.split_whitespace();
+    while let Some(arg) = words.next() {
         match arg {
             "--" => {}
             "--json" => json = true,
             "--sweep" => sweep = true,
+            "--seeds" => seeds = words.next().and_then(|n| n.parse().ok()),
             _ => file = arg,
         }
     }
     let name = file.strip_prefix("scenarios/").expect("a shipped scenario");
+    if let (Some(n), false) = (seeds, sweep) {
+        let s = over_seeds(name, n);
+        return if json {
+            seeds::json(s) + "\n"
+        } else {
+            seeds::table(s)
+        };
+    }
     if sweep {
         let s = swept(name);
         return if json {
@@ -1065,6 +1076,10 @@ fn check_document(name: &str) -> usize {
 }
 
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "many seeds: run in release, in its own step of .ci/run"
+)]
 fn the_documents_show_what_the_replay_prints() {
     assert!(check_document("README.md") >= 1);
     let blocks = check_document("scenarios/README.md");
@@ -1516,6 +1531,48 @@ fn replicas_are_replayed_as_bounds() {
     }
 }
 
+/// A shipped scenario over `n` seeds, run once for all the tests that
+/// read it.
+fn over_seeds(name: &str, n: u32) -> &'static seeds::Seeds {
+    static RUNS: OnceLock<Mutex<HashMap<(String, u32), &'static seeds::Seeds>>> = OnceLock::new();
+    let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
+    (runs.entry((name.to_owned(), n)).or_insert_with(|| {
+        let s = load(name);
+        let replays = seeds::replay_seeds(&s, &s.stacks(), &seeds::sequence(s.seed, n)).unwrap();
+        Box::leak(Box::new(seeds::summarize(&replays)))
+    })) as _
+}
+
+/// The multi-seed figures the documents quote, checked in their own step
+/// of `.ci/run` (in release): over 11 seeds every stack answers within the
+/// deadline what its windows add up to, and failover re-closes in most.
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "many seeds: run in release, in its own step of .ci/run"
+)]
+fn over_eleven_seeds_the_documented_scenarios_hold() {
+    for name in ["seed-000-night.toml", "seed-002-failover.toml"] {
+        let s = over_seeds(name, 11);
+        assert_eq!(s.seeds.len(), 11);
+        for st in &s.stacks {
+            let (closed, of) = st.closed_at_end;
+            assert!(closed <= of && of <= 11, "{name} {}", st.name);
+            for (_, _, spread) in &st.figures {
+                if let Some(x) = spread {
+                    assert!(x.min <= x.median && x.median <= x.max, "{name} {}", st.name);
+                }
+            }
+        }
+        let failover = s.stacks.iter().find(|x| x.name == "failover").unwrap();
+        let errors = failover.figures[0].2.unwrap();
+        assert!(
+            errors.max <= 0.01,
+            "{name}: failover answers nearly every user"
+        );
+    }
+}
+
 // === the sweep ===
 
 /// A shipped scenario's sweep over its grid, run once.
@@ -1537,6 +1594,10 @@ fn swept(name: &str) -> &'static sweep::Sweep {
 }
 
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "many seeds: run in release, in its own step of .ci/run"
+)]
 fn the_sweep_ranks_on_its_objective_and_recommends_the_first_that_recloses() {
     let doc: serde_json::Value =
         serde_json::from_str(&printed("--sweep --json scenarios/seed-000-night.toml")).unwrap();

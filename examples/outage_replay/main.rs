@@ -7,6 +7,8 @@
 //! cargo run --release --example outage_replay -- FILE.toml
 //! cargo run --release --example outage_replay -- --json FILE.toml  # one JSON object on stdout
 //! cargo run --release --example outage_replay -- --svg out.svg FILE.toml
+//! cargo run --release --example outage_replay -- --seeds 11 FILE.toml   # medians over 11 seeds
+//! cargo run --release --example outage_replay -- --sweep FILE.toml       # rank breaker settings
 //! ```
 //!
 //! Stacks replayed (outermost first):
