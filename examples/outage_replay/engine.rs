@@ -90,8 +90,11 @@ pub struct StackRun {
     pub all: Figures,
     /// The requests that arrived during the outage.
     pub outage: Option<Figures>,
+    /// The requests that arrived after their upstream's heal, to the end
+    /// (`None`: no upstream failed and healed).
+    pub after_heal: Option<Figures>,
     /// Per class of traffic, when there is more than one.
-    pub by_class: Vec<Figures>,
+    pub by_class: Vec<ClassRun>,
     /// Per upstream the stack calls.
     pub recovery: Vec<Recovery>,
     pub transitions: Vec<TransitionRecord>,
@@ -99,6 +102,14 @@ pub struct StackRun {
     pub attempt_log: Vec<AttemptRecord>,
     /// Every request, in the order they arrived.
     pub requests: Vec<RequestRecord>,
+}
+
+/// What one stack did for one class of traffic, in each window.
+#[derive(Debug, Clone)]
+pub struct ClassRun {
+    pub all: Figures,
+    pub outage: Option<Figures>,
+    pub after_heal: Option<Figures>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +131,10 @@ pub struct AttemptRecord {
     ran: Duration,
     /// What the upstream billed for it.
     pub cost_usd: f64,
+    /// The same with hangs unbilled (`[billing] hang = 0`).
+    pub cost_hangs_unbilled_usd: f64,
+    /// A health probe (a one-token completion), not a user's attempt.
+    pub probe: bool,
     /// Whether its answer reached the user.
     pub answered: bool,
     /// Whether the upstream started on it (not still queued when it was
@@ -138,6 +153,8 @@ pub struct RequestRecord {
     pub fate: Fate,
     /// Which of the replay's `classes` sent it.
     pub class: usize,
+    /// The upstream it asked for.
+    pub upstream: usize,
     /// Its answer, or its last attempt's, was a 429.
     pub rate_limited: bool,
     /// Its user gave up waiting (a failure for the user, counted in
@@ -381,8 +398,12 @@ fn spawn_health_probe(sim: &Arc<Sim>, i: usize, breaker: &Breaker) {
     };
     let probe_id = sim.probe_id();
     let model = sim.scenario.upstreams[i].name.clone();
-    let prober = HealthProbe::builder(interval)
-        .seed(mix(sim.scenario.seed ^ 0x4ea1 ^ i as u64))
+    let mut prober =
+        HealthProbe::builder(interval).seed(mix(sim.scenario.seed ^ 0x4ea1 ^ i as u64));
+    if let Some(timeout) = sim.scenario.breaker_for(i).health_probe_timeout {
+        prober = prober.timeout(timeout);
+    }
+    let prober = prober
         .build(client(sim), LlmClassifier::new(), move |_: &Breaker| {
             chat_request(probe_id, &model, &model)
         })
@@ -397,8 +418,11 @@ fn spawn_keyed_health_probe(sim: &Arc<Sim>, set: &KeyedBreakers) {
         return;
     };
     let probe_id = sim.probe_id();
-    let prober = HealthProbe::builder(interval)
-        .seed(mix(sim.scenario.seed ^ 0x4ea1))
+    let mut prober = HealthProbe::builder(interval).seed(mix(sim.scenario.seed ^ 0x4ea1));
+    if let Some(timeout) = sim.scenario.breaker.health_probe_timeout {
+        prober = prober.timeout(timeout);
+    }
+    let prober = prober
         .build(client(sim), LlmClassifier::new(), move |b: &Breaker| {
             let key = b.name().unwrap_or_default();
             let model = key.split('/').next().unwrap_or(key);
@@ -750,6 +774,7 @@ where
             &arrival.key,
         );
         let class = arrival.class;
+        let upstream = arrival.upstream;
         let patience = scenario.client.cancel.and_then(|(p, after)| {
             let u = unit(mix(mix(scenario.seed ^ 0xca9c_e100) ^ id as u64));
             (u < p).then_some(after)
@@ -796,6 +821,7 @@ where
                 first_byte_s: (head - arrived).as_secs_f64(),
                 fate,
                 class,
+                upstream,
                 rate_limited,
                 cancelled,
             }
@@ -840,7 +866,20 @@ fn summarize(
         } else {
             0.0
         };
-        a.cost_usd = upstreams[a.upstream].cost.billed(generated);
+        // A health probe asks for one token: billed as the input and one
+        // token (one request's price under per-request pricing).
+        a.probe = a.request >= requests.len();
+        let price = if a.probe {
+            upstreams[a.upstream].probe_cost
+        } else {
+            upstreams[a.upstream].cost
+        };
+        a.cost_usd = price.billed(generated);
+        a.cost_hangs_unbilled_usd = if matches!(a.kind, Kind::Hang) {
+            0.0
+        } else {
+            a.cost_usd
+        };
         if let Some(slot) = last.get_mut(a.request) {
             *slot = Some(i);
         }
@@ -858,25 +897,32 @@ fn summarize(
             to: to.as_str(),
         })
         .collect();
-    let figures = |window| Figures::of(&names, &requests, &attempts, window);
+    let deadline = scenario.client.deadline.map(|d| d.as_secs_f64());
+    let heals = scenario.heals();
+    let outage = scenario
+        .outage()
+        .map(|(from, to)| (from.as_secs_f64(), to.as_secs_f64()));
+    let windows = |class: Option<usize>| {
+        let of = |w| Figures::of_class(&names, &requests, &attempts, w, class, deadline);
+        ClassRun {
+            all: of((0.0, f64::INFINITY)),
+            outage: outage.map(of),
+            after_heal: Figures::after_heal(&names, &requests, &attempts, &heals, class, deadline),
+        }
+    };
     let classes = requests.iter().map(|r| r.class + 1).max().unwrap_or(0);
+    let whole = windows(None);
     StackRun {
         by_class: if classes > 1 {
-            (0..classes)
-                .map(|c| {
-                    let all = (0.0, f64::INFINITY);
-                    Figures::of_class(&names, &requests, &attempts, all, Some(c))
-                })
-                .collect()
+            (0..classes).map(|c| windows(Some(c))).collect()
         } else {
             Vec::new()
         },
         requests: requests.clone(),
         name: kind.name(),
-        all: figures((0.0, f64::INFINITY)),
-        outage: scenario
-            .outage()
-            .map(|(from, to)| figures((from.as_secs_f64(), to.as_secs_f64()))),
+        all: whole.all,
+        outage: whole.outage,
+        after_heal: whole.after_heal,
         recovery: (0..reachable)
             .map(|i| Recovery::of(scenario, i, &transitions))
             .collect(),
@@ -962,6 +1008,8 @@ impl Sim {
                 kind: a.answer,
                 ran: a.ran,
                 cost_usd: 0.0,
+                cost_hangs_unbilled_usd: 0.0,
+                probe: false,
                 answered: false,
             })
             .collect()

@@ -37,6 +37,9 @@ pub struct Figures {
     pub to_s: f64,
     pub requests: u64,
     pub succeeded: u64,
+    /// Answers that came within the user's deadline (`[client]
+    /// deadline_s`); every answer without one.
+    pub answered: u64,
     pub failed: u64,
     pub rejected: u64,
     /// Attempts of these requests that reached each upstream the stack calls.
@@ -47,13 +50,18 @@ pub struct Figures {
     pub wait: Option<Waits>,
     /// Arrival to the end of the answer, answered requests.
     pub answered_wait: Option<Waits>,
+    /// Arrival to the error, requests that got one (a rejection is one).
+    pub error_wait: Option<Waits>,
     /// Arrival to the answer's first byte (its first token, for a stream).
     pub answered_ttft: Option<Waits>,
     /// Attempts per request.
     pub amplification: Option<f64>,
     pub cost_usd: f64,
-    /// Spent on attempts whose answer the user did not get.
+    /// Spent on attempts whose answer the user did not get, hangs billed as
+    /// `[billing] hang` says (in full by default).
     pub wasted_cost_usd: f64,
+    /// The same with hangs unbilled.
+    pub wasted_cost_usd_hangs_unbilled: f64,
     /// Users who gave up (counted in `failed`).
     pub cancelled: u64,
     /// Requests whose answer was a 429 (counted in `failed`).
@@ -61,26 +69,71 @@ pub struct Figures {
 }
 
 impl Figures {
-    pub fn of(
-        upstreams: &[String],
-        requests: &[RequestRecord],
-        attempts: &[AttemptRecord],
-        window: (f64, f64),
-    ) -> Figures {
-        Figures::of_class(upstreams, requests, attempts, window, None)
-    }
-
-    /// The same for the requests of one class of traffic (`None`: all).
+    /// The same for the requests of one class of traffic (`None`: all),
+    /// counting as answered the answers within `deadline_s`.
     pub fn of_class(
         upstreams: &[String],
         requests: &[RequestRecord],
         attempts: &[AttemptRecord],
         (from_s, to_s): (f64, f64),
         class: Option<usize>,
+        deadline_s: Option<f64>,
     ) -> Figures {
+        let inside = |r: &RequestRecord| r.arrival_s >= from_s && r.arrival_s < to_s;
+        Figures::select(
+            upstreams,
+            requests,
+            attempts,
+            (from_s, to_s),
+            class,
+            deadline_s,
+            inside,
+        )
+    }
+
+    /// The requests after their upstream's heal: those that arrived at or
+    /// after `heals[upstream]` (`None`: an upstream that did not fail and
+    /// heal, whose requests are left out); health probes from the earliest
+    /// heal on. `None` when no upstream healed.
+    pub fn after_heal(
+        upstreams: &[String],
+        requests: &[RequestRecord],
+        attempts: &[AttemptRecord],
+        heals: &[Option<f64>],
+        class: Option<usize>,
+        deadline_s: Option<f64>,
+    ) -> Option<Figures> {
+        let from = heals.iter().flatten().copied().reduce(f64::min)?;
         let inside = |r: &RequestRecord| {
-            r.arrival_s >= from_s && r.arrival_s < to_s && class.is_none_or(|c| r.class == c)
+            heals
+                .get(r.upstream)
+                .copied()
+                .flatten()
+                .is_some_and(|heal| r.arrival_s >= heal)
         };
+        Some(Figures::select(
+            upstreams,
+            requests,
+            attempts,
+            (from, f64::INFINITY),
+            class,
+            deadline_s,
+            inside,
+        ))
+    }
+
+    /// The requests `inside` picks (of `class`, when given); health probes
+    /// count where they were sent, when within `[from_s, to_s)`.
+    pub fn select(
+        upstreams: &[String],
+        requests: &[RequestRecord],
+        attempts: &[AttemptRecord],
+        (from_s, to_s): (f64, f64),
+        class: Option<usize>,
+        deadline_s: Option<f64>,
+        inside: impl Fn(&RequestRecord) -> bool,
+    ) -> Figures {
+        let inside = |r: &RequestRecord| inside(r) && class.is_none_or(|c| r.class == c);
         let chosen: Vec<&RequestRecord> = requests.iter().filter(|r| inside(r)).collect();
         let count = |f: Fate| chosen.iter().filter(|r| r.fate == f).count() as u64;
         let answered = || chosen.iter().filter(|r| r.fate == Fate::Succeeded);
@@ -100,6 +153,9 @@ impl Figures {
             to_s,
             requests: n,
             succeeded: count(Fate::Succeeded),
+            answered: answered()
+                .filter(|r| deadline_s.is_none_or(|d| r.wait_s <= d + 1e-9))
+                .count() as u64,
             failed,
             rejected,
             attempts: upstreams
@@ -113,6 +169,13 @@ impl Figures {
             user_error_rate: ratio((failed + rejected) as f64),
             wait: Waits::of(chosen.iter().map(|r| r.wait_s).collect()),
             answered_wait: Waits::of(answered().map(|r| r.wait_s).collect()),
+            error_wait: Waits::of(
+                chosen
+                    .iter()
+                    .filter(|r| r.fate != Fate::Succeeded)
+                    .map(|r| r.wait_s)
+                    .collect(),
+            ),
             answered_ttft: Waits::of(answered().map(|r| r.first_byte_s).collect()),
             amplification: ratio(theirs.len() as f64),
             // A fold from +0: an empty f64 sum is -0.
@@ -121,6 +184,10 @@ impl Figures {
                 .iter()
                 .filter(|a| !a.answered)
                 .fold(0.0, |sum, a| sum + a.cost_usd),
+            wasted_cost_usd_hangs_unbilled: theirs
+                .iter()
+                .filter(|a| !a.answered)
+                .fold(0.0, |sum, a| sum + a.cost_hangs_unbilled_usd),
             cancelled: chosen.iter().filter(|r| r.cancelled).count() as u64,
             rate_limited: chosen.iter().filter(|r| r.rate_limited).count() as u64,
         }
@@ -135,6 +202,7 @@ impl Figures {
             Figure::PrimaryAttempts => self.attempts[0].1 as f64,
             Figure::UserErrorRate => self.user_error_rate?,
             Figure::WaitMean => self.wait?.mean_s,
+            Figure::ErrorWaitMean => self.error_wait?.mean_s,
             Figure::WaitP99 => self.wait?.p99_s,
             Figure::AnsweredWaitMean => self.answered_wait?.mean_s,
             Figure::AnsweredWaitP99 => self.answered_wait?.p99_s,

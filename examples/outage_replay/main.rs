@@ -7,6 +7,8 @@
 //! cargo run --release --example outage_replay -- FILE.toml
 //! cargo run --release --example outage_replay -- --json FILE.toml  # one JSON object on stdout
 //! cargo run --release --example outage_replay -- --svg out.svg FILE.toml
+//! cargo run --release --example outage_replay -- --seeds 11 FILE.toml   # medians over 11 seeds
+//! cargo run --release --example outage_replay -- --sweep FILE.toml       # rank breaker settings
 //! ```
 //!
 //! Stacks replayed (outermost first):
@@ -48,12 +50,13 @@ mod engine;
 mod figures;
 mod report;
 mod scenario;
+mod seeds;
 mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: outage_replay [--json] [--svg OUT.svg] [--sweep [--grid KEY=V1,V2 ...]] [SCENARIO.toml]";
+const USAGE: &str = "usage: outage_replay [--json] [--seeds N] [--svg OUT.svg] [--sweep [--grid KEY=V1,V2 ...] [--objective ORDER]] [SCENARIO.toml]";
 
 fn main() -> ExitCode {
     let mut json = false;
@@ -61,11 +64,30 @@ fn main() -> ExitCode {
     let mut grid = Vec::new();
     let mut svg = None;
     let mut file = None;
+    let mut seeds: Option<u32> = None;
+    let mut objective: Option<String> = None;
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--json") => json = true,
             Some("--sweep") => sweep = true,
+            Some("--seeds") => match args.next().and_then(|a| a.to_str()?.parse().ok()) {
+                Some(n) if (1..=1000).contains(&n) => seeds = Some(n),
+                _ => {
+                    eprintln!("error: --seeds needs a count, 1 to 1000\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            Some("--objective") => match args.next().and_then(|a| a.into_string().ok()) {
+                Some(o) => {
+                    sweep = true;
+                    objective = Some(o);
+                }
+                None => {
+                    eprintln!("error: --objective needs an order, e.g. answered,errors,p99,lag,wasted\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             Some("--grid") => match args.next().and_then(|a| a.into_string().ok()) {
                 Some(axis) => {
                     sweep = true;
@@ -120,9 +142,26 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        let order = match sweep::Objective::parse(objective.as_deref()) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        };
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         let name = file.display().to_string();
-        return match sweep::run(&text, &name, &grid) {
+        let n = seeds.unwrap_or(seeds::DEFAULT_SEEDS);
+        let started = std::time::Instant::now();
+        let outcome = sweep::run(
+            &text,
+            &name,
+            &grid,
+            &seeds::sequence(scenario.seed, n),
+            &order,
+        );
+        eprintln!("swept in {:.1} s", started.elapsed().as_secs_f64());
+        return match outcome {
             Ok(s) if json => {
                 println!("{}", sweep::json(&s));
                 ExitCode::SUCCESS
@@ -133,6 +172,33 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(n) = seeds {
+        let started = std::time::Instant::now();
+        let runs = seeds::replay_seeds(
+            &scenario,
+            &scenario.stacks(),
+            &seeds::sequence(scenario.seed, n),
+        );
+        eprintln!(
+            "replayed {n} seeds in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        return match runs {
+            Ok(runs) => {
+                let s = seeds::summarize(&runs);
+                if json {
+                    println!("{}", seeds::json(&s));
+                } else {
+                    print!("{}", seeds::table(&s));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", file.display());
                 ExitCode::FAILURE
             }
         };

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::engine::{Fate, Replay};
+use crate::engine::{ClassRun, Fate, Replay, StackRun};
 use crate::figures::{belongs, Figures, Waits};
 use crate::scenario::{Figure, Writeup};
 
@@ -78,6 +78,7 @@ pub fn table(replay: &Replay) -> String {
          ttft: to its first byte; all: every request, errors included; ampl.: attempts per \
          request; wasted: billed for attempts whose answer the user did not get"
     );
+    let _ = writeln!(out, "billing: {}", billing_text(replay));
     let _ = writeln!(out);
     let _ = writeln!(out, "every request:");
     let all: Vec<(&str, &Figures)> = replay.stacks.iter().map(|s| (s.name, &s.all)).collect();
@@ -150,6 +151,7 @@ pub fn table(replay: &Replay) -> String {
     if let Some(w) = &replay.setup.writeup {
         writeup(&mut out, replay, w);
     }
+    answers(&mut out, replay);
     // Padded columns leave spaces at the ends of lines; documents quoting
     // the table do not keep them.
     out.lines().fold(String::new(), |mut text, line| {
@@ -181,7 +183,7 @@ fn by_class(out: &mut String, replay: &Replay) {
         .unwrap_or(0)
         .max(15);
     for s in &replay.stacks {
-        for (class, f) in replay.classes.iter().zip(&s.by_class) {
+        for (class, f) in replay.classes.iter().zip(s.by_class.iter().map(|c| &c.all)) {
             let _ = writeln!(
                 out,
                 "  {:<sw$} {:<w$} {:>6} {:>7} {:>6} {:>8} {:>9.2}",
@@ -194,6 +196,189 @@ fn by_class(out: &mut String, replay: &Replay) {
                 f.cost_usd
             );
         }
+    }
+}
+
+/// The billing assumption every cost figure rests on, in words.
+pub fn billing_text(replay: &Replay) -> String {
+    let b = &replay.setup.billing;
+    format!(
+        "cost $ and wasted $ bill what was generated: a good answer in full, a hang {:.2} of one \
+         ([billing] hang; 1.00: in full), a stream cut by an error event {:.2}, a stalled stream \
+         {:.2}, an error answer {:.2}; a health probe (max_tokens 1) the input and one output \
+         token (per-request pricing: one request); each upstream at its own price",
+        b.hang, b.stream_error, b.stall, b.error
+    )
+}
+
+/// The user's deadline, in words.
+pub fn deadline_text(replay: &Replay) -> String {
+    let c = &replay.setup.client;
+    match c.deadline {
+        None => "no deadline: every answer counts".to_owned(),
+        Some(d) if Some(d) == c.total_timeout => {
+            format!("{:.1} s, the total timeout", d.as_secs_f64())
+        }
+        Some(d) => format!("{:.1} s ([client] deadline_s)", d.as_secs_f64()),
+    }
+}
+
+/// Which window of a stack's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Whole,
+    Outage,
+    AfterHeal,
+}
+
+fn window_of(c: &ClassRun, w: Window) -> Option<&Figures> {
+    match w {
+        Window::Whole => Some(&c.all),
+        Window::Outage => c.outage.as_ref(),
+        Window::AfterHeal => c.after_heal.as_ref(),
+    }
+}
+
+fn stack_window(s: &StackRun, class: Option<usize>, w: Window) -> Option<&Figures> {
+    match class {
+        Some(c) => window_of(s.by_class.get(c)?, w),
+        None => match w {
+            Window::Whole => Some(&s.all),
+            Window::Outage => s.outage.as_ref(),
+            Window::AfterHeal => s.after_heal.as_ref(),
+        },
+    }
+}
+
+/// What the stack without a breaker answered in the same window, for the
+/// same class: the denominator of `answers_vs_no_breaker`.
+pub fn no_breaker_answered(replay: &Replay, class: Option<usize>, w: Window) -> Option<u64> {
+    let nb = replay.stack("no-breaker")?;
+    stack_window(nb, class, w).map(|f| f.answered)
+}
+
+/// answered ÷ no breaker's answered; `None` where no breaker answered
+/// nothing.
+pub fn vs_no_breaker(answered: u64, no_breaker: Option<u64>) -> Option<f64> {
+    no_breaker
+        .filter(|&n| n > 0)
+        .map(|n| answered as f64 / n as f64)
+}
+
+fn answers_cell(replay: &Replay, f: Option<&Figures>, class: Option<usize>, w: Window) -> String {
+    let Some(f) = f else {
+        return "—".to_owned();
+    };
+    let nb = no_breaker_answered(replay, class, w);
+    format!(
+        "{}/{} = {}",
+        f.answered,
+        nb.map_or_else(|| "—".to_owned(), |n| n.to_string()),
+        or_dash(vs_no_breaker(f.answered, nb), |x| format!("{x:.3}"))
+    )
+}
+
+/// Answers within the deadline in every window, beside no breaker's; the
+/// whole run's answered p99 and max; wasted cost under both billings.
+fn answers(out: &mut String, replay: &Replay) {
+    let _ = writeln!(out);
+    let windows = replay
+        .stacks
+        .first()
+        .map(|s| {
+            let outage = s.outage.as_ref().map_or_else(
+                || "outage (none)".to_owned(),
+                |f| format!("outage {:.1}–{:.1} s", f.from_s, f.to_s),
+            );
+            let after = s.after_heal.as_ref().map_or_else(
+                || "after heal (none)".to_owned(),
+                |f| format!("after heal, from {:.1} s", f.from_s),
+            );
+            (outage, after)
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "answers within the deadline ({}): answered / no-breaker's answered = ratio, by window \
+         (after heal: requests that arrived after their upstream healed)",
+        deadline_text(replay)
+    );
+    let sw = replay
+        .stacks
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(15);
+    let rows: Vec<(String, Option<usize>)> = std::iter::once((String::new(), None))
+        .chain(
+            (replay.classes.len() > 1)
+                .then(|| {
+                    replay
+                        .classes
+                        .iter()
+                        .cloned()
+                        .enumerate()
+                        .map(|(i, c)| (c, Some(i)))
+                })
+                .into_iter()
+                .flatten(),
+        )
+        .collect();
+    let kw = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let cells = |s: &StackRun, class: Option<usize>| -> [String; 3] {
+        [Window::Whole, Window::Outage, Window::AfterHeal]
+            .map(|w| answers_cell(replay, stack_window(s, class, w), class, w))
+    };
+    let mut lines: Vec<(String, [String; 3])> = Vec::new();
+    for (key, class) in &rows {
+        for s in &replay.stacks {
+            let label = if key.is_empty() {
+                s.name.to_owned()
+            } else {
+                format!("{:<sw$} {key:<kw$}", s.name)
+            };
+            lines.push((label, cells(s, *class)));
+        }
+    }
+    let lw = lines
+        .iter()
+        .map(|(l, _)| l.len())
+        .max()
+        .unwrap_or(0)
+        .max(sw);
+    let cw = lines
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(String::len))
+        .chain([windows.0.len(), windows.1.len(), 9])
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "  {:<lw$}  {:<cw$}  {:<cw$}  {}",
+        "stack", "whole run", windows.0, windows.1
+    );
+    for (label, [a, b, c]) in &lines {
+        let _ = writeln!(out, "  {label:<lw$}  {a:<cw$}  {b:<cw$}  {c}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "whole run: answered wait p99 and max; wasted $ with hangs billed as [billing] hang = {:.2} \
+         and with hangs unbilled",
+        replay.setup.billing.hang
+    );
+    for s in &replay.stacks {
+        let w = s.all.answered_wait;
+        let _ = writeln!(
+            out,
+            "  {:<sw$} answered p99 {:>8} max {:>8}  wasted $ {:>9.2} | hangs unbilled {:>9.2}",
+            s.name,
+            secs(w.map(|w| w.p99_s)),
+            secs(w.map(|w| w.max_s)),
+            s.all.wasted_cost_usd,
+            s.all.wasted_cost_usd_hangs_unbilled
+        );
     }
 }
 
@@ -259,7 +444,11 @@ fn show(figure: Figure, value: Option<f64>) -> String {
     or_dash(value, |x| match figure {
         Figure::Requests | Figure::Errors | Figure::PrimaryAttempts => format!("{x:.0}"),
         Figure::UserErrorRate => format!("{:.1} %", x * 100.0),
-        Figure::WaitMean | Figure::WaitP99 | Figure::AnsweredWaitMean | Figure::AnsweredWaitP99 => {
+        Figure::WaitMean
+        | Figure::WaitP99
+        | Figure::ErrorWaitMean
+        | Figure::AnsweredWaitMean
+        | Figure::AnsweredWaitP99 => {
             format!("{x:.2} s")
         }
         Figure::CostUsd | Figure::WastedCostUsd => format!("${x:.2}"),
@@ -271,13 +460,32 @@ fn show(figure: Figure, value: Option<f64>) -> String {
 
 /// The version of the JSON form; it changes when a field changes meaning or
 /// goes away.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Serialize)]
 struct JsonReplay<'a> {
     schema_version: u32,
     scenario: &'a str,
+    seed: u64,
+    /// The user's deadline; `null`: every answer counts.
+    deadline_s: Option<f64>,
+    billing: JsonBilling,
     stacks: Vec<JsonStack<'a>>,
+}
+
+/// The billing assumption of every cost figure.
+#[derive(Serialize)]
+pub struct JsonBilling {
+    /// Share of a good answer billed for a hang in `cost_usd` and
+    /// `wasted_cost_usd` (1: in full).
+    hang: f64,
+    stream_error: f64,
+    stall: f64,
+    error: f64,
+    /// `wasted_cost_usd_hangs_unbilled` bills a hang 0.
+    hangs_unbilled: f64,
+    health_probe: &'static str,
+    text: String,
 }
 
 #[derive(Serialize)]
@@ -286,11 +494,20 @@ struct JsonStack<'a> {
     #[serde(flatten)]
     all: JsonFigures<'a>,
     outage: Option<JsonOutage<'a>>,
+    after_heal: Option<JsonOutage<'a>>,
     upstreams: Keyed<'a, JsonRecovery>,
     transitions: Vec<JsonTransition<'a>>,
     /// Only with more than one class of traffic.
     #[serde(skip_serializing_if = "Option::is_none")]
-    by_key: Option<Keyed<'a, JsonFigures<'a>>>,
+    by_key: Option<Keyed<'a, JsonClass<'a>>>,
+}
+
+#[derive(Serialize)]
+struct JsonClass<'a> {
+    #[serde(flatten)]
+    all: JsonFigures<'a>,
+    outage: Option<JsonOutage<'a>>,
+    after_heal: Option<JsonOutage<'a>>,
 }
 
 #[derive(Serialize)]
@@ -305,6 +522,12 @@ struct JsonOutage<'a> {
 struct JsonFigures<'a> {
     requests: u64,
     succeeded: u64,
+    /// Answers within the deadline.
+    answered: u64,
+    /// The stack without a breaker's, in the same window.
+    no_breaker_answered: Option<u64>,
+    /// answered ÷ no_breaker_answered; `null` where that is 0.
+    answers_vs_no_breaker: Option<f64>,
     failed: u64,
     rejected: u64,
     attempts: Keyed<'a, u64>,
@@ -312,6 +535,8 @@ struct JsonFigures<'a> {
     answered_wait_mean_s: Option<f64>,
     answered_wait_p50_s: Option<f64>,
     answered_wait_p99_s: Option<f64>,
+    answered_wait_max_s: Option<f64>,
+    error_wait_mean_s: Option<f64>,
     answered_ttft_mean_s: Option<f64>,
     answered_ttft_p50_s: Option<f64>,
     answered_ttft_p99_s: Option<f64>,
@@ -322,6 +547,7 @@ struct JsonFigures<'a> {
     amplification: Option<f64>,
     cost_usd: f64,
     wasted_cost_usd: f64,
+    wasted_cost_usd_hangs_unbilled: f64,
     /// Only when users gave up or were answered 429.
     #[serde(skip_serializing_if = "Option::is_none")]
     cancelled: Option<u64>,
@@ -330,11 +556,14 @@ struct JsonFigures<'a> {
 }
 
 impl<'a> JsonFigures<'a> {
-    fn of(f: &'a Figures) -> Self {
+    fn of(f: &'a Figures, no_breaker: Option<u64>) -> Self {
         let pick = |w: Option<Waits>, g: fn(Waits) -> f64| w.map(|w| ms(g(w)));
         JsonFigures {
             requests: f.requests,
             succeeded: f.succeeded,
+            answered: f.answered,
+            no_breaker_answered: no_breaker,
+            answers_vs_no_breaker: vs_no_breaker(f.answered, no_breaker).map(micro),
             failed: f.failed,
             rejected: f.rejected,
             attempts: Keyed(f.attempts.iter().map(|(n, k)| (n.as_str(), *k)).collect()),
@@ -342,6 +571,8 @@ impl<'a> JsonFigures<'a> {
             answered_wait_mean_s: pick(f.answered_wait, |w| w.mean_s),
             answered_wait_p50_s: pick(f.answered_wait, |w| w.p50_s),
             answered_wait_p99_s: pick(f.answered_wait, |w| w.p99_s),
+            answered_wait_max_s: pick(f.answered_wait, |w| w.max_s),
+            error_wait_mean_s: pick(f.error_wait, |w| w.mean_s),
             answered_ttft_mean_s: pick(f.answered_ttft, |w| w.mean_s),
             answered_ttft_p50_s: pick(f.answered_ttft, |w| w.p50_s),
             answered_ttft_p99_s: pick(f.answered_ttft, |w| w.p99_s),
@@ -352,6 +583,7 @@ impl<'a> JsonFigures<'a> {
             amplification: f.amplification.map(micro),
             cost_usd: micro(f.cost_usd),
             wasted_cost_usd: micro(f.wasted_cost_usd),
+            wasted_cost_usd_hangs_unbilled: micro(f.wasted_cost_usd_hangs_unbilled),
             cancelled: (f.cancelled > 0).then_some(f.cancelled),
             rate_limited: (f.rate_limited > 0).then_some(f.rate_limited),
         }
@@ -395,21 +627,49 @@ fn micro(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
+/// The billing assumption, as the JSON states it.
+pub fn json_billing(replay: &Replay) -> JsonBilling {
+    let b = &replay.setup.billing;
+    JsonBilling {
+        hang: b.hang,
+        stream_error: b.stream_error,
+        stall: b.stall,
+        error: b.error,
+        hangs_unbilled: 0.0,
+        health_probe: "the input and one output token (max_tokens 1); one request's price under \
+                       per-request pricing",
+        text: billing_text(replay),
+    }
+}
+
+fn json_window<'a>(
+    replay: &Replay,
+    f: Option<&'a Figures>,
+    class: Option<usize>,
+    w: Window,
+) -> Option<JsonOutage<'a>> {
+    f.map(|f| JsonOutage {
+        from_s: ms(f.from_s),
+        to_s: ms(f.to_s.min(replay.duration_s)),
+        figures: JsonFigures::of(f, no_breaker_answered(replay, class, w)),
+    })
+}
+
 pub fn json(replay: &Replay) -> String {
     let doc = JsonReplay {
         schema_version: SCHEMA_VERSION,
         scenario: &replay.scenario,
+        seed: replay.seed,
+        deadline_s: replay.setup.client.deadline.map(|d| ms(d.as_secs_f64())),
+        billing: json_billing(replay),
         stacks: replay
             .stacks
             .iter()
             .map(|s| JsonStack {
                 name: s.name,
-                all: JsonFigures::of(&s.all),
-                outage: s.outage.as_ref().map(|f| JsonOutage {
-                    from_s: ms(f.from_s),
-                    to_s: ms(f.to_s),
-                    figures: JsonFigures::of(f),
-                }),
+                all: JsonFigures::of(&s.all, no_breaker_answered(replay, None, Window::Whole)),
+                outage: json_window(replay, s.outage.as_ref(), None, Window::Outage),
+                after_heal: json_window(replay, s.after_heal.as_ref(), None, Window::AfterHeal),
                 upstreams: Keyed(
                     s.recovery
                         .iter()
@@ -429,7 +689,29 @@ pub fn json(replay: &Replay) -> String {
                             .classes
                             .iter()
                             .zip(&s.by_class)
-                            .map(|(c, f)| (c.as_str(), JsonFigures::of(f)))
+                            .enumerate()
+                            .map(|(i, (c, k))| {
+                                let class = Some(i);
+                                let json = JsonClass {
+                                    all: JsonFigures::of(
+                                        &k.all,
+                                        no_breaker_answered(replay, class, Window::Whole),
+                                    ),
+                                    outage: json_window(
+                                        replay,
+                                        k.outage.as_ref(),
+                                        class,
+                                        Window::Outage,
+                                    ),
+                                    after_heal: json_window(
+                                        replay,
+                                        k.after_heal.as_ref(),
+                                        class,
+                                        Window::AfterHeal,
+                                    ),
+                                };
+                                (c.as_str(), json)
+                            })
                             .collect(),
                     )
                 }),

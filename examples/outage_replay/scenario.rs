@@ -126,6 +126,21 @@ impl Scenario {
             .map_or(self.client.attempt_timeout, |(threshold, _)| threshold)
     }
 
+    /// Per upstream, when it healed: the start of the healthy phases that
+    /// end the run, for an upstream that failed before them; `None` for one
+    /// that never failed or never healed.
+    pub fn heals(&self) -> Vec<Option<f64>> {
+        let within = self.answer_within();
+        self.upstreams
+            .iter()
+            .map(|u| {
+                let from = u.failing_from(within)?;
+                let heal = u.healed_at(within)?;
+                (heal > from && heal < self.duration).then_some(heal.as_secs_f64())
+            })
+            .collect()
+    }
+
     /// When the primary upstream is failing, from its first failing phase to
     /// its heal (or the end of the run); `None` when it never fails.
     pub fn outage(&self) -> Option<(Duration, Duration)> {
@@ -314,6 +329,8 @@ pub enum Figure {
     UserErrorRate,
     WaitMean,
     WaitP99,
+    /// Arrival to the error, requests that got one.
+    ErrorWaitMean,
     AnsweredWaitMean,
     AnsweredWaitP99,
     CostUsd,
@@ -324,13 +341,14 @@ pub enum Figure {
 }
 
 impl Figure {
-    pub const NAMES: [(&'static str, Figure); 11] = [
+    pub const NAMES: [(&'static str, Figure); 12] = [
         ("requests", Figure::Requests),
         ("errors", Figure::Errors),
         ("primary_attempts", Figure::PrimaryAttempts),
         ("user_error_rate", Figure::UserErrorRate),
         ("wait_mean_s", Figure::WaitMean),
         ("wait_p99_s", Figure::WaitP99),
+        ("error_wait_mean_s", Figure::ErrorWaitMean),
         ("answered_wait_mean_s", Figure::AnsweredWaitMean),
         ("answered_wait_p99_s", Figure::AnsweredWaitP99),
         ("cost_usd", Figure::CostUsd),
@@ -355,6 +373,10 @@ pub struct Client {
     pub backoff_max: Duration,
     /// The share of users who give up, and after how long.
     pub cancel: Option<(f64, Duration)>,
+    /// How long a user waits for an answer (`deadline_s`; by default the
+    /// total timeout): an answer counts only when it came within it. `None`:
+    /// every answer counts.
+    pub deadline: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -380,6 +402,9 @@ pub struct BreakerConfig {
     /// How often a health probe asks a circuit that is not closed; `None`:
     /// no health probes.
     pub health_probe_interval: Option<Duration>,
+    /// A health probe's deadline (`health_probe_timeout_s`); `None`: the
+    /// crate's prober default, one interval.
+    pub health_probe_timeout: Option<Duration>,
     /// The volume guard: calls and period.
     pub volume_guard: Option<(u32, Duration)>,
     /// Keyed breakers in the `breaker` stack.
@@ -391,6 +416,10 @@ pub struct Upstream {
     pub name: String,
     pub phases: Vec<Phase>,
     pub cost: Cost,
+    /// What a health probe is billed: as the crate's ready-made probe asks
+    /// (`max_tokens: 1`), the input and one output token, or one request's
+    /// price under per-request pricing.
+    pub probe_cost: Cost,
     /// Its own breaker settings (`[upstream.breaker]` over `[breaker]`).
     pub breaker: Option<BreakerConfig>,
     pub capacity: Option<Capacity>,
@@ -621,6 +650,7 @@ struct RawClient {
     ttft_timeout_s: Option<S<f64>>,
     stall_timeout_s: Option<S<f64>>,
     retry_budget_percent: Option<S<f64>>,
+    deadline_s: Option<S<f64>>,
 }
 
 /// `[breaker]`, or an upstream's `breaker` over it (every key optional
@@ -641,6 +671,7 @@ struct RawBreaker {
     close_after: Option<S<u32>>,
     probe_timeout_s: Option<S<f64>>,
     health_probe_interval_s: Option<S<f64>>,
+    health_probe_timeout_s: Option<S<f64>>,
     volume_limit: Option<S<u32>>,
     volume_period_s: Option<S<f64>>,
     keyed_by: Option<S<String>>,
@@ -676,6 +707,10 @@ impl RawBreaker {
                 &self.health_probe_interval_s,
                 &over.health_probe_interval_s,
             ),
+            health_probe_timeout_s: pick(
+                &self.health_probe_timeout_s,
+                &over.health_probe_timeout_s,
+            ),
             volume_limit: pick(&self.volume_limit, &over.volume_limit),
             volume_period_s: pick(&self.volume_period_s, &over.volume_period_s),
             keyed_by: self.keyed_by.clone(),
@@ -684,7 +719,7 @@ impl RawBreaker {
 }
 
 /// The breaker keys a `[sweep]` may vary.
-pub const SWEEP_KEYS: [&str; 15] = [
+pub const SWEEP_KEYS: [&str; 16] = [
     "window",
     "window_s",
     "min_calls",
@@ -698,6 +733,7 @@ pub const SWEEP_KEYS: [&str; 15] = [
     "close_after",
     "probe_timeout_s",
     "health_probe_interval_s",
+    "health_probe_timeout_s",
     "volume_limit",
     "volume_period_s",
 ];
@@ -1099,7 +1135,21 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
             Some(x)
         }
     };
+    let deadline = match &raw.deadline_s {
+        None => (!total.is_zero()).then_some(total),
+        Some(v) => {
+            let d = seconds(src, v, "deadline_s")?;
+            if d.is_zero() {
+                return Err(src.at(
+                    v,
+                    "`deadline_s` must be greater than 0 (leave it out for the total timeout)",
+                ));
+            }
+            Some(d)
+        }
+    };
     Ok(Client {
+        deadline,
         ttft_timeout,
         stall_timeout,
         retry_budget_percent,
@@ -1251,6 +1301,19 @@ fn breaker(
         Some(v) => Some(seconds(src, v, "health_probe_interval_s")?).filter(|d| !d.is_zero()),
         None => None,
     };
+    let health_probe_timeout = match &raw.health_probe_timeout_s {
+        Some(v) => match seconds(src, v, "health_probe_timeout_s")? {
+            d if d.is_zero() => {
+                return Err(src.at(
+                    v,
+                    "`health_probe_timeout_s` must be greater than 0 (leave it out for one \
+                     interval, the prober's default)",
+                ))
+            }
+            d => Some(d),
+        },
+        None => None,
+    };
     let volume_guard = match (&raw.volume_limit, &raw.volume_period_s) {
         (None, None) => None,
         (Some(limit), Some(period)) => {
@@ -1297,6 +1360,7 @@ fn breaker(
         close_after,
         probe_timeout,
         health_probe_interval,
+        health_probe_timeout,
     })
 }
 
@@ -1410,10 +1474,32 @@ fn upstream(
             usd: DEFAULT_USD_PER_REQUEST,
         },
     };
+    let probe_cost = match cost {
+        Cost::PerRequest { usd } => Cost::PerRequest { usd },
+        Cost::PerToken {
+            input_usd,
+            output_usd,
+        } => {
+            let tokens_out = raw
+                .cost
+                .as_ref()
+                .and_then(|c| c.get_ref().tokens_out.as_ref())
+                .map_or(0, |n| *n.get_ref());
+            Cost::PerToken {
+                input_usd,
+                output_usd: if tokens_out > 0 {
+                    output_usd / tokens_out as f64
+                } else {
+                    0.0
+                },
+            }
+        }
+    };
     Ok(Upstream {
         name,
         phases,
         cost,
+        probe_cost,
         breaker,
         capacity,
     })
