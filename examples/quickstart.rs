@@ -79,7 +79,7 @@ async fn main() -> Result<(), BoxError> {
             Ok(res) => println!("call {i:>2}: {}", res.status()),
             Err(err) => {
                 let err: BoxError = err.into();
-                match err.downcast_ref::<CircuitOpen>() {
+                match CircuitOpen::find(&*err) {
                     Some(open) => println!(
                         "call {i:>2}: rejected, next probe in {:?}",
                         open.retry_after()

@@ -48,7 +48,7 @@ async fn main() -> Result<(), BoxError> {
             Ok(res) => println!("call {i}: {}", res.status()),
             Err(err) => {
                 let err: BoxError = err.into();
-                let open = err.downcast_ref::<CircuitOpen>().ok_or("not a rejection")?;
+                let open = CircuitOpen::find(&*err).ok_or("not a rejection")?;
                 retry_after = open.retry_after().unwrap_or_default();
                 println!("call {i}: rejected, next probe in {retry_after:?}");
             }

@@ -71,7 +71,7 @@ use tower_service::Service;
 
 use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::Classify;
-use crate::guard::{self, Guard};
+use crate::guard::Guard;
 use crate::integrations::{record_response, DefaultClassifier};
 use crate::service::Select;
 use crate::CircuitBreakerLayer;
@@ -118,7 +118,7 @@ pub fn http_service(
 /// # }
 /// ```
 pub fn circuit_open(error: &OpenAIError) -> Option<&CircuitOpen> {
-    guard::rejection(error)
+    crate::CircuitOpen::find(error)
 }
 
 // === impl OpenAiCircuitBreaker ===

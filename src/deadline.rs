@@ -86,7 +86,7 @@
 //! let mut client = layer.layer(upstream);
 //!
 //! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
-//! let err: BoxError = err.into();
+//! let err: BoxError = err.into_box();
 //! let elapsed = err.downcast_ref::<StreamElapsed>().unwrap();
 //! assert_eq!(elapsed.deadline(), StreamDeadline::FirstFrame);
 //! assert_eq!(breaker.snapshot().counters.failures, 1);

@@ -19,15 +19,13 @@ use crate::{guard, BoxError};
 ///
 /// # With `?`
 ///
-/// `?` converts it into a `Box<dyn std::error::Error>` (with or without
-/// `Send + Sync`; [`BoxError`] is one), and so does `.into()`. The box holds
-/// the [`CircuitOpen`] itself or the inner error unchanged, not this wrapper,
-/// so `downcast_ref::<CircuitOpen>()` and downcasts to the inner error type
-/// work on it, as they do on the `BoxError` that tower's own layers
-/// (`timeout`, `retry`, `buffer`) make of it.
+/// It is a [`std::error::Error`] (`Send + Sync + 'static`), so `?` takes it
+/// into `Box<dyn std::error::Error>`, a [`BoxError`] or an `anyhow::Result`
+/// with no conversion. The box then holds this `Error`; find a rejection in
+/// it, or in any error that tower's layers (`timeout`, `retry`, `buffer`)
+/// made of it, with [`CircuitOpen::find`]:
 ///
 /// ```
-/// use std::error::Error as _;
 /// use tower::{Service, ServiceExt};
 /// use tower_circuit_breaker::{Breaker, CircuitBreaker, CircuitOpen};
 ///
@@ -48,29 +46,18 @@ use crate::{guard, BoxError};
 ///
 /// breaker.force_open();
 /// let err = send(&mut svc).await.unwrap_err();
-/// assert_eq!(err.downcast_ref::<CircuitOpen>().unwrap().key(), Some("gpt"));
-/// assert!(err.source().is_none());
+/// assert_eq!(CircuitOpen::find(&*err).unwrap().key(), Some("gpt"));
 /// # }
 /// ```
 ///
-/// # Why it is not `std::error::Error`, and anyhow
+/// # Display and `source()`
 ///
-/// If this type implemented `std::error::Error`, Rust's blanket conversion
-/// into `BoxError` would box the wrapper itself, and
-/// `downcast_ref::<CircuitOpen>()` would stop working on every error that
-/// tower's layers box, which is how most code finds a rejection. That is
-/// kept; what gives way is that `?` cannot go straight into
-/// `anyhow::Result` (or into anything that takes `impl std::error::Error`).
-/// The route is one call, through the box:
-///
-/// ```ignore
-/// let res = svc.call(req).await.map_err(|e| anyhow::Error::from_boxed(e.into_box()))?;
-/// ```
-///
-/// (`anyhow::anyhow!(e.into_box())` does the same on older anyhow
-/// releases.) anyhow keeps a boxed error as a `BoxError`: find the rejection
-/// with `err.downcast_ref::<BoxError>().and_then(|e| e.downcast_ref::<CircuitOpen>())`,
-/// or ask [`is_circuit_open`](Self::is_circuit_open) before converting.
+/// A rejection displays as `rejected by the circuit breaker` and its
+/// [`source()`](std::error::Error::source) is the [`CircuitOpen`], so a
+/// report of the chain (anyhow's `{:#}`, a `tracing` error field) reads
+/// `rejected by the circuit breaker: circuit 'gpt' open; half-open in 30s`.
+/// An inner error is transparent: its own `Display` and its own `source()`,
+/// as if the breaker were not there.
 pub struct Error {
     kind: Kind,
 }
@@ -109,7 +96,7 @@ impl Error {
     pub fn circuit_open(&self) -> Option<&CircuitOpen> {
         match &self.kind {
             Kind::Open(o) => Some(o),
-            Kind::Inner(e) => guard::rejection(&**e),
+            Kind::Inner(e) => CircuitOpen::find(&**e),
         }
     }
 
@@ -152,7 +139,10 @@ impl Error {
         }
     }
 
-    /// Converts into a [`BoxError`]: the [`CircuitOpen`] or the inner error.
+    /// Takes the error apart into a [`BoxError`]: the [`CircuitOpen`] of
+    /// this circuit's rejection or the inner error, without this wrapper.
+    /// (`?` and `.into()` keep the wrapper; [`CircuitOpen::find`] finds a
+    /// rejection either way.)
     ///
     /// ```
     /// use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen, Error};
@@ -163,7 +153,19 @@ impl Error {
     /// assert!(boxed.downcast_ref::<CircuitOpen>().is_some());
     /// ```
     pub fn into_box(self) -> BoxError {
-        self.into()
+        match self.kind {
+            Kind::Open(o) => Box::new(o),
+            Kind::Inner(e) => e,
+        }
+    }
+
+    /// The inner error if it is a bare rejection (an inner breaker's
+    /// [`CircuitOpen`], not wrapped in an `Error`).
+    fn inner_open(&self) -> Option<&CircuitOpen> {
+        match &self.kind {
+            Kind::Inner(e) => e.downcast_ref::<CircuitOpen>(),
+            Kind::Open(_) => None,
+        }
     }
 }
 
@@ -179,36 +181,110 @@ impl fmt::Debug for Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Open(o) => fmt::Display::fmt(o, f),
+            Kind::Open(_) => f.write_str("rejected by the circuit breaker"),
+            Kind::Inner(_) if self.inner_open().is_some() => {
+                f.write_str("rejected by an inner circuit breaker")
+            }
             Kind::Inner(e) => fmt::Display::fmt(e, f),
         }
     }
 }
 
-impl From<Error> for BoxError {
-    fn from(e: Error) -> BoxError {
-        match e.kind {
-            Kind::Open(o) => Box::new(o),
-            Kind::Inner(e) => e,
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match &self.kind {
+            Kind::Open(o) => Some(o),
+            Kind::Inner(_) if self.inner_open().is_some() => self.inner_open().map(|o| o as _),
+            Kind::Inner(e) => e.source(),
         }
     }
 }
 
+/// std boxes an error into `Box<dyn Error>` and `Box<dyn Error + Send + Sync>`
+/// by itself; this is the `Send`-only box.
 impl From<Error> for Box<dyn StdError + Send> {
     fn from(e: Error) -> Self {
-        BoxError::from(e)
-    }
-}
-
-impl From<Error> for Box<dyn StdError> {
-    fn from(e: Error) -> Self {
-        BoxError::from(e)
+        Box::new(e)
     }
 }
 
 impl From<CircuitOpen> for Error {
     fn from(o: CircuitOpen) -> Self {
         Error::open(o)
+    }
+}
+
+// === CircuitOpen::find ===
+
+/// How many links of an error chain are searched for a rejection. Chains are
+/// a handful of links; the bound only keeps a cyclic `source()` (a bug in
+/// someone's error type) from looping forever.
+const MAX_CHAIN: usize = 32;
+
+impl CircuitOpen {
+    /// Finds the rejection in an error, wherever the crate's own types or
+    /// tower's put it: this is the one call to ask "did a circuit reject
+    /// this?" of any error.
+    ///
+    /// It accepts any `&(dyn Error + 'static)`, and looks at the error
+    /// itself and down its [`source()`](std::error::Error::source) chain
+    /// (up to 32 links), stepping into this crate's [`Error`] (whose inner
+    /// error it searches too) and into the transparent wrappers of the
+    /// integrations (`reqwest_middleware::Error::Middleware`,
+    /// `async_openai`'s boxed error). What to pass:
+    ///
+    /// - a [`BoxError`] (what `tower::timeout`, `tower::retry`,
+    ///   [`Stack`](crate::Stack) and most stacks return): `&*err`;
+    /// - an `anyhow::Error`: `&*err` or `err.as_ref()` (anyhow dereferences
+    ///   to the error it holds; no anyhow dependency is involved). One made
+    ///   with `anyhow::Error::from_boxed` (or `anyhow!` of a box) holds the
+    ///   box behind a private wrapper that reports only the boxed error's
+    ///   `source()`: the crate's [`Error`] reports its rejection as its
+    ///   source, so it is still found; a bare boxed `CircuitOpen` in there is
+    ///   not (`err.downcast_ref::<BoxError>()` first);
+    /// - this crate's [`Error`], a `tower::buffer::error::ServiceError`
+    ///   (its source is the inner error), or any other error: `&err`.
+    ///
+    /// A `tower::timeout::error::Elapsed` is never a rejection: `None`.
+    ///
+    /// ```
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = CircuitBreakerLayer::builder().name("gpt").build().unwrap();
+    /// let svc = tower::ServiceBuilder::new()
+    ///     .timeout(std::time::Duration::from_secs(60)) // boxes the error
+    ///     .layer(layer.clone())
+    ///     .service(tower::service_fn(|_: http::Request<String>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     }));
+    /// layer.breaker().force_open();
+    /// let err: BoxError = svc.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// assert_eq!(CircuitOpen::find(&*err).and_then(CircuitOpen::key), Some("gpt"));
+    ///
+    /// let other: BoxError = "connection reset".into();
+    /// assert!(CircuitOpen::find(&*other).is_none());
+    /// # }
+    /// ```
+    pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a CircuitOpen> {
+        let mut next = Some(error);
+        for _ in 0..MAX_CHAIN {
+            let error = next?;
+            if let Some(open) = error.downcast_ref::<CircuitOpen>() {
+                return Some(open);
+            }
+            next = match error.downcast_ref::<Error>() {
+                Some(Error {
+                    kind: Kind::Open(open),
+                }) => return Some(open),
+                Some(Error {
+                    kind: Kind::Inner(inner),
+                }) => Some(&**inner as &(dyn StdError + 'static)),
+                None => guard::transparent(error).or_else(|| error.source()),
+            };
+        }
+        None
     }
 }
 

@@ -35,31 +35,18 @@ use crate::service::Select;
 
 // === the rules ===
 
-/// How many links of an error chain are searched for a rejection. Chains are
-/// a handful of links; the bound only keeps a cyclic `source()` (a bug in
-/// someone's error type) from looping forever.
-const MAX_CHAIN: usize = 32;
-
-/// The rejection inside `error`: the error itself, or any error in its
-/// `source()` chain, including the ones that wrappers built with
-/// `#[error(transparent)]` hold but do not report as their source.
+/// The rejection inside `error`: see [`CircuitOpen::find`].
 pub(crate) fn rejection<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a CircuitOpen> {
-    let mut next = Some(error);
-    for _ in 0..MAX_CHAIN {
-        let error = next?;
-        if let Some(open) = error.downcast_ref::<CircuitOpen>() {
-            return Some(open);
-        }
-        next = transparent(error).or_else(|| error.source());
-    }
-    None
+    CircuitOpen::find(error)
 }
 
 /// The error a transparent wrapper holds. Such a wrapper forwards `source()`
 /// to the held error's own source, so a plain walk of the chain would step
 /// over the held error (a rejection included).
 #[allow(unused_variables)]
-fn transparent<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+pub(crate) fn transparent<'a>(
+    error: &'a (dyn StdError + 'static),
+) -> Option<&'a (dyn StdError + 'static)> {
     #[cfg(feature = "reqwest-middleware")]
     if let Some(::reqwest_middleware::Error::Middleware(inner)) = error.downcast_ref() {
         let inner: &(dyn StdError + 'static) = inner.as_ref();

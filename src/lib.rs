@@ -49,7 +49,7 @@
 //! // Now calls fail fast, without reaching the upstream.
 //! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
 //! let err: tower_circuit_breaker::BoxError = err.into();
-//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert!(CircuitOpen::find(&*err).is_some());
 //! # Ok(()) }
 //! ```
 //!

@@ -17,8 +17,9 @@
 //! sharing the layer's breaker.
 //!
 //! Errors round-trip: a `reqwest::Error` stays a `reqwest::Error` inside
-//! [`Error`] and the [`BoxError`] it converts into, so
-//! `is_connect()` and `is_timeout()` still answer. The classifier sees it as
+//! [`Error`] ([`Error::inner`]) and in the [`BoxError`] that
+//! [`Error::into_box`] takes it apart into, so `is_connect()` and
+//! `is_timeout()` still answer. The classifier sees it as
 //! the inner error; the default classifiers count every transport error
 //! (connect, reset, timeout) as a failure.
 //!
@@ -46,7 +47,7 @@
 //!
 //! for _ in 0..2 {
 //!     let request = http::Request::post(url.as_str()).body("{}")?;
-//!     let err: BoxError = client.ready().await?.call(request).await.unwrap_err().into();
+//!     let err: BoxError = client.ready().await?.call(request).await.unwrap_err().into_box();
 //!     let err = err.downcast::<reqwest::Error>().expect("a reqwest error");
 //!     assert!(err.is_connect());
 //! }
@@ -54,7 +55,7 @@
 //!
 //! let request = http::Request::post(url.as_str()).body("{}")?;
 //! let err: BoxError = client.ready().await?.call(request).await.unwrap_err().into();
-//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert!(CircuitOpen::find(&*err).is_some());
 //! # Ok(()) }
 //! ```
 

@@ -51,7 +51,7 @@ use http::Extensions;
 
 use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::{Classify, ErrorRef};
-use crate::guard::{self, Guard};
+use crate::guard::Guard;
 use crate::integrations::{record_response, DefaultClassifier};
 use crate::service::Select;
 use crate::CircuitBreakerLayer;
@@ -75,7 +75,7 @@ use crate::CircuitBreakerLayer;
 /// # }
 /// ```
 pub fn circuit_open(error: &Error) -> Option<&CircuitOpen> {
-    guard::rejection(error)
+    crate::CircuitOpen::find(error)
 }
 
 /// A [`reqwest_middleware::Middleware`]

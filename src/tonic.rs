@@ -112,7 +112,8 @@ impl From<CircuitOpen> for Status {
     }
 }
 
-/// Turns a boxed rejection into a [`Status`]; passes any other error through.
+/// Turns a boxed rejection (one [`CircuitOpen::find`] finds) into a
+/// [`Status`]; passes any other error through.
 ///
 /// ```
 /// use tonic::Code;
@@ -127,9 +128,9 @@ impl From<CircuitOpen> for Status {
 /// # }
 /// ```
 pub fn into_status_error(error: BoxError) -> BoxError {
-    match error.downcast::<CircuitOpen>() {
-        Ok(open) => Box::new(Status::from(*open)),
-        Err(other) => other,
+    match CircuitOpen::find(&*error) {
+        Some(open) => Box::new(Status::from(open.clone())),
+        None => error,
     }
 }
 

@@ -796,7 +796,7 @@ where
                     }
                     Err(error) => {
                         let error: BoxError = error.into();
-                        if error.downcast_ref::<CircuitOpen>().is_some() && sim.tries_of(id) == 0 {
+                        if CircuitOpen::find(&*error).is_some() && sim.tries_of(id) == 0 {
                             (Fate::Rejected, Instant::now(), false)
                         } else {
                             (Fate::Failed, Instant::now(), false)

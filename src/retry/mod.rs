@@ -147,11 +147,16 @@ impl AttemptError for Error {
 
 impl AttemptError for BoxError {
     fn circuit_open(&self) -> Option<&CircuitOpen> {
-        guard::rejection(&**self)
+        CircuitOpen::find(&**self)
     }
 
     fn as_error(&self) -> Option<ErrorRef<'_>> {
-        match guard::rejection(&**self) {
+        // A boxed breaker error (what tower's timeout makes of it) is
+        // classified by what it holds, as the bare error would be.
+        if let Some(error) = self.downcast_ref::<Error>() {
+            return AttemptError::as_error(error);
+        }
+        match CircuitOpen::find(&**self) {
             Some(_) => None,
             None => Some(&**self),
         }

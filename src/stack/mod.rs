@@ -59,7 +59,7 @@
 //! // open circuit is rejected without reaching the upstream, and the loop
 //! // ends there.
 //! let err = client.ready().await?.call(http::Request::new(String::new())).await.unwrap_err();
-//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert!(CircuitOpen::find(&*err).is_some());
 //! assert_eq!(breaker.snapshot().counters.failures, 3);
 //! assert_eq!(breaker.snapshot().counters.rejected, 1);
 //!
@@ -98,7 +98,7 @@
 //! let call = |model: &str| http::Request::get("/").header("x-model", model).body(String::new());
 //!
 //! let err = client.ready().await?.call(call("big")?).await.unwrap_err();
-//! assert!(err.downcast_ref::<CircuitOpen>().is_some());
+//! assert!(CircuitOpen::find(&*err).is_some());
 //! assert_eq!(models.get("big").unwrap().state(), State::Open);
 //! let res = client.ready().await?.call(call("small")?).await?;
 //! assert_eq!(res.status(), 200);
@@ -288,7 +288,7 @@ impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
 /// let stack = layer.layer(client);
 /// stack.breaker().force_open();
 /// let err: BoxError = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
-/// assert!(err.downcast_ref::<CircuitOpen>().is_some());
+/// assert!(CircuitOpen::find(&*err).is_some());
 /// # }
 /// ```
 #[derive(Clone, Debug)]

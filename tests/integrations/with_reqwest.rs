@@ -188,7 +188,7 @@ async fn refused_connections_are_failures_and_stay_reqwest_errors() {
             .unwrap_err();
         let inner = err.inner().expect("an inner error, not a rejection");
         assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_connect());
-        let boxed: BoxError = err.into();
+        let boxed: BoxError = err.into_box();
         let reqwest_err = boxed.downcast::<reqwest::Error>().unwrap();
         assert!(reqwest_err.is_connect());
     }
@@ -203,7 +203,7 @@ async fn refused_connections_are_failures_and_stay_reqwest_errors() {
         .await
         .unwrap_err()
         .into();
-    assert!(boxed.downcast_ref::<CircuitOpen>().is_some());
+    assert!(CircuitOpen::find(&*boxed).is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -233,7 +233,7 @@ async fn reqwest_timeouts_are_failures_and_stay_reqwest_errors() {
             .await
             .unwrap_err();
         assert_eq!(started.elapsed(), Duration::from_secs(60));
-        let boxed: BoxError = err.into();
+        let boxed: BoxError = err.into_box();
         assert!(boxed.downcast::<reqwest::Error>().unwrap().is_timeout());
     }
     assert_eq!(breaker.state(), State::Open);
@@ -398,7 +398,7 @@ async fn send_through_keeps_the_builder_and_a_stream_is_decided_at_its_events() 
         .send_through(&layer)
         .await
         .unwrap_err();
-    let inner: BoxError = err.into();
+    let inner: BoxError = err.into_box();
     assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_builder());
     assert_eq!(layer.breaker().snapshot().counters.admitted, 1);
 
@@ -409,7 +409,7 @@ async fn send_through_keeps_the_builder_and_a_stream_is_decided_at_its_events() 
         .send_through(&layer)
         .await
         .unwrap_err();
-    let inner: BoxError = err.into();
+    let inner: BoxError = err.into_box();
     assert!(inner.downcast_ref::<reqwest::Error>().unwrap().is_connect());
     assert_eq!(layer.breaker().snapshot().counters.failures, 2);
 }

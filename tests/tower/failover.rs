@@ -150,7 +150,7 @@ async fn circuit_open_only_when_every_upstream_is_open() {
     let open = err.circuit_open().expect("a rejection");
     assert_eq!(open.key(), Some("b"));
     let boxed: BoxError = err.into();
-    assert!(boxed.downcast_ref::<CircuitOpen>().is_some());
+    assert!(CircuitOpen::find(&*boxed).is_some());
     assert!(names(&calls).is_empty());
 }
 

@@ -176,8 +176,8 @@ async fn tonic_accepts_the_breaker_error_type_on_a_bare_channel() {
     assert_eq!(status.code(), Code::Unknown);
     let open = status
         .source()
-        .and_then(|s| s.downcast_ref::<CircuitOpen>())
-        .expect("the CircuitOpen is the source");
+        .and_then(CircuitOpen::find)
+        .expect("the rejection is in the status' source");
     assert_eq!(open.state(), State::Open);
     assert!(open.retry_after().unwrap() <= Duration::from_secs(3600));
     assert_eq!(upstream.hits.load(Ordering::SeqCst), 1);

@@ -108,7 +108,7 @@ async fn a_keyed_stack_stops_retrying_a_model_the_moment_its_key_opens_and_leave
     let b = client.clone().oneshot(for_model("big")).await.unwrap_err();
     assert_eq!(models.get("big").unwrap().state(), State::Open);
     assert_eq!(
-        b.downcast_ref::<CircuitOpen>().unwrap().key(),
+        CircuitOpen::find(&*b).unwrap().key(),
         Some("big"),
         "B's retry met the open circuit"
     );
@@ -116,7 +116,7 @@ async fn a_keyed_stack_stops_retrying_a_model_the_moment_its_key_opens_and_leave
     // A's wait ended the moment big opened: its retry was rejected then,
     // without reaching the upstream.
     let a = a.await.unwrap().unwrap_err();
-    assert_eq!(a.downcast_ref::<CircuitOpen>().unwrap().key(), Some("big"));
+    assert_eq!(CircuitOpen::find(&*a).unwrap().key(), Some("big"));
     assert_eq!(Instant::now() - start, Duration::from_secs(1));
     assert_eq!(count(&calls, "big"), 2, "A's first attempt and B's");
 
@@ -268,7 +268,7 @@ async fn a_hyper_client_behind_a_keyed_stack_stops_retrying_the_broken_model_onl
         .await
         .unwrap_err();
     let ended = Instant::now();
-    let open = err.downcast_ref::<CircuitOpen>().expect("a rejection");
+    let open = CircuitOpen::find(&*err).expect("a rejection");
     assert_eq!(open.key(), Some("big"));
     assert_eq!(open.state(), State::Open);
     let big = calls.lock().unwrap()["big"].clone();
@@ -291,7 +291,7 @@ async fn a_hyper_client_behind_a_keyed_stack_stops_retrying_the_broken_model_onl
         .call(request("big"))
         .await
         .unwrap_err();
-    assert!(err.downcast_ref::<CircuitOpen>().is_some());
+    assert!(CircuitOpen::find(&*err).is_some());
     assert_eq!(calls.lock().unwrap()["big"].len(), 2);
     assert_eq!(models.get("small").unwrap().state(), State::Closed);
     // One set, every clone of the stack: the layer's set is the service's.

@@ -64,7 +64,7 @@ where
             Err(_) => Summary::Failed,
         },
         Ok(_) => Summary::Failed,
-        Err(e) if e.downcast_ref::<CircuitOpen>().is_some() => Summary::TryLater,
+        Err(e) if CircuitOpen::find(&*e).is_some() => Summary::TryLater,
         Err(_) => Summary::Failed,
     }
 }

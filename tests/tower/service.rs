@@ -71,9 +71,7 @@ async fn open_circuit_is_ready_and_rejects_in_call_without_touching_the_inner_se
     assert!(futures::poll!(Box::pin(handle.next_request())).is_pending());
 
     let boxed: BoxError = err.into();
-    let open = boxed
-        .downcast_ref::<CircuitOpen>()
-        .expect("downcasts to CircuitOpen");
+    let open = tower_circuit_breaker::CircuitOpen::find(&*boxed).expect("downcasts to CircuitOpen");
     assert_eq!(open.state(), State::Open);
     assert_eq!(open.retry_after(), Some(Duration::from_secs(30)));
 }
@@ -89,7 +87,7 @@ async fn inner_errors_are_failures_and_stay_downcastable() {
         std::io::ErrorKind::ConnectionReset,
         "reset",
     ));
-    let err: BoxError = fut.await.unwrap_err().into();
+    let err: BoxError = fut.await.unwrap_err().into_box();
     assert_eq!(
         err.downcast_ref::<std::io::Error>().unwrap().kind(),
         std::io::ErrorKind::ConnectionReset
@@ -115,7 +113,7 @@ async fn attempt_timeouts_inside_the_breaker_are_failures() {
             .call(Request::new(String::new()))
             .await
             .unwrap_err();
-        let err: BoxError = err.into();
+        let err: BoxError = err.into_box();
         assert!(err.is::<tower::timeout::error::Elapsed>());
     }
     assert_eq!(breaker.state(), State::Open);
@@ -343,10 +341,7 @@ async fn an_inner_breakers_rejection_is_ignored_by_the_outer_and_stays_a_rejecti
         .await
         .unwrap_err();
     let boxed: BoxError = err.into();
-    assert_eq!(
-        boxed.downcast_ref::<CircuitOpen>().unwrap().key(),
-        Some("big-model")
-    );
+    assert_eq!(CircuitOpen::find(&*boxed).unwrap().key(), Some("big-model"));
     assert_eq!(global.state(), State::Closed);
 }
 
@@ -381,7 +376,7 @@ where
 }
 
 #[tokio::test(start_paused = true)]
-async fn question_mark_converts_into_box_dyn_error_and_keeps_the_downcast() {
+async fn question_mark_converts_into_box_dyn_error_and_find_sees_the_rejection() {
     let (keyed, upstream) = keyed_upstream();
     let global = Breaker::builder().name("global").build().unwrap();
     let mut svc = CircuitBreaker::new(upstream, global.clone());
@@ -389,19 +384,17 @@ async fn question_mark_converts_into_box_dyn_error_and_keeps_the_downcast() {
 
     global.force_open();
     let err = send(&mut svc, "big-model").await.unwrap_err();
-    assert_eq!(err.to_string(), "circuit 'global' forced open");
+    assert_eq!(err.to_string(), "rejected by the circuit breaker");
     assert_eq!(
-        err.downcast_ref::<CircuitOpen>().unwrap().key(),
-        Some("global")
+        err.source().unwrap().to_string(),
+        "circuit 'global' forced open"
     );
+    assert_eq!(CircuitOpen::find(&*err).unwrap().key(), Some("global"));
 
     global.reset();
     keyed.get_or_insert("big-model").force_open();
     let err = send(&mut svc, "big-model").await.unwrap_err();
-    assert_eq!(
-        err.downcast_ref::<CircuitOpen>().unwrap().key(),
-        Some("big-model")
-    );
+    assert_eq!(CircuitOpen::find(&*err).unwrap().key(), Some("big-model"));
 
     // `Send` boxes take it as well.
     let err: Box<dyn std::error::Error + Send> = svc
@@ -412,7 +405,7 @@ async fn question_mark_converts_into_box_dyn_error_and_keeps_the_downcast() {
         .await
         .unwrap_err()
         .into();
-    assert!(err.downcast_ref::<CircuitOpen>().is_some());
+    assert!(CircuitOpen::find(&*err).is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -431,8 +424,7 @@ async fn towers_timeout_around_the_breaker_keeps_circuit_open_downcastable() {
         .call(Request::new(String::new()))
         .await
         .unwrap_err();
-    let open = err
-        .downcast_ref::<CircuitOpen>()
+    let open = tower_circuit_breaker::CircuitOpen::find(&*err)
         .expect("tower's timeout boxes the CircuitOpen itself");
     assert_eq!(open.state(), State::ForcedOpen);
 }

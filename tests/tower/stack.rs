@@ -151,7 +151,7 @@ async fn an_open_circuit_ends_the_retry_loop() {
         .unwrap();
     let svc = layer.layer(counted(503, &calls));
     let err = svc.oneshot(Request::new(String::new())).await.unwrap_err();
-    assert!(err.downcast_ref::<CircuitOpen>().is_some(), "{err}");
+    assert!(CircuitOpen::find(&*err).is_some(), "{err}");
     assert_eq!(
         calls.load(Ordering::SeqCst),
         2,
@@ -171,7 +171,14 @@ async fn the_attempt_timeout_is_inside_the_breaker() {
     let svc = layer.layer(hanging(&calls));
     let start = Instant::now();
     let err = svc.oneshot(Request::new(String::new())).await.unwrap_err();
-    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    // The attempt timeout's error is the breaker's inner error.
+    let inner = err
+        .downcast_ref::<tower_circuit_breaker::Error>()
+        .and_then(tower_circuit_breaker::Error::inner);
+    assert!(
+        inner.is_some_and(|e| e.is::<tower::timeout::error::Elapsed>()),
+        "{err}"
+    );
     assert_eq!(Instant::now() - start, Duration::from_secs(5));
     assert_eq!(
         breaker.snapshot().counters.failures,
@@ -238,7 +245,7 @@ async fn a_hanging_probe_is_judged_by_its_attempt_timeout() {
         .oneshot(Request::new(String::new()))
         .await
         .unwrap_err();
-    assert!(err.downcast_ref::<CircuitOpen>().is_some());
+    assert!(CircuitOpen::find(&*err).is_some());
 
     assert!(probe.await.unwrap().is_err());
     assert_eq!(
