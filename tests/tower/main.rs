@@ -9,6 +9,7 @@ mod axum_app;
 mod controls;
 mod failover;
 mod grpc;
+mod half_open_pacing;
 mod health_half_open;
 mod keyed_stack;
 mod llm_stream;
