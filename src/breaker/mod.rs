@@ -42,6 +42,7 @@
 mod admission;
 mod changed;
 mod config;
+pub(crate) use config::MAX_DURATION;
 mod counters;
 mod half_open;
 mod observe;

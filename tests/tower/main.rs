@@ -7,6 +7,7 @@ mod support;
 
 mod axum_app;
 mod controls;
+mod durations;
 mod failover;
 mod grpc;
 mod half_open_pacing;
