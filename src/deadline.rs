@@ -95,7 +95,7 @@
 
 use std::time::Duration;
 
-use crate::breaker::ConfigError;
+use crate::breaker::{ConfigError, MAX_DURATION};
 pub use crate::error::StreamElapsed;
 
 /// Which stream deadline passed; see [`StreamElapsed::deadline`].
@@ -267,7 +267,8 @@ impl StreamDeadlines {
         self.first_frame.is_none() && self.stall.is_none() && self.total.is_none()
     }
 
-    /// Refuses a zero deadline, and a first-frame or stall deadline longer
+    /// Refuses a zero deadline, a deadline longer than a week
+    /// ([`ConfigError::TooLong`]), and a first-frame or stall deadline longer
     /// than the total stream time (it could never pass).
     ///
     /// ```
@@ -281,6 +282,10 @@ impl StreamDeadlines {
     /// // A stall deadline longer than the whole stream could never pass.
     /// let never = StreamDeadlines::new().stall(Duration::from_secs(600)).total(Duration::from_secs(300));
     /// assert!(matches!(never.validate(), Err(ConfigError::StreamDeadline(_))));
+    ///
+    /// // No deadline is longer than a week.
+    /// let unbounded = StreamDeadlines::new().total(Duration::MAX);
+    /// assert!(matches!(unbounded.validate(), Err(ConfigError::TooLong { setting: "total", .. })));
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         let zero = [self.first_frame, self.stall, self.total]
@@ -289,6 +294,20 @@ impl StreamDeadlines {
             .any(|d| d.is_zero());
         if zero {
             return Err(ConfigError::StreamDeadline("a stream deadline is zero"));
+        }
+        // Each deadline becomes a moment on the clock when a request starts;
+        // bounded here, that moment always exists.
+        for (setting, d) in [
+            ("first_frame", self.first_frame),
+            ("stall", self.stall),
+            ("total", self.total),
+        ] {
+            if d.is_some_and(|d| d > MAX_DURATION) {
+                return Err(ConfigError::TooLong {
+                    setting,
+                    max: MAX_DURATION,
+                });
+            }
         }
         if let Some(total) = self.total {
             if self.stall.is_some_and(|s| s > total) {

@@ -116,6 +116,17 @@ impl Shared {
 
     #[cold]
     pub(super) fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
+        // A known rate limit holds in half-open too: a probe sent before
+        // its reset would only hear "429" again, and a 429 gives its slot
+        // back, so nothing else would stop the next one.
+        if self.pace {
+            let until = self.hot.paced_until.load(Ordering::Acquire);
+            if until != 0
+                && let Some(rejected) = self.pace_check(until)
+            {
+                return rejected;
+            }
+        }
         let mut ctl = lock(&self.control);
         let mut events = Events::default();
         self.catch_up(&mut ctl, now, &mut events);

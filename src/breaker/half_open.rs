@@ -107,11 +107,6 @@ impl Cycle {
             None => false,
         }
     }
-
-    /// Whether every probe still in flight is waiting for its head.
-    pub(super) fn all_waiting_for_head(&self) -> bool {
-        self.probes.iter().all(|p| p.verdict_at != u64::MAX)
-    }
 }
 
 #[cfg(test)]

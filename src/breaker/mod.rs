@@ -42,6 +42,7 @@
 mod admission;
 mod changed;
 mod config;
+pub(crate) use config::MAX_DURATION;
 mod counters;
 mod half_open;
 mod observe;
@@ -459,10 +460,11 @@ impl Breaker {
     /// Records the answer of a health probe: the breaker's own cheap request
     /// to a circuit that is not closed (see [`crate::health`]). A
     /// [`Success`](Outcome::Success) ends the open period at once (the
-    /// circuit goes half-open, so real traffic confirms the heal), and
-    /// starts a fresh half-open cycle when every probe slot of the current
-    /// one is held by calls still waiting for their response head. Anything
-    /// else changes nothing. Health probes never enter the window, never
+    /// circuit goes half-open, so real traffic confirms the heal) and does
+    /// nothing else: a half-open cycle goes on with its probes in flight and
+    /// its probe budget (a cycle held by hung probes ends at their
+    /// `probe_timeout`, and the next healthy probe ends the open period
+    /// that follows). Anything else changes nothing. Health probes never enter the window, never
     /// advance the reopen backoff, and are counted apart
     /// ([`Counters::health_probe_successes`]).
     ///

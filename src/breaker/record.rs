@@ -353,19 +353,13 @@ impl Shared {
         let now = self.now();
         let mut events = Events::default();
         self.catch_up(&mut ctl, now, &mut events);
-        let restart = match self.load().state() {
-            State::Open => true,
-            // Every slot is held by calls still waiting for their heads
-            // (hung, most likely, from before the heal) and nothing has
-            // succeeded yet: real traffic could not confirm the heal until
-            // their deadlines, so start a fresh cycle instead.
-            State::HalfOpen => {
-                ctl.cycle.successes == 0
-                    && ctl.cycle.used() >= self.budget(&ctl)
-                    && ctl.cycle.all_waiting_for_head()
-            }
-            _ => false,
-        };
+        // A heal ends an open period and nothing else. A half-open cycle
+        // already lets real traffic confirm it; restarting one would drop
+        // the probes in flight from the tally while they still hold the
+        // upstream, so the budget would no longer bound them. A cycle held
+        // by hung probes ends at their deadlines, and the next healthy
+        // probe ends the open period that follows.
+        let restart = self.load().state() == State::Open;
         if restart {
             events.push(self.transition(&mut ctl, State::HalfOpen, Reason::HealthProbe, now));
             self.remark(&mut ctl);

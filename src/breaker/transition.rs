@@ -168,7 +168,9 @@ impl Shared {
             metrics_only: self.hot.metrics_only.load(Ordering::Acquire),
             reason: ctl.reason,
             paced_for: match self.hot.paced_until.load(Ordering::Acquire) {
-                until if until > now && word.is_closed() => Some(Duration::from_nanos(until - now)),
+                until if until > now && matches!(word.state(), State::Closed | State::HalfOpen) => {
+                    Some(Duration::from_nanos(until - now))
+                }
                 _ => None,
             },
         };

@@ -83,7 +83,7 @@ use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::breaker::{Breaker, ConfigError, Outcome, State};
+use crate::breaker::{Breaker, ConfigError, Outcome, State, MAX_DURATION};
 use crate::classify::{Classify, ClassifyStream, Verdict};
 use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
@@ -142,7 +142,8 @@ impl<S, C, F> fmt::Debug for HealthProbe<S, C, F> {
     }
 }
 
-/// Settings of a [`HealthProbe`].
+/// Settings of a [`HealthProbe`]. `build()` refuses a zero interval or
+/// timeout, and one longer than a week ([`ConfigError::TooLong`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -153,6 +154,8 @@ impl<S, C, F> fmt::Debug for HealthProbe<S, C, F> {
 ///     .build((), (), ())
 ///     .unwrap_err();
 /// assert!(matches!(bad, ConfigError::HealthProbe(_)));
+/// let unbounded = HealthProbe::builder(Duration::MAX).build((), (), ()).unwrap_err();
+/// assert!(matches!(unbounded, ConfigError::TooLong { .. }));
 /// ```
 #[derive(Debug, Clone)]
 pub struct HealthProbeBuilder {
@@ -283,6 +286,18 @@ impl HealthProbeBuilder {
         }
         if timeout.is_zero() {
             return Err(ConfigError::HealthProbe("the probe timeout is zero"));
+        }
+        // The next probe is a moment on the clock: bounded, it exists.
+        for (setting, d) in [
+            ("health probe interval", self.interval),
+            ("health probe timeout", timeout),
+        ] {
+            if d > MAX_DURATION {
+                return Err(ConfigError::TooLong {
+                    setting,
+                    max: MAX_DURATION,
+                });
+            }
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return Err(ConfigError::HealthProbe("jitter is outside [0, 1)"));

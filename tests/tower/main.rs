@@ -7,8 +7,11 @@ mod support;
 
 mod axum_app;
 mod controls;
+mod durations;
 mod failover;
 mod grpc;
+mod half_open_pacing;
+mod health_half_open;
 mod keyed_stack;
 mod llm_stream;
 mod messages;

@@ -203,7 +203,7 @@ async fn a_health_probe_ends_the_open_period_and_real_traffic_confirms() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_half_open_cycle_held_by_hung_probes_cannot_hide_a_heal() {
+async fn a_half_open_cycle_held_by_hung_probes_hides_a_heal_no_longer_than_their_deadline() {
     let upstream = Scripted::default();
     let breaker = Breaker::builder()
         .no_window()
@@ -226,8 +226,15 @@ async fn a_half_open_cycle_held_by_hung_probes_cannot_hide_a_heal() {
     sleep(Duration::from_secs(1)).await;
     assert!(fire(&client).await.unwrap().is_err(), "every slot is taken");
     upstream.healed.store(true, Ordering::SeqCst);
-    // A healthy health probe starts a fresh cycle: real traffic gets in
-    // long before the hung probes' 50 s deadline.
+    // A healthy health probe does not restart the cycle: its probes still
+    // hold the upstream, and the budget bounds them.
+    breaker.record_health_probe(Outcome::Success);
+    assert_eq!(breaker.state(), State::HalfOpen);
+    assert!(fire(&client).await.unwrap().is_err(), "still every slot");
+    // At their deadline the hung probes fail and the circuit reopens; the
+    // next healthy probe ends that open period and real traffic confirms.
+    sleep(Duration::from_secs(50)).await;
+    assert_eq!(breaker.state(), State::Open);
     breaker.record_health_probe(Outcome::Success);
     fire(&client).await.unwrap().unwrap();
     assert_eq!(breaker.state(), State::Closed);

@@ -345,9 +345,11 @@ impl<T: Build> Builder<T> {
     /// `retry-after-ms`) wins, because the `x-ratelimit-reset-*` headers give
     /// the time to a *full* reset, which over-throttles; the reset of a limit
     /// whose remaining count is `0` is used only when there is no
-    /// `Retry-After`. Across answers the later moment holds. Only a closed
-    /// circuit paces (an open one rejects anyway). Off by default; on, it
-    /// costs a closed admission one atomic load.
+    /// `Retry-After`. Across answers the later moment holds. A closed and a
+    /// half-open circuit pace (an open one rejects anyway): until the reset,
+    /// no half-open probe goes out, so at most the probes already in flight
+    /// hear "429" again. Off by default; on, it costs a closed admission one
+    /// atomic load.
     ///
     /// ```
     /// use std::time::Duration;
