@@ -4,16 +4,19 @@
 //! A probe whose response head has not come by its deadline is a failed
 //! probe, decided at that moment; a lease (optional, never shorter than the
 //! deadline) frees the slot of a probe that is still streaming its body,
-//! without a verdict. Both are plain numbers compared with the clock when the
+//! without a verdict. Held exactly its deadline or lease, a probe is still
+//! in flight (see [`past`](super::past)). Both are plain numbers compared with the clock when the
 //! breaker is next touched: nothing here arms a timer.
 
 /// A probe admitted and not finished yet.
+use super::past;
+
 #[derive(Debug, Clone, Copy)]
 struct Probe {
     id: u32,
     /// When it was admitted (ns since the breaker's epoch).
     started: u64,
-    /// Failed if its head has not come by then; `u64::MAX` once it has.
+    /// Failed if its head has not come before then; `u64::MAX` once it has.
     verdict_at: u64,
     /// Its slot is freed without a verdict then; `u64::MAX` for never.
     lease_at: u64,
@@ -56,8 +59,10 @@ impl Cycle {
         self.probes.push(Probe {
             id,
             started: now,
-            verdict_at: now.saturating_add(deadline),
-            lease_at: lease.map_or(u64::MAX, |l| now.saturating_add(l)),
+            // Held exactly its deadline (or lease), a probe is still in
+            // flight: both come the nanosecond after.
+            verdict_at: past(now, deadline),
+            lease_at: lease.map_or(u64::MAX, |l| past(now, l)),
         });
         id
     }
@@ -117,9 +122,9 @@ mod tests {
     fn a_probe_without_a_head_by_its_deadline_fails_then() {
         let mut c = Cycle::default();
         c.start(10, 5, None);
-        assert_eq!(c.next_deadline(), 15);
-        assert_eq!(c.pop_due(14), None);
-        assert_eq!(c.pop_due(100), Some((15, Expiry::Failed)));
+        assert_eq!(c.next_deadline(), 16, "held exactly 5, still in flight");
+        assert_eq!(c.pop_due(15), None);
+        assert_eq!(c.pop_due(100), Some((16, Expiry::Failed)));
         assert_eq!(c.used(), 0, "the caller counts the failure");
     }
 
@@ -128,8 +133,9 @@ mod tests {
         let mut c = Cycle::default();
         let id = c.start(0, 5, Some(8));
         assert_eq!(c.head(id), Some(0));
-        assert_eq!(c.next_deadline(), 8);
-        assert_eq!(c.pop_due(20), Some((8, Expiry::Freed)));
+        assert_eq!(c.next_deadline(), 9);
+        assert_eq!(c.pop_due(8), None, "held exactly its lease");
+        assert_eq!(c.pop_due(20), Some((9, Expiry::Freed)));
     }
 
     #[test]
@@ -145,8 +151,8 @@ mod tests {
         let mut c = Cycle::default();
         c.start(0, 30, None);
         c.start(5, 10, None);
-        assert_eq!(c.pop_due(100), Some((15, Expiry::Failed)));
-        assert_eq!(c.pop_due(100), Some((30, Expiry::Failed)));
+        assert_eq!(c.pop_due(100), Some((16, Expiry::Failed)));
+        assert_eq!(c.pop_due(100), Some((31, Expiry::Failed)));
         assert_eq!(c.pop_due(100), None);
     }
 }

@@ -699,6 +699,17 @@ fn moment(epoch: Instant, ns: u64) -> Option<Instant> {
     at
 }
 
+/// The first moment past a deadline: a call or probe that started at
+/// `start` (ns) and may take `limit` ns is past it from the nanosecond after
+/// `start + limit`. Held exactly its limit, it is still in flight. Every
+/// deadline in the core (the slow threshold, in closed and half-open alike,
+/// the probe timeout and the probe lease) is this one comparison:
+/// `now >= past(start, limit)`. Saturates: `u64::MAX` is never.
+#[inline]
+pub(crate) const fn past(start: u64, limit: u64) -> u64 {
+    start.saturating_add(limit).saturating_add(1)
+}
+
 pub(crate) fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64
 }

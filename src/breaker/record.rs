@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::permit::{Head, Kind, Ticket};
 use super::window::{self, Rates, Taken, FAILED, SLOW};
-use super::{nanos, Control, Events, Outcome, Reason, Shared, State, WindowStats};
+use super::{nanos, past, Control, Events, Outcome, Reason, Shared, State, WindowStats};
 use crate::sync::lock;
 
 impl Shared {
@@ -163,9 +163,8 @@ impl Shared {
         let Some(threshold) = self.slow_ns else {
             return Head::Fast;
         };
-        // Slow: more than `threshold` after it started, so not before the
-        // nanosecond after that.
-        if !self.before_own(started.saturating_add(threshold).saturating_add(1)) {
+        // Slow: more than `threshold` after it started.
+        if !self.before_own(past(started, threshold)) {
             self.counters.incr(Counter::Slow);
             Head::Slow
         } else {

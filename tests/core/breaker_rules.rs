@@ -367,8 +367,8 @@ async fn a_streaming_probe_gives_its_slot_back_when_its_lease_expires() {
     advance(Duration::from_secs(1)).await;
     // Its head came in time; its body is still streaming.
     streaming.head_received();
-    advance(Duration::from_secs(4) - Duration::from_nanos(1)).await;
-    assert!(b.admit().is_err(), "the lease still holds");
+    advance(Duration::from_secs(4)).await;
+    assert!(b.admit().is_err(), "held exactly its lease: it still holds");
     advance(Duration::from_nanos(1)).await;
     let fresh = b.admit().expect("the expired lease freed the slot");
     // The late outcome is dropped, and expiry was not a failure.
@@ -399,8 +399,12 @@ async fn half_open_with_deadline(probes: u32, close_after: u32) -> Breaker {
 async fn a_probe_without_a_head_by_its_deadline_fails_and_reopens_then() {
     let b = half_open_with_deadline(3, 2).await;
     let hung: Vec<_> = (0..3).map(|_| b.admit().unwrap()).collect();
-    advance(Duration::from_secs(5) - Duration::from_nanos(1)).await;
-    assert_eq!(b.state(), State::HalfOpen, "the deadline has not come");
+    advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        b.state(),
+        State::HalfOpen,
+        "held exactly the deadline: in flight"
+    );
     advance(Duration::from_nanos(1)).await;
     // Two probes without a head: closing is out of reach, so it reopens at
     // the deadline, with the backoff grown, and nobody had to call.

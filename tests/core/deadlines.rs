@@ -187,9 +187,10 @@ async fn with_every_probe_out_calls_wait_for_the_probe_deadline_to_the_nanosecon
     let third = b.admit().expect("the slot given back");
     assert!(b.admit().is_err());
 
-    // The second probe has no head by its deadline: a failed probe at that
-    // nanosecond, and with two probes that must both succeed, a reopen.
-    advance(Duration::from_secs(20) - Duration::from_nanos(1)).await;
+    // The second probe has no head by its deadline: held exactly its
+    // deadline it is still in flight; a nanosecond more and it is a failed
+    // probe, and with two probes that must both succeed, a reopen.
+    advance(Duration::from_secs(20)).await;
     assert!(b.admit().is_err());
     assert_eq!(b.state(), State::HalfOpen);
     advance(Duration::from_nanos(1)).await;
@@ -222,4 +223,60 @@ async fn a_granted_probe_is_admitted_at_once_in_shared_mode() {
     let _more = [b.admit().unwrap(), b.admit().unwrap()];
     assert!(b.admit().is_err());
     drop(probe);
+}
+
+// === one strict comparison for every deadline ===
+
+/// Holds a call admitted now for `held`, then records its head and a
+/// success.
+async fn held(b: &Breaker, held: Duration) {
+    let mut permit = b.admit().expect("admitted");
+    advance(held).await;
+    permit.head_received();
+    permit.record(Outcome::Success);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_held_exactly_its_probe_timeout_is_still_in_flight() {
+    let deadline = Duration::from_secs(20);
+    let b = half_open(1, deadline);
+    advance(Duration::from_secs(10)).await;
+    held(&b, deadline).await;
+    assert_eq!(b.state(), State::Closed, "its success counted");
+
+    // One nanosecond more and it failed at its deadline.
+    let b = half_open(1, deadline);
+    advance(Duration::from_secs(10)).await;
+    held(&b, deadline + Duration::from_nanos(1)).await;
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(b.snapshot().counters.probe_failures, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_the_slow_threshold_is_not_slow_in_closed_and_half_open_alike() {
+    let threshold = Duration::from_secs(2);
+    let slow = |b: Builder| b.slow_call(threshold, 1.0).min_calls(1).count_window(1);
+    let b = slow(builder(Duration::from_secs(10), 1, Duration::from_secs(20)))
+        .build()
+        .unwrap();
+
+    // Closed: a call of exactly the threshold is not slow.
+    held(&b, threshold).await;
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.snapshot().counters.slow, 0);
+
+    // Half-open: nor is a probe of exactly the threshold (its deadline).
+    trip(&b);
+    advance(Duration::from_secs(10)).await;
+    held(&b, threshold).await;
+    assert_eq!(b.state(), State::Closed, "the probe succeeded, not slow");
+    assert_eq!(b.snapshot().counters.slow, 0);
+
+    // A nanosecond more is slow in both states.
+    held(&b, threshold + Duration::from_nanos(1)).await;
+    assert_eq!(b.state(), State::Open, "one slow call in a window of one");
+    advance(Duration::from_secs(10)).await;
+    held(&b, threshold + Duration::from_nanos(1)).await;
+    assert_eq!(b.state(), State::Open, "a slow probe failed");
+    assert_eq!(b.snapshot().counters.probe_failures, 1);
 }

@@ -242,8 +242,10 @@ impl Model {
                     self.next_id += 1;
                     self.leases.push(Lease {
                         id,
-                        verdict_at: Some(now + self.cfg.deadline()),
-                        lease_at: self.cfg.lease.map(|l| now + l),
+                        // Held exactly its deadline or lease, a probe is
+                        // still in flight: each comes a nanosecond later.
+                        verdict_at: Some(now + self.cfg.deadline() + 1),
+                        lease_at: self.cfg.lease.map(|l| now + l + 1),
                     });
                     Ok(Mp::Probe {
                         generation: self.generation,
@@ -654,8 +656,9 @@ fn a_scripted_run_goes_through_trip_reopen_backoff_and_close() {
 #[test]
 fn a_probe_past_its_deadline_has_its_late_outcome_dropped() {
     // The deadline defaults to the open duration (2 ticks). The probe's
-    // success arrives exactly at its deadline, with no admission in between:
-    // it failed at the deadline, and the success must not close the circuit.
+    // success arrives a tick after its deadline, with no admission in
+    // between: it failed at the deadline, and the success must not close
+    // the circuit.
     let cfg = Cfg {
         window: 1,
         min_calls: 1,
@@ -674,7 +677,7 @@ fn a_probe_past_its_deadline_has_its_late_outcome_dropped() {
         Op::Finish(0, Fin::Failure),
         Op::Advance(2),
         Op::Admit,
-        Op::Advance(2),
+        Op::Advance(3),
         Op::Finish(0, Fin::Success),
         // Reopened at the deadline for 2 ticks; then the next caller probes.
         Op::Advance(2),

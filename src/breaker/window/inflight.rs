@@ -121,9 +121,9 @@ impl InFlight {
     }
 
     /// The moment a call started at `start` turns slow: more than the
-    /// threshold later, so not before the nanosecond after that.
+    /// threshold later (see [`past`](crate::breaker::past)).
     fn crosses(&self, start: u64) -> u64 {
-        start.saturating_add(self.threshold).saturating_add(1)
+        crate::breaker::past(start, self.threshold)
     }
 
     /// Whether a tracked call may have crossed by `now`: then
