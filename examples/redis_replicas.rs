@@ -4,7 +4,11 @@
 //! min / median / max over the trials, for a single named breaker, for a
 //! key of a keyed set, and for a cluster-wide force open made on one replica
 //! (timed from the call, which opens its own connection, to each replica
-//! rejecting, itself included).
+//! rejecting, itself included), and for a trip no replica decides alone
+//! (each under the failure-rate rule, the sum over it: timed from the
+//! failure that takes the sum over to each replica rejecting, the one that
+//! recorded it included; the counts wait for the next flush, 50 ms by
+//! default).
 //!
 //! ```text
 //! cargo run --release --features redis --example redis_replicas -- [replicas] [trials]
@@ -85,6 +89,64 @@ async fn single(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     }
     let start = Instant::now();
     breakers[0].admit().unwrap().record(Outcome::Failure);
+    let mut out = Vec::new();
+    for w in watchers {
+        let at = timeout(Duration::from_secs(5), w)
+            .await
+            .expect("the trip arrives")
+            .unwrap();
+        out.push(at.saturating_duration_since(start));
+    }
+    for a in attachments {
+        a.detach().await;
+    }
+    out
+}
+
+/// One trial of a trip no replica decides alone: every replica's own window
+/// stays under the failure-rate rule, and the last failure takes the sum
+/// over it. Per-replica latencies (the one that recorded it included), from
+/// that failure to each replica rejecting.
+async fn summed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
+    let prefix = format!("propagation-summed-{}-{trial}", std::process::id());
+    let mut breakers = Vec::new();
+    let mut attachments = Vec::new();
+    for _ in 0..replicas {
+        let b = Breaker::builder()
+            .name("upstream")
+            .time_window(Duration::from_secs(30), 10)
+            .min_calls(2 * replicas as u32)
+            .failure_rate(0.5)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        attachments.push(backend(url, &prefix).attach(&b).unwrap());
+        breakers.push(b);
+    }
+    until_shared(&attachments).await;
+    // One success on each replica, one failure on each but the last: one
+    // failure short of half, on every replica and in the sum.
+    for (i, b) in breakers.iter().enumerate() {
+        b.admit().unwrap().record(Outcome::Success);
+        if i + 1 < replicas {
+            b.admit().unwrap().record(Outcome::Failure);
+        }
+    }
+    // Every count has reached the cluster (several flushes).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        breakers.iter().all(|b| b.admit().is_ok()),
+        "no replica open yet"
+    );
+    let watchers: Vec<_> = breakers
+        .iter()
+        .map(|b| tokio::spawn(until_rejecting(b.clone())))
+        .collect();
+    let start = Instant::now();
+    breakers[replicas - 1]
+        .admit()
+        .unwrap()
+        .record(Outcome::Failure);
     let mut out = Vec::new();
     for w in watchers {
         let at = timeout(Duration::from_secs(5), w)
@@ -314,13 +376,15 @@ async fn main() {
         ("single breaker (trip sent on the transition)", 0),
         ("keyed set (trip found by a state scan every 5 ms)", 1),
         ("cluster-wide force open (from the call on one replica)", 2),
+        ("summed window (no replica over the rule alone; from the failure that takes the sum over)", 3),
     ] {
         let (mut each, mut all) = (Vec::new(), Vec::new());
         for trial in 0..trials {
             let lat = match mode {
                 0 => single(&url, replicas, trial).await,
                 1 => keyed(&url, replicas, trial).await,
-                _ => forced(&url, replicas, trial).await,
+                2 => forced(&url, replicas, trial).await,
+                _ => summed(&url, replicas, trial).await,
             };
             all.push(*lat.iter().max().unwrap());
             each.extend(lat);

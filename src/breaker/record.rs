@@ -202,7 +202,12 @@ impl Shared {
         Some(slot)
     }
 
-    /// Runs the trip rules over the streak and the window.
+    /// Runs the trip rules over the streak and the window. This is their
+    /// one home: a shared-state backend only sums what replicas report
+    /// (`redis/sync.lua` keeps no rule) and hands the sum back here through
+    /// [`Remote::evaluate`](super::Remote::evaluate). A new rule goes here
+    /// and, if it needs a new count summed across replicas, in the backend's
+    /// script.
     pub(super) fn evaluate(&self, generation: u32, streak: u64, stats: WindowStats) {
         let c = &self.config;
         let reason = if c

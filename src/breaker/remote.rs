@@ -4,14 +4,16 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{nanos, Events, Reason, Shared, State};
+use super::{nanos, Events, Reason, Shared, State, WindowStats};
 use crate::sync::lock;
 
 /// The controls a shared-state backend uses to keep a breaker in step with
 /// its replicas; see [`Breaker::remote`](crate::Breaker::remote).
 ///
 /// In shared mode the breaker still evaluates its own rules (a trip is
-/// local first, then shared), but a half-open cycle admits only the probes
+/// local first, then shared), over its own window and over the window the
+/// backend sums across replicas ([`evaluate`](Self::evaluate)): the rules
+/// live in the core alone, and a backend only stores and sums. But a half-open cycle admits only the probes
 /// the backend granted from the cluster-wide budget, and the cluster decides
 /// when the cycle closes or reopens. Leaving shared mode (when the store is
 /// unreachable) restores local half-open decisions at once.
@@ -106,6 +108,35 @@ impl Remote<'_> {
         }
         drop(ctl);
         s.emit(events);
+    }
+
+    /// Runs the breaker's rate rules (`min_calls`, `failure_rate`,
+    /// `slow_call_rate`) over `window`, the calls every replica reported to
+    /// a shared window, and trips the circuit as its own window would if
+    /// one fires; the backend then shares the trip as any local one.
+    /// Returns whether it tripped. Only a closed circuit trips; the
+    /// consecutive-failures rule is a replica's own and is not judged here.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Reason, State, WindowStats};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let breaker = Breaker::builder().min_calls(10).failure_rate(0.5).build().unwrap();
+    /// // Five replicas saw 4 calls each, 12 of the 20 failed.
+    /// assert!(breaker.remote().evaluate(WindowStats::new(20, 12, 0)));
+    /// assert_eq!(breaker.state(), State::Open);
+    /// assert_eq!(breaker.snapshot().reason, Some(Reason::FailureRate));
+    /// # }
+    /// ```
+    pub fn evaluate(&self, window: WindowStats) -> bool {
+        let s = self.shared;
+        let word = s.load();
+        if word.state() != State::Closed {
+            return false;
+        }
+        let generation = word.generation() as u32;
+        s.evaluate(generation, 0, window);
+        !s.is_current(State::Closed, generation)
     }
 
     /// Closes an open or half-open circuit, as the cluster decided.

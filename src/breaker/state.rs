@@ -236,6 +236,23 @@ pub struct WindowStats {
 }
 
 impl WindowStats {
+    /// A window of `calls` calls, `failures` of them failed and `slow` of
+    /// them slow: what a shared-state backend summed across replicas, for
+    /// [`Remote::evaluate`](crate::breaker::Remote::evaluate).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::WindowStats;
+    /// let w = WindowStats::new(20, 10, 0);
+    /// assert_eq!(w.failure_rate(), 0.5);
+    /// ```
+    pub const fn new(calls: u64, failures: u64, slow: u64) -> Self {
+        WindowStats {
+            calls,
+            failures,
+            slow,
+        }
+    }
+
     /// Failures divided by calls (0 when the window is empty).
     pub fn failure_rate(&self) -> f64 {
         ratio(self.failures, self.calls)

@@ -54,9 +54,13 @@
 //!
 //! - **Trips.** A breaker that trips on its own rules opens the cluster. The
 //!   cluster also keeps a time window of the closed-state outcomes of every
-//!   replica and applies the breaker's failure-rate and slow-call-rate rules,
-//!   with its `min_calls`, to the sum: five replicas that each see a fifth of
-//!   the failures trip together, as one breaker would. The window is the
+//!   replica, and hands the sum back with each exchange that adds to it; the
+//!   breaker's own failure-rate and slow-call-rate rules, with its
+//!   `min_calls`, judge the sum ([`Remote::evaluate`](crate::Remote::evaluate))
+//!   and a replica that sees it cross trips and shares the trip: five
+//!   replicas that each see a fifth of the failures trip together, as one
+//!   breaker would, one round trip after the counts arrive. The rules live in
+//!   the core alone; the script only stores and sums. The window is the
 //!   breaker's own time window, or [`BackendBuilder::window`] (10 s by
 //!   default) for breakers with a count window. The consecutive-failure rule
 //!   stays local (a streak has no order across replicas), but its trips are

@@ -2,6 +2,15 @@
 -- atomically. Replicas of another schema use other keys (the `v2` below) and
 -- another message format; see `mod.rs` for how they are told apart.
 --
+-- The arguments and the reply are named, not numbered: `script.rs` defines
+-- `A` (`ARGV[A.calls]`) and `R` (`out[R.epoch]`) above this text from its
+-- `Arg` and `Field` lists, the one place both ends read them from.
+--
+-- The script stores and sums; it judges no rate. The closed-state window is
+-- summed across replicas and handed back in the reply, and each replica's
+-- own rules (the Rust core's `evaluate`) judge it: a replica that sees the
+-- sum cross a rule trips and sends `trip`, which opens the cluster here.
+--
 -- KEYS[1]  state   hash: state ("closed" | "open" | "forced" | "disabled"),
 --                  until (ms), len (ms the open period was set for), reopens,
 --                  epoch, ok, failed, cause ("reset" after an operator reset),
@@ -10,48 +19,50 @@
 -- KEYS[3]  probes  sorted set: probe lease id -> lease deadline (ms)
 -- KEYS[4]  votes   sorted set: replica id -> last failure or trip (ms)
 --
--- ARGV[1]  channel for transition messages
--- ARGV[2]  breaker name (named in messages)
--- ARGV[3]  epoch the probe reports and the overdue flag below belong to
--- ARGV[4]  1 if the replica's breaker tripped on its own
--- ARGV[5..7]   closed-state calls, failures and slow calls since last time
--- ARGV[8..9]   window span (ms) and bucket count
--- ARGV[10]     min_calls
--- ARGV[11..12] failure rate and slow-call rate thresholds (0 = off)
--- ARGV[13..16] open (ms), open cap (ms), backoff multiplier, jitter fraction
--- ARGV[17..19] probes, close_after, probe lease (ms)
--- ARGV[20]     replica id
--- ARGV[21]     quorum: distinct replicas whose failures must agree (1 = off)
--- ARGV[22]     operator control: "" | "force" | "disable" | "reset"
--- ARGV[23]     1 if the replica's own clock says the open period is over
--- ARGV[24]     probe lease id to claim ("" = none)
--- ARGV[25]     1 if a health probe of the replica found the upstream
---              answering in the open period of ARGV[3]
--- ARGV[26]     with ARGV[4]: the trip is a quota gate, open this long (ms;
+-- A.channel    channel for transition messages
+-- A.name       breaker name (named in messages)
+-- A.epoch      epoch the probe reports and the overdue flag below belong to
+-- A.trip       1 if the replica's breaker tripped (on its own window, or on
+--              the summed window a reply handed it)
+-- A.calls, A.failures, A.slow   closed-state calls, failures and slow calls
+--              since last time
+-- A.span, A.buckets             window span (ms) and bucket count
+-- A.open, A.open_max, A.multiplier, A.jitter
+--              open (ms), open cap (ms), backoff multiplier, jitter fraction
+-- A.probes, A.close_after, A.lease   probes, close_after, probe lease (ms)
+-- A.replica    replica id
+-- A.quorum     distinct replicas whose failures must agree (1 = off)
+-- A.control    operator control: "" | "force" | "disable" | "reset"
+-- A.overdue    1 if the replica's own clock says the open period is over
+-- A.claim      probe lease id to claim ("" = none)
+-- A.heal       1 if a health probe of the replica found the upstream
+--              answering in the open period of A.epoch
+-- A.gate       with A.trip: the trip is a quota gate, open this long (ms;
 --              0 = an ordinary trip)
--- ARGV[27..]   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
+-- after them   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
 --              "r" (released unused)
 --
--- Returns { state (0 closed, 1 open, 2 half-open, 3 forced open,
---           4 disabled), ms until half-open, epoch, 1 if the claim was
---           granted, 1 if the state is an operator's reset, 1 if the open
---           period is a quota gate }.
+-- Returns R.code (0 closed, 1 open, 2 half-open, 3 forced open,
+-- 4 disabled), R.remaining (ms until half-open), R.epoch, R.granted (1 if
+-- the claim was granted), R.reset (1 if the state is an operator's reset),
+-- R.gated (1 if the open period is a quota gate), and R.calls, R.failures,
+-- R.slow: the summed window when this exchange added calls to it, else -1.
 --
 -- Time comes from this server's clock, and is trusted only within bounds: a
 -- deadline further out than the period it was set for means the clock went
 -- back, and the period ends now; a replica whose own clock says a period
--- outlasted the open cap ends it too (ARGV[23]). Anything unreadable in the
+-- outlasted the open cap ends it too (A.overdue). Anything unreadable in the
 -- keys (wrong type, non-numeric field, unknown state, a deadline past the
 -- year 2286) is treated as absent and overwritten on the next write, never
 -- raised as an error.
 --
--- A health probe's heal (ARGV[25]) ends the open period now, as a new epoch
+-- A health probe's heal (A.heal) ends the open period now, as a new epoch
 -- that is published, so every replica turns half-open at once and real
 -- traffic confirms; it keeps the reopen count (the backoff) and the window.
 -- Replicas of an earlier release of this schema send no heal, and read the
 -- healed state as any open period that is over.
 --
--- A quota gate (ARGV[26]) opens the cluster for its reset, not for the open
+-- A quota gate (A.gate) opens the cluster for its reset, not for the open
 -- duration: no backoff, no jitter, no open cap and no quorum (an exhausted
 -- account is a fact, not one replica's view of the upstream), and it leaves
 -- the reopen count alone. Replicas of an earlier release of this schema
@@ -103,38 +114,35 @@ local function own(key, want)
   end
 end
 
-local channel, name = ARGV[1], ARGV[2]
-local known = ARGV[3]
-local trip = ARGV[4] == '1'
-local dc = int(ARGV[5], 0, 1e12, 0)
-local df = int(ARGV[6], 0, dc, 0)
-local ds = int(ARGV[7], 0, dc, 0)
-local span = int(ARGV[8], 1, 1e10, 10000)
-local buckets = int(ARGV[9], 1, 1000, 10)
-local min_calls = int(ARGV[10], 0, 1e12, 0)
-local fail_rate = num(ARGV[11]) or 0
-local slow_rate = num(ARGV[12]) or 0
-local open_ms = int(ARGV[13], 1, 1e10, 30000)
-local open_max = int(ARGV[14], open_ms, 1e10, open_ms)
-local mult = num(ARGV[15]) or 1
+local channel, name = ARGV[A.channel], ARGV[A.name]
+local known = ARGV[A.epoch]
+local trip = ARGV[A.trip] == '1'
+local dc = int(ARGV[A.calls], 0, 1e12, 0)
+local df = int(ARGV[A.failures], 0, dc, 0)
+local ds = int(ARGV[A.slow], 0, dc, 0)
+local span = int(ARGV[A.span], 1, 1e10, 10000)
+local buckets = int(ARGV[A.buckets], 1, 1000, 10)
+local open_ms = int(ARGV[A.open], 1, 1e10, 30000)
+local open_max = int(ARGV[A.open_max], open_ms, 1e10, open_ms)
+local mult = num(ARGV[A.multiplier]) or 1
 if mult < 1 or mult > 1e6 then
   mult = 1
 end
-local jitter = num(ARGV[16]) or 0
+local jitter = num(ARGV[A.jitter]) or 0
 if jitter < 0 or jitter >= 1 then
   jitter = 0
 end
-local probes = int(ARGV[17], 1, 1e6, 1)
-local close_after = int(ARGV[18], 1, probes, 1)
-local lease = int(ARGV[19], 1, 1e10, open_ms)
-local replica = ARGV[20] or ''
-local quorum = int(ARGV[21], 1, 1e6, 1)
-local control = ARGV[22] or ''
-local overdue = ARGV[23] == '1'
-local claim = ARGV[24] or ''
-local heal = ARGV[25] == '1'
-local gate = int(ARGV[26], 0, 1e10, 0)
-local FIRST_REPORT = 27
+local probes = int(ARGV[A.probes], 1, 1e6, 1)
+local close_after = int(ARGV[A.close_after], 1, probes, 1)
+local lease = int(ARGV[A.lease], 1, 1e10, open_ms)
+local replica = ARGV[A.replica] or ''
+local quorum = int(ARGV[A.quorum], 1, 1e6, 1)
+local control = ARGV[A.control] or ''
+local overdue = ARGV[A.overdue] == '1'
+local claim = ARGV[A.claim] or ''
+local heal = ARGV[A.heal] == '1'
+local gate = int(ARGV[A.gate], 0, 1e10, 0)
+local FIRST_REPORT = A.gate + 1
 
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -319,7 +327,9 @@ end
 
 -- === the cluster window ===
 
-if state == 'closed' and dc > 0 and (fail_rate > 0 or slow_rate > 0) then
+-- Summed, never judged: the replicas' own rules judge the sum.
+local w_calls, w_fails, w_slows = -1, -1, -1
+if state == 'closed' and dc > 0 then
   local width = math.max(math.floor(span / buckets), 1)
   local cur = math.floor(now / width)
   local oldest = cur - buckets + 1
@@ -357,14 +367,9 @@ if state == 'closed' and dc > 0 and (fail_rate > 0 or slow_rate > 0) then
     redis.call('HINCRBY', W, 's' .. suffix, str(ds))
   end
   redis.call('PEXPIRE', W, str(span + width))
-  if calls >= min_calls and calls > 0 then
-    if (fail_rate > 0 and fails / calls >= fail_rate)
-        or (slow_rate > 0 and slows / calls >= slow_rate) then
-      if quorate(false) then
-        set_open(false)
-      end
-    end
-  end
+  -- Counts written by hand could break the shape: the reply never carries
+  -- more failures or slow calls than calls.
+  w_calls, w_fails, w_slows = calls, math.min(fails, calls), math.min(slows, calls)
 end
 
 -- === claiming a probe slot ===
@@ -406,4 +411,14 @@ local was_gated = 0
 if state == 'open' and gated then
   was_gated = 1
 end
-return { code, remaining, epoch, granted, was_reset, was_gated }
+local out = {}
+out[R.code] = code
+out[R.remaining] = remaining
+out[R.epoch] = epoch
+out[R.granted] = granted
+out[R.reset] = was_reset
+out[R.gated] = was_gated
+out[R.calls] = w_calls
+out[R.failures] = w_fails
+out[R.slow] = w_slows
+return out

@@ -410,6 +410,12 @@ impl Tracked {
             }
             _ => {}
         }
+        // The script sums the cluster's window and leaves the judging to
+        // the breaker's own rules: a trip here is shared by the next
+        // exchange, as any local trip.
+        if let (Cluster::Closed, Some(window)) = (reply.cluster, reply.window) {
+            remote.evaluate(window);
+        }
         let after = self.breaker.state();
         if self.local_cycle && (reply.epoch != 0 || after != State::HalfOpen) {
             // The cluster holds a state again, or the cycle is over.
@@ -495,6 +501,7 @@ mod tests {
             granted: false,
             reset: false,
             gated: false,
+            window: None,
         };
         apply(&mut t, open, Request::default());
         assert_eq!(t.breaker.state(), State::Open);
@@ -591,6 +598,7 @@ mod tests {
             granted: false,
             reset: false,
             gated: false,
+            window: None,
         };
         apply(&mut t, healed, req);
         assert_eq!(t.breaker.state(), State::HalfOpen);
@@ -613,6 +621,7 @@ mod tests {
             granted: false,
             reset: false,
             gated: false,
+            window: None,
         };
         apply(&mut t, healed, Request::default());
         // Its open period ends a nanosecond on.
@@ -634,6 +643,7 @@ mod tests {
             granted: false,
             reset: false,
             gated: false,
+            window: None,
         };
         apply(&mut t, reopened, req);
         assert_eq!(t.breaker.state(), State::Open);

@@ -656,6 +656,7 @@ mod tests {
             granted: false,
             reset: false,
             gated: false,
+            window: None,
         };
         let p = pending(&t);
         let origins = Origins::default();

@@ -133,7 +133,6 @@ impl Default for Config {
 pub(crate) struct SharedRules {
     /// The breaker's time window (span, buckets), if it has one.
     pub(crate) time_window: Option<(Duration, u32)>,
-    pub(crate) min_calls: u32,
     /// Only when a window is configured.
     pub(crate) failure_rate: Option<f64>,
     /// Only when a window is configured.
@@ -184,7 +183,6 @@ impl Config {
                 Window::Time { span, buckets } => Some((span, buckets)),
                 _ => None,
             },
-            min_calls: self.min_calls,
             failure_rate: self.failure_rate.filter(|_| windowed),
             slow_call_rate: self.slow_call.filter(|_| windowed).map(|(_, r)| r),
             open: self.open,
