@@ -9,11 +9,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::script::{Cluster, Keys, Reply, Request, Rule};
-use super::worker::MARGIN;
 use super::{Origin, Origins, Settings};
 use crate::breaker::Counters;
 use crate::sync::lock;
 use crate::{Breaker, Reason, State};
+
+/// Applied open durations run this much past the cluster's deadline, so a
+/// replica never turns half-open before the cluster does.
+pub(super) const MARGIN: Duration = Duration::from_millis(2);
 
 /// Failed health probes in a row after which the replica holding the turn
 /// to probe passes it to another replica.

@@ -25,10 +25,6 @@ use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
 use crate::{Breaker, Changed};
 
-/// Applied open durations run this much past the cluster's deadline, so a
-/// replica never turns half-open before the cluster does.
-pub(super) const MARGIN: Duration = Duration::from_millis(2);
-
 /// How often the breakers of a keyed set are checked for a local trip (one
 /// atomic load each), so a trip is sent before the next flush.
 const TRIP_SCAN: Duration = Duration::from_millis(5);
@@ -620,7 +616,7 @@ mod tests {
     use super::*;
     use crate::redis::conn::Store;
     use crate::redis::script::Cluster;
-    use crate::redis::tracked::lease_end;
+    use crate::redis::tracked::{lease_end, MARGIN};
     use crate::redis::Origin;
     use crate::State;
 
