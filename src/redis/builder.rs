@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::conn::Store;
-use super::{Backend, Client, Settings, SetupError};
+use super::{Backend, Client, FleetView, Quorum, Settings, SetupError};
 
 /// Builds a [`Backend`].
 ///
@@ -203,7 +203,37 @@ impl BackendBuilder {
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
     pub fn quorum(mut self, replicas: u32) -> Self {
-        self.settings.quorum = replicas;
+        self.settings.quorum = Quorum::Replicas(replicas);
+        self
+    }
+
+    /// Opens a shared circuit only when the failures behind it came from at
+    /// least `share` of the replicas alive (by their heartbeats), rounded
+    /// up and never fewer than one: with `0.5` and 7 replicas alive, 4 must
+    /// agree. Unlike [`quorum`](Self::quorum), it follows the fleet as it
+    /// grows and shrinks; [`Attachment::fleet`](super::Attachment::fleet)
+    /// shows the replicas alive and the quorum in force. `share` must be in
+    /// (0, 1]; the last of `quorum` and `quorum_fraction` called applies.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client, SetupError};
+    ///
+    /// // Half the replicas alive must see the upstream fail.
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .quorum_fraction(0.5)
+    ///     .build()?;
+    /// # let _ = backend;
+    /// let err = Backend::builder(Client::open("redis://127.0.0.1:6379/")?)
+    ///     .quorum_fraction(1.5)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, SetupError::Invalid(_)));
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quorum_fraction(mut self, share: f64) -> Self {
+        self.settings.quorum = Quorum::Fraction(share);
         self
     }
 
@@ -223,8 +253,14 @@ impl BackendBuilder {
         if let Some(why) = self.invalid {
             return Err(SetupError::Invalid(why));
         }
-        if self.settings.quorum == 0 {
-            return Err(SetupError::Invalid("quorum must be at least 1"));
+        match self.settings.quorum {
+            Quorum::Replicas(0) => {
+                return Err(SetupError::Invalid("quorum must be at least 1"));
+            }
+            Quorum::Fraction(f) if !(f > 0.0 && f <= 1.0) => {
+                return Err(SetupError::Invalid("quorum fraction must be in (0, 1]"));
+            }
+            _ => {}
         }
         if self.settings.prefix.is_empty() || self.settings.prefix.contains(['{', '}']) {
             return Err(SetupError::Invalid(
@@ -274,7 +310,8 @@ impl Settings {
             resync: Duration::from_secs(1),
             timeout: Duration::from_millis(500),
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-            quorum: 1,
+            quorum: Quorum::Replicas(1),
+            fleet: FleetView::default(),
             replica: "".into(),
             leases: AtomicU64::new(0),
         }

@@ -251,7 +251,7 @@ mod worker;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -274,6 +274,55 @@ pub const SCHEMA: u32 = script::SCHEMA;
 
 /// Who put each breaker in its state, as the sync task last applied it.
 pub(crate) type Origins = Arc<Mutex<HashMap<Arc<str>, (State, Origin)>>>;
+
+/// How many replicas must agree before a shared circuit opens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Quorum {
+    /// At least this many, or every replica alive when fewer are.
+    Replicas(u32),
+    /// At least this share of the replicas alive, rounded up.
+    Fraction(f64),
+}
+
+impl Quorum {
+    /// The replicas that must agree when `alive` replicas are alive: never
+    /// fewer than one, never more than are alive.
+    pub(crate) fn needed(self, alive: u32) -> u32 {
+        let n = match self {
+            Quorum::Replicas(n) => n,
+            Quorum::Fraction(f) => (f * f64::from(alive)).ceil() as u32,
+        };
+        n.min(alive).max(1)
+    }
+}
+
+/// Where a backend's workers leave what their heartbeats learn.
+#[derive(Debug, Default)]
+pub(crate) struct FleetView {
+    alive: AtomicU32,
+    quorum: AtomicU32,
+}
+
+impl FleetView {
+    pub(crate) fn set(&self, alive: u32, quorum: u32) {
+        self.alive.store(alive, Ordering::Relaxed);
+        self.quorum.store(quorum, Ordering::Relaxed);
+    }
+}
+
+/// The fleet as one replica's last heartbeat saw it; see
+/// [`Attachment::fleet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Fleet {
+    /// Replicas of this schema alive on the prefix (heartbeats within their
+    /// TTL), this one included; 0 before the first heartbeat.
+    pub alive: u32,
+    /// Distinct replicas whose failures open a shared circuit now: the
+    /// configured [`quorum`](BackendBuilder::quorum) or
+    /// [`quorum_fraction`](BackendBuilder::quorum_fraction) of `alive`.
+    pub quorum: u32,
+}
 
 /// Schemas other than [`SCHEMA`] seen on the prefix.
 pub(crate) type Schemas = Arc<Mutex<BTreeSet<u32>>>;
@@ -311,7 +360,10 @@ pub(crate) struct Settings {
     resync: Duration,
     timeout: Duration,
     backoff: (Duration, Duration),
-    quorum: u32,
+    quorum: Quorum,
+    /// The replicas alive and the quorum in force, as the last heartbeat
+    /// found them.
+    fleet: FleetView,
     /// This replica's id: in its heartbeats, quorum votes, probe leases and
     /// health-probe turns, shared by every attachment of the backend.
     replica: Arc<str>,
@@ -582,6 +634,33 @@ impl Attachment {
     /// ```
     pub fn other_schemas(&self) -> Vec<u32> {
         crate::sync::lock(&self.schemas).iter().copied().collect()
+    }
+
+    /// The replicas alive on the prefix and the quorum in force, as this
+    /// replica's last heartbeat (every resync interval) found them.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:1/")?)
+    ///     .quorum_fraction(0.5)
+    ///     .build()?;
+    /// let breaker = Breaker::builder().name("chat").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// // Nothing answers on port 1: no heartbeat has counted anyone yet.
+    /// assert_eq!(attachment.fleet().alive, 0);
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn fleet(&self) -> Fleet {
+        let f = &self.settings.fleet;
+        Fleet {
+            alive: f.alive.load(Ordering::Relaxed),
+            quorum: f.quorum.load(Ordering::Relaxed),
+        }
     }
 
     /// Stops sharing and waits for the background task to end; the breakers

@@ -19,7 +19,7 @@ use super::conn::{Conn, Failure, Messages};
 use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
 use super::turns::{self, Ask, Desk};
-use super::{Origins, Schemas, Settings};
+use super::{Origins, Quorum, Schemas, Settings};
 use crate::breaker::SharedRules;
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
@@ -95,7 +95,7 @@ impl Worker {
         let channel = format!("{}:events", settings.prefix);
         let (desk, asks) = Desk::new(shared.clone(), settings.timeout);
         let mut w = Worker {
-            quorum: settings.quorum,
+            quorum: settings.quorum.needed(u32::MAX),
             replica: settings.replica.clone(),
             settings,
             target,
@@ -276,10 +276,19 @@ impl Worker {
         for other in census.others {
             self.other_schema(other);
         }
-        let wanted = self.settings.quorum;
-        let quorum = wanted.min(census.live).max(1);
+        let wanted = self.settings.quorum.needed(u32::MAX);
+        let quorum = self.settings.quorum.needed(census.live);
+        self.settings.fleet.set(census.live, quorum);
         if quorum != self.quorum {
-            if quorum < wanted {
+            if matches!(self.settings.quorum, Quorum::Fraction(_)) {
+                tracing::debug!(
+                    target: "tower_circuit_breaker",
+                    prefix = &*self.settings.prefix,
+                    quorum,
+                    live = census.live,
+                    "the quorum follows the replicas alive"
+                );
+            } else if quorum < wanted {
                 tracing::warn!(
                     target: "tower_circuit_breaker",
                     prefix = &*self.settings.prefix,

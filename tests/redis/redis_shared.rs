@@ -1319,6 +1319,70 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_fraction_counts_the_replicas_alive() {
+    if redis_support::skip("a_quorum_fraction_counts_the_replicas_alive") {
+        return;
+    }
+    let prefix = unique_prefix("quorum-fraction");
+    let mut replicas = replicas_with(
+        10,
+        shared_url(),
+        &prefix,
+        || {
+            Breaker::builder()
+                .name("upstream")
+                .consecutive_failures(1)
+                .jitter(0.0)
+                .open_duration(Duration::from_secs(30))
+        },
+        // Heartbeats every 200 ms: a replica stopped counts as alive for
+        // 3 × 200 ms plus the timeout after its last one.
+        |b| {
+            b.quorum_fraction(0.5)
+                .resync_interval(Duration::from_millis(200))
+        },
+    )
+    .await;
+    let fleet = |replicas: &[(Breaker, Attachment)], want: (u32, u32)| {
+        let got = replicas[0].1.fleet();
+        (got.alive, got.quorum) == want
+    };
+    assert!(
+        eventually(WAIT, || async { fleet(&replicas, (10, 5)) }).await,
+        "10 alive, 5 must agree: {:?}",
+        replicas[0].1.fleet()
+    );
+    for (_, attachment) in replicas.drain(7..) {
+        attachment.detach().await;
+    }
+    assert!(
+        eventually(WAIT, || async { fleet(&replicas, (7, 4)) }).await,
+        "7 alive, 4 must agree: {:?}",
+        replicas[0].1.fleet()
+    );
+
+    // Three of the seven agree: each stays open on its own, no one else.
+    for (breaker, _) in &replicas[..3] {
+        trip(breaker, 1);
+        assert_eq!(breaker.state(), State::Open);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_ne!(
+        cluster_state(&prefix, "upstream").await.as_deref(),
+        Some("open")
+    );
+    assert_eq!(replicas[6].0.state(), State::Closed, "3 of 7 is short of 4");
+
+    // The fourth opens the shared circuit, and every replica alive with it.
+    trip(&replicas[3].0, 1);
+    assert!(all_in(&replicas, State::Open).await, "4 of 7 agree");
+    assert_eq!(
+        cluster_state(&prefix, "upstream").await.as_deref(),
+        Some("open")
+    );
+}
+
 /// The cluster state of `name`, as its state key says.
 async fn cluster_state(prefix: &str, name: &str) -> Option<String> {
     let mut conn = connection(shared_url()).await;
