@@ -82,6 +82,7 @@ impl Shared {
             f.forget();
         }
         self.changes.notify_waiters();
+        self.config.any_change.notify_waiters();
         Transition {
             key: self.name.clone(),
             from: from.state(),

@@ -196,6 +196,13 @@ impl Build for KeyedBreakers {
 }
 
 impl KeyedBreakers {
+    /// Completes at the next transition of any breaker of the set (taken
+    /// before a look at the set, it misses none that follow the look).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn any_change(&self) -> tokio::sync::futures::OwnedNotified {
+        Arc::clone(&self.inner.config.any_change).notified_owned()
+    }
+
     /// A builder with the default configuration; the breaker settings apply
     /// to every key.
     ///

@@ -14,8 +14,9 @@
 //! - every flush interval (50 ms by default) it sends what changed locally:
 //!   the closed-state outcomes since the last flush, a local trip, probe
 //!   outcomes, and claims for probe slots;
-//! - a local trip is sent at once (a keyed set's trips are found by a scan of
-//!   its states every 5 ms), and Redis publishes every cluster transition, so
+//! - a local trip is sent at once (a keyed set wakes its task on any of its
+//!   breakers' transitions, which then sends the keys that tripped or
+//!   healed), and Redis publishes every cluster transition, so
 //!   the other replicas apply it within a round trip or two — about a
 //!   millisecond on loopback;
 //! - every resync interval (1 s) it reads the state of every breaker that

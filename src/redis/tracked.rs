@@ -53,7 +53,7 @@ pub(super) struct Tracked {
     /// it, by its own clock: no period lasts past that plus the open cap.
     pub(super) opened: Option<(u64, Instant)>,
     /// A local trip was sent in this open period (a trip the quorum has not
-    /// confirmed stays local, and is not sent again at every scan).
+    /// confirmed stays local, and is not sent again at every transition in the set).
     pub(super) trip_sent: bool,
     /// The longest an exchange may take: a reply's deadline is as old as
     /// that when it arrives.
@@ -538,7 +538,10 @@ mod tests {
         assert!(!t.healed());
         t.breaker.record_health_probe(Outcome::Success);
         assert_eq!(t.breaker.state(), State::HalfOpen);
-        assert!(t.healed(), "the keyed scan finds it before the next flush");
+        assert!(
+            t.healed(),
+            "the keyed set's wake-up finds it before the next flush"
+        );
         let req = prepare(&mut t).expect("the heal is news");
         assert!(req.heal);
         assert_eq!(req.epoch, 7, "for the open period it was found in");

@@ -23,11 +23,7 @@ use super::{Origins, Quorum, Schemas, Settings};
 use crate::breaker::SharedRules;
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
-use crate::{Breaker, Changed};
-
-/// How often the breakers of a keyed set are checked for a local trip (one
-/// atomic load each), so a trip is sent before the next flush.
-const TRIP_SCAN: Duration = Duration::from_millis(5);
+use crate::Breaker;
 
 /// Script calls per round trip.
 const CHUNK: usize = 256;
@@ -195,8 +191,6 @@ impl Worker {
         let mut resync = interval_at(later(start, self.settings.resync), self.settings.resync);
         resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut changed = self.changed();
-        let mut scan = interval_at(later(start, TRIP_SCAN), TRIP_SCAN);
-        scan.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let keyed = matches!(self.target, Target::Keyed(_));
         loop {
             tokio::select! {
@@ -228,17 +222,18 @@ impl Worker {
                 },
                 _ = wait(&mut changed) => {
                     changed = self.changed();
-                    self.exchange(&mut conn, Pass::Changes).await?;
+                    if !keyed {
+                        self.exchange(&mut conn, Pass::Changes).await?;
+                    } else if self.tracked.values().any(Tracked::moved) {
+                        // A transition in the set: send only the breakers
+                        // that tripped or healed here.
+                        self.exchange(&mut conn, Pass::Trips).await?;
+                    }
                 }
                 _ = flush.tick() => self.exchange(&mut conn, Pass::Changes).await?,
                 _ = resync.tick() => {
                     self.heartbeat(&mut conn).await?;
                     self.exchange(&mut conn, Pass::All).await?;
-                }
-                _ = scan.tick(), if keyed => {
-                    if self.tracked.values().any(Tracked::moved) {
-                        self.exchange(&mut conn, Pass::Trips).await?;
-                    }
                 }
                 Some(ask) = self.asks.recv() => {
                     let tracked = &mut self.tracked;
@@ -343,12 +338,13 @@ impl Worker {
         }
     }
 
-    /// For a single breaker, a future completing at its next transition, so
-    /// a local trip is shared at once rather than at the next flush.
-    fn changed(&self) -> Option<Pin<Box<Changed>>> {
+    /// A future completing at the next transition of the breaker, or of
+    /// any breaker of the keyed set, so a local trip is shared at once
+    /// rather than at the next flush.
+    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         match &self.target {
-            Target::One(b) => Some(Box::pin(b.changed())),
-            Target::Keyed(_) => None,
+            Target::One(b) => Box::pin(b.changed()),
+            Target::Keyed(set) => Box::pin(set.any_change()),
         }
     }
 
@@ -613,11 +609,8 @@ async fn next(stream: &mut Messages) -> Option<Msg> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
 }
 
-async fn wait(changed: &mut Option<Pin<Box<Changed>>>) {
-    match changed {
-        Some(c) => c.as_mut().await,
-        None => std::future::poll_fn(|_| Poll::<()>::Pending).await,
-    }
+async fn wait(changed: &mut Pin<Box<dyn Future<Output = ()> + Send>>) {
+    changed.as_mut().await
 }
 
 #[cfg(test)]

@@ -613,6 +613,56 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush() {
+    if redis_support::skip("a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush") {
+        return;
+    }
+    let prefix = unique_prefix("keyed-wake");
+    let set = || {
+        KeyedBreakers::builder()
+            .consecutive_failures(1)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    // Neither a flush nor a resync comes within the test: only the set's
+    // own wake-up on the transition can send the trip.
+    let slow = |b: BackendBuilder| {
+        b.flush_interval(Duration::from_secs(60))
+            .resync_interval(Duration::from_secs(60))
+    };
+    let (a, b) = (set(), set());
+    let attach_a = slow(backend(shared_url(), &prefix))
+        .build()
+        .unwrap()
+        .attach_keyed(&a)
+        .unwrap();
+    let attach_b = slow(backend(shared_url(), &prefix))
+        .build()
+        .unwrap()
+        .attach_keyed(&b)
+        .unwrap();
+    for s in [&a, &b] {
+        s.admit("gpt-4o/eu").unwrap().record(Outcome::Success);
+    }
+    assert!(
+        eventually(WAIT, || async {
+            attach_a.is_shared() && attach_b.is_shared()
+        })
+        .await
+    );
+    a.admit("gpt-4o/eu").unwrap().record(Outcome::Failure);
+    let learned = eventually(WAIT, || async {
+        b.get("gpt-4o/eu").is_some_and(|k| k.state() == State::Open)
+    })
+    .await;
+    assert!(learned, "the other replica learns the trip at once");
+    attach_a.detach().await;
+    attach_b.detach().await;
+}
+
 #[tokio::test]
 async fn attaching_needs_a_name_and_sane_settings() {
     if redis_support::skip("attaching_needs_a_name_and_sane_settings") {

@@ -65,6 +65,10 @@ pub(crate) struct Config {
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
     pub(crate) stripes_when_busy: bool,
     pub(crate) listeners: Vec<Listener>,
+    /// Woken on every transition of every breaker built from this
+    /// configuration (and its clones): a keyed set's, for the shared-state
+    /// backend to hear of a local trip without scanning the set.
+    pub(crate) any_change: Arc<tokio::sync::Notify>,
     /// Gives each breaker its observer (the `metrics` feature's).
     pub(crate) observer: Option<Observer>,
 }
@@ -121,6 +125,7 @@ impl Default for Config {
             counter_stripes: 16,
             stripes_when_busy: false,
             listeners: Vec::new(),
+            any_change: Arc::default(),
             observer: None,
         }
     }
