@@ -7,6 +7,8 @@ mod redis_support;
 #[cfg(feature = "redis-cluster")]
 mod redis_cluster;
 #[cfg(feature = "redis")]
+mod redis_fleet;
+#[cfg(feature = "redis")]
 mod redis_health;
 #[cfg(feature = "redis")]
 mod redis_shared;
