@@ -18,6 +18,33 @@
 //! evict, new keys share one overflow breaker (named `(overflow)`) until room
 //! frees up, and a warning is traced.
 //!
+//! # A cap on open keys
+//!
+//! An upstream failing for every key at once (a provider-wide outage, a
+//! bad deploy of the gateway in front of it) would open every key, and a
+//! set with every key open serves no one. With
+//! [`max_open_share`](crate::Builder::max_open_share), at most that share
+//! of the keys the set holds may be open at once, and always at least one.
+//! The rule for who goes first beyond the cap is the one
+//! [`AllOpen::last_resort`](crate::failover::AllOpen::last_resort) uses:
+//! **the circuit that opened longest ago, which has had the longest to
+//! heal**. When a key opens and more keys are open than the cap allows,
+//! the key that opened longest ago has its open period ended then: it goes
+//! half-open ([`Reason::OpenKeysCap`](crate::Reason::OpenKeysCap)), and its
+//! probes decide, as after any open period (failing, it reopens, and is now
+//! the newest open key). The bound holds once the call that opened a key
+//! returns; a thread reading states while another is opening a key may see
+//! that one key over it, for as long as that call takes to finish.
+//!
+//! Only circuits the trip rules opened count: a key gated on an exhausted
+//! quota ([`Builder::quota_gate`](crate::Builder::quota_gate)), forced open
+//! by an operator, half-open or closed is not open for the cap, and is
+//! never ended by it; neither are the `(overflow)` and `(unkeyed)`
+//! breakers, which are not keys. The share applies to the keys the set
+//! holds at the moment, so the cap grows with the set; when idle keys are
+//! evicted, the cap is applied again at once. Without a cap, none of this
+//! runs: no code of it is on any path.
+//!
 //! # When the key function panics
 //!
 //! A [`KeyFn`] is user code, and a bug in it must not fail the request: a
@@ -53,6 +80,7 @@
 
 mod key;
 mod last;
+mod open_cap;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -121,6 +149,8 @@ struct Inner {
     last_sweep: Mutex<Option<Instant>>,
     /// Calls whose key function panicked.
     key_fn_panics: AtomicU64,
+    /// The cap on open keys, if one is set.
+    open_cap: Option<Arc<open_cap::OpenCap>>,
 }
 
 struct Entry {
@@ -160,13 +190,18 @@ impl Build for KeyedBreakers {
         if extra.max_keys == 0 || extra.idle_timeout.is_zero() {
             return Err(crate::ConfigError::KeyBounds);
         }
-        let overrides = extra
+        if let Some(share) = extra.max_open_share
+            && !(share > 0.0 && share <= 1.0)
+        {
+            return Err(crate::ConfigError::MaxOpenShare(share));
+        }
+        let mut overrides = extra
             .key_overrides
             .into_iter()
             .map(|(key, f)| {
                 let c = f(Builder::<Breaker>::with_config(config.clone())).config;
                 c.validate()?;
-                Ok((key, Arc::new(c)))
+                Ok((key, c))
             })
             .collect::<Result<Vec<_>, crate::ConfigError>>()?;
         // Many breakers: keep each small until its key is busy.
@@ -174,24 +209,44 @@ impl Build for KeyedBreakers {
         config.counter_stripes = config
             .counter_stripes
             .min(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
-        let config = Arc::new(config);
-        Ok(KeyedBreakers {
-            inner: Arc::new(Inner {
+        // The overflow and unkeyed breakers are not keys: the cap on open
+        // keys neither counts nor ends them.
+        let unkeyed = Arc::new(config.clone());
+        let inner = Arc::new_cyclic(|set| {
+            let open_cap = extra.max_open_share.map(|share| {
+                let cap = Arc::new(open_cap::OpenCap::new(share, set.clone()));
+                let listener = {
+                    let cap = Arc::clone(&cap);
+                    Arc::new(move |t: &crate::Transition| cap.on_transition(t))
+                };
+                config.listeners.push(listener.clone());
+                for (_, c) in &mut overrides {
+                    c.listeners.push(listener.clone());
+                }
+                cap
+            });
+            let config = Arc::new(config);
+            Inner {
                 shards: std::array::from_fn(|_| RwLock::new(HashTable::new())),
                 version: AtomicU64::new(last::next_version()),
                 hasher: DefaultHashBuilder::default(),
                 seed: os_random_seed(),
                 max_keys: extra.max_keys,
                 idle: extra.idle_timeout,
-                overflow: Breaker::with_config(config.clone(), Some("(overflow)".into())),
-                unkeyed: Breaker::with_config(config.clone(), Some("(unkeyed)".into())),
+                overflow: Breaker::with_config(unkeyed.clone(), Some("(overflow)".into())),
+                unkeyed: Breaker::with_config(unkeyed, Some("(unkeyed)".into())),
                 config,
-                overrides,
+                overrides: overrides
+                    .into_iter()
+                    .map(|(k, c)| (k, Arc::new(c)))
+                    .collect(),
                 len: AtomicUsize::new(0),
                 last_sweep: Mutex::new(None),
                 key_fn_panics: AtomicU64::new(0),
-            }),
-        })
+                open_cap,
+            }
+        });
+        Ok(KeyedBreakers { inner })
     }
 }
 
@@ -271,10 +326,7 @@ impl KeyedBreakers {
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::Closed);
     /// ```
     pub fn get(&self, key: &str) -> Option<Breaker> {
-        let hash = self.inner.hash(key);
-        read(self.inner.shard(hash))
-            .find(hash, |e| same_key(&e.key, key))
-            .map(|e| e.breaker.clone())
+        self.inner.get(key)
     }
 
     /// The breaker of `key`, created if the set has none yet (the overflow
@@ -294,6 +346,26 @@ impl KeyedBreakers {
         let hash = self.inner.hash(key);
         self.get(key)
             .unwrap_or_else(|| self.inner.insert(key, hash))
+    }
+
+    /// How many keys may be open at once under the cap on open keys, for
+    /// the keys the set holds now; `None` without a cap.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().max_open_share(0.1).build().unwrap();
+    /// assert_eq!(set.max_open(), Some(1), "always at least one");
+    /// for i in 0..50 {
+    ///     set.admit(&format!("k{i}")).unwrap().record(Outcome::Success);
+    /// }
+    /// assert_eq!(set.max_open(), Some(5));
+    /// assert_eq!(KeyedBreakers::builder().build().unwrap().max_open(), None);
+    /// ```
+    pub fn max_open(&self) -> Option<usize> {
+        let cap = self.inner.open_cap.as_ref()?;
+        Some(cap.allowed(self.len()))
     }
 
     /// How many keys the set holds.
@@ -414,6 +486,13 @@ impl KeyedBreakers {
 }
 
 impl Inner {
+    fn get(&self, key: &str) -> Option<Breaker> {
+        let hash = self.hash(key);
+        read(self.shard(hash))
+            .find(hash, |e| same_key(&e.key, key))
+            .map(|e| e.breaker.clone())
+    }
+
     /// A call whose key function panicked: it has no key, and sending it to
     /// the `(unkeyed)` breaker would mix it with calls that truly carry none,
     /// so it shares the overflow breaker, as keys do that find no room.
@@ -545,6 +624,13 @@ impl Inner {
         }
         if evicted > 0 {
             tracing::debug!(target: "tower_circuit_breaker", evicted, "evicted idle keyed breakers");
+        }
+        drop(last);
+        if evicted > 0
+            && let Some(cap) = &self.open_cap
+        {
+            // Fewer keys, so fewer may be open.
+            cap.enforce(self);
         }
     }
 }
