@@ -89,11 +89,13 @@ use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
 use crate::BoxError;
 
+mod prober;
 mod requests;
 
+pub use self::prober::HealthProber;
 pub use self::requests::{
-    grpc_health_request, openai_completion_request, openai_models_request, GrpcHealthClassifier,
-    GrpcHealthStream,
+    anthropic_messages_request, grpc_health_request, openai_completion_request,
+    openai_models_request, GrpcHealthClassifier, GrpcHealthStream, MakeHealthRequest,
 };
 
 /// Sends health probes while circuits are not closed; built by
@@ -253,6 +255,21 @@ impl HealthProbeBuilder {
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
+    }
+
+    /// Whether the settings are usable, as [`build`](Self::build) checks.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        self.clone().build((), (), ()).map(drop)
+    }
+
+    /// The interval between probes.
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The probe timeout, if one was set.
+    pub(crate) fn given_timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// A prober sending `make_request(breaker)` through `service`, judged by

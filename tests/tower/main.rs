@@ -22,4 +22,5 @@ mod retry;
 mod scripted_outage;
 mod service;
 mod stack;
+mod stack_health;
 mod stream_deadlines;
