@@ -18,6 +18,16 @@
 //! evict, new keys share one overflow breaker (named `(overflow)`) until room
 //! frees up, and a warning is traced.
 //!
+//! Keys are the user's strings, so a key may be named `(overflow)` or
+//! `(unkeyed)` too: it then has a breaker of its own like any key, and
+//! [`snapshots`](KeyedBreakers::snapshots), metrics and the status page show
+//! two breakers of that name (the set's own last). Within the crate the
+//! overflow breaker is told apart by identity
+//! ([`KeyedBreakers::is_overflow`]), never by name: a full set that learns
+//! of a key named `(overflow)` from another replica sharing state through
+//! Redis leaves its overflow breaker alone, as it does for any key it has no
+//! room for.
+//!
 //! # A cap on open keys
 //!
 //! An upstream failing for every key at once (a provider-wide outage, a
@@ -366,6 +376,24 @@ impl KeyedBreakers {
     pub fn max_open(&self) -> Option<usize> {
         let cap = self.inner.open_cap.as_ref()?;
         Some(cap.allowed(self.len()))
+    }
+
+    /// Whether `breaker` is the set's `(overflow)` breaker, the one that keys
+    /// without room share (and calls whose key function panicked). Tell it
+    /// by this, never by its name: a key may be named `(overflow)` too.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let set = KeyedBreakers::builder().max_keys(1).build().unwrap();
+    /// let own = set.get_or_insert("(overflow)");
+    /// assert!(!set.is_overflow(&own), "a key of that name has its own breaker");
+    /// let shared = set.get_or_insert("gpt-4o");
+    /// assert!(set.is_overflow(&shared), "no room for a second key");
+    /// assert_eq!(shared.name(), own.name(), "the same name, two breakers");
+    /// ```
+    pub fn is_overflow(&self, breaker: &Breaker) -> bool {
+        breaker.ptr_eq(&self.inner.overflow)
     }
 
     /// How many keys the set holds.

@@ -9,6 +9,8 @@ mod redis_cluster;
 #[cfg(feature = "redis")]
 mod redis_health;
 #[cfg(feature = "redis")]
+mod redis_overflow_key;
+#[cfg(feature = "redis")]
 mod redis_shared;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
