@@ -475,10 +475,10 @@ impl KeyedBreakers {
     /// assert_eq!(&*open[0], "gpt-4o");
     /// ```
     pub fn snapshots(&self) -> Vec<Snapshot> {
-        let mut out = Vec::with_capacity(self.len() + 2);
-        for shard in self.inner.shards.iter() {
-            out.extend(read(shard).iter().map(|e| e.breaker.snapshot()));
-        }
+        // A snapshot applies deadlines, which may make transitions: take
+        // them outside the shards' locks.
+        let mut out: Vec<Snapshot> = self.breakers().iter().map(Breaker::snapshot).collect();
+        out.reserve(2);
         for extra in [&self.inner.overflow, &self.inner.unkeyed] {
             let snap = extra.snapshot();
             if snap.counters.admitted + snap.counters.rejected > 0 {
@@ -614,6 +614,9 @@ impl Inner {
             .map_or_else(|| self.config.clone(), |(_, c)| c.clone());
         let name: Arc<str> = key.into();
         let breaker = Breaker::with_config(config, Some(name.clone()));
+        if let Some(cap) = &self.open_cap {
+            cap.added(&name, &breaker);
+        }
         table.insert_unique(
             hash,
             Arc::new(Entry {
@@ -642,6 +645,11 @@ impl Inner {
                 let used = e.used.swap(false, Ordering::Relaxed);
                 let keep = used || e.breaker.state() != State::Closed;
                 evicted += usize::from(!keep);
+                if !keep && let Some(cap) = &self.open_cap {
+                    // Under the shard's lock, as it was added: a key that
+                    // comes back is registered after it left.
+                    cap.evicted(&e.key);
+                }
                 keep
             });
         }

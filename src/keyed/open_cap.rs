@@ -8,6 +8,12 @@
 //! are open than it allows, it ends the open period of the key whose
 //! circuit opened longest ago, after letting its lock go (ending it is a
 //! transition, which reports back here).
+//!
+//! Transitions happen inside lookups that hold a shard's lock (an
+//! admission, a sweep), so the cap never takes one: it finds breakers in
+//! its own register of the keys, kept beside the table as keys are added
+//! and evicted. Locks are taken in one order only: a shard's, then the
+//! cap's, then the register's, then a breaker's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -21,6 +27,8 @@ pub(super) struct OpenCap {
     share: f64,
     set: Weak<Inner>,
     open: Mutex<Open>,
+    /// Every key's breaker, as the table holds them.
+    keys: Mutex<HashMap<Arc<str>, Breaker>>,
 }
 
 /// The keys whose circuits are open, by when they opened.
@@ -54,7 +62,22 @@ impl OpenCap {
             share,
             set,
             open: Mutex::new(Open::default()),
+            keys: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A key the table now holds.
+    pub(super) fn added(&self, key: &Arc<str>, breaker: &Breaker) {
+        lock(&self.keys).insert(key.clone(), breaker.clone());
+    }
+
+    /// A key the table no longer holds.
+    pub(super) fn evicted(&self, key: &str) {
+        lock(&self.keys).remove(key);
+    }
+
+    fn breaker(&self, key: &str) -> Option<Breaker> {
+        lock(&self.keys).get(key).cloned()
     }
 
     /// How many of `keys` may be open at once: the share, rounded down,
@@ -71,9 +94,9 @@ impl OpenCap {
         let Some(key) = &t.key else {
             return;
         };
-        let breaker = set.get(key);
-        let mut open = self.lock();
-        open.set(key, breaker.as_ref().and_then(Breaker::open_since));
+        let mut open = lock(&self.open);
+        let since = self.breaker(key).as_ref().and_then(Breaker::open_since);
+        open.set(key, since);
         let ended = self.over_cap(&set, &mut open);
         drop(open);
         end(ended);
@@ -81,7 +104,7 @@ impl OpenCap {
 
     /// Brings the open keys back under the cap (after the set shrank).
     pub(super) fn enforce(&self, set: &Inner) {
-        let mut open = self.lock();
+        let mut open = lock(&self.open);
         let ended = self.over_cap(set, &mut open);
         drop(open);
         end(ended);
@@ -97,7 +120,7 @@ impl OpenCap {
             let Some((at, key)) = open.pop_oldest() else {
                 break;
             };
-            if let Some(breaker) = set.get(&key)
+            if let Some(breaker) = self.breaker(&key)
                 && breaker.open_since() == Some(at)
             {
                 ended.push((breaker, at));
@@ -105,10 +128,10 @@ impl OpenCap {
         }
         ended
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Ends each open period, outside the cap's lock.

@@ -648,3 +648,62 @@ fn a_share_outside_zero_to_one_is_a_config_error() {
     }
     assert!(KeyedBreakers::builder().max_open_share(1.0).build().is_ok());
 }
+
+/// The cap acts on transitions, which happen inside admissions, sweeps and
+/// snapshots of the set: with keys opening, going half-open and being
+/// evicted from four threads while new keys keep arriving, nothing waits
+/// on itself (a hang here fails the test after a minute).
+#[test]
+fn the_cap_on_open_keys_never_deadlocks_with_admissions_sweeps_and_snapshots() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_micros(50))
+        .probes(1)
+        .close_after(1)
+        .max_keys(64)
+        .idle_timeout(Duration::from_micros(200))
+        .max_open_share(0.1)
+        .build()
+        .unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..4u64 {
+        let set = set.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for i in 0..20_000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // New keys (inserts and sweeps), and a few hot ones that
+                // keep opening and going half-open under the lookups.
+                let key = if x % 4 == 0 {
+                    format!("new-{t}-{i}")
+                } else {
+                    format!("hot-{}", x % 16)
+                };
+                if let Ok(p) = set.admit(&key) {
+                    let outcome = if x % 3 == 0 {
+                        Outcome::Success
+                    } else {
+                        Outcome::Failure
+                    };
+                    p.record(outcome);
+                }
+                if i % 512 == 0 {
+                    let _ = set.snapshots();
+                }
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..4 {
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a thread is stuck: the set waits on itself");
+    }
+    let open = open_keys(&set);
+    assert!(open <= set.max_open().unwrap(), "{open} open");
+}
