@@ -18,7 +18,11 @@
 //!
 //! The prober is a future that the caller spawns: the crate starts no task
 //! of its own, and the prober's sleeps are the caller's (so it needs a
-//! runtime with timers). Its requests carry credentials; the crate never
+//! runtime with timers). A [`Stack`](crate::stack::Stack) builds its own
+//! from a health request
+//! ([`StackBuilder::health_probe`](crate::stack::StackBuilder::health_probe))
+//! and hands it back as a [`HealthProber`], with
+//! [`spawn_on`](HealthProber::spawn_on): no prober code needed. Its requests carry credentials; the crate never
 //! logs them. A request factory that panics, or a probe that errors or
 //! times out, is a counted failed health probe.
 //!

@@ -29,6 +29,15 @@
 //! before. A keyed stack is a [`Failover`](crate::failover::Failover)
 //! member like any other: a request whose key is open in it skips it.
 //!
+//! With [`StackBuilder::health_probe`], the stack also recovers with no code
+//! of yours: given a health request (a one-token completion, Anthropic's
+//! Messages, `GET /v1/models`, or a function of the key), each service
+//! the layer makes hands back its [health prober](crate::health) as a future
+//! ([`Stack::health_prober`]), to run in a task of yours or
+//! [spawn on a runtime](crate::health::HealthProber::spawn_on). The crate
+//! starts no task itself, so building a stack outside a runtime loses
+//! nothing: the prober runs where it is spawned.
+//!
 //! # Example
 //!
 //! ```
