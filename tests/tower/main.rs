@@ -12,6 +12,7 @@ mod failover;
 mod grpc;
 mod half_open_pacing;
 mod health_half_open;
+mod keyed_open_cap;
 mod keyed_stack;
 mod llm_stream;
 mod messages;
