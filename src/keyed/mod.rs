@@ -52,8 +52,9 @@
 //! never ended by it; neither are the `(overflow)` and `(unkeyed)`
 //! breakers, which are not keys. The share applies to the keys the set
 //! holds at the moment, so the cap grows with the set; when idle keys are
-//! evicted, the cap is applied again at once. Without a cap, none of this
-//! runs: no code of it is on any path.
+//! evicted, the cap is applied again at once. With state shared through
+//! Redis, each replica applies the cap to its own set. Without a cap, none
+//! of this runs: no code of it is on any path.
 //!
 //! # When the key function panics
 //!
