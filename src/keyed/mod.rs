@@ -53,8 +53,9 @@
 //! breakers, which are not keys. The share applies to the keys the set
 //! holds at the moment, so the cap grows with the set; when idle keys are
 //! evicted, the cap is applied again at once. With state shared through
-//! Redis, each replica applies the cap to its own set. Without a cap, none
-//! of this runs: no code of it is on any path.
+//! Redis, each replica applies the cap to its own set. Without a cap, no
+//! admission and no recorded outcome runs any of it; adding and evicting a
+//! key test whether a cap is set, and that is all.
 //!
 //! # When the key function panics
 //!

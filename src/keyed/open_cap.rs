@@ -1,8 +1,8 @@
 //! The cap on open keys: at most a share of a keyed set open at once.
 //!
 //! Each key's breaker tells the cap of its transitions (a listener the set
-//! installs on its keys' configuration, and only when the cap is on, so a
-//! set without it runs no code of it anywhere). On each one the cap reads
+//! installs on its keys' configuration, and only when the cap is on, so no
+//! admission or outcome of a set without it runs any of this). On each one the cap reads
 //! that key's state again, under its own lock, so transitions reported out
 //! of order by racing threads still leave it with the truth; when more keys
 //! are open than it allows, it ends the open period of the key whose
