@@ -46,6 +46,7 @@ pub(crate) use config::MAX_DURATION;
 mod counters;
 mod half_open;
 mod observe;
+mod open_cap;
 mod outcome;
 mod permit;
 mod record;

@@ -176,6 +176,10 @@ pub enum Reason {
     /// A call let through an open circuit by the "every upstream open"
     /// policy of a [`Failover`](crate::failover::Failover) succeeded.
     LastResort,
+    /// A keyed set had more keys open than its cap allows, and this key's
+    /// circuit had been open longest: its open period ended early (see
+    /// [`max_open_share`](crate::Builder::max_open_share)).
+    OpenKeysCap,
 }
 
 impl Reason {
@@ -195,6 +199,7 @@ impl Reason {
             Reason::HealthProbe => "health probe succeeded",
             Reason::QuotaExhausted => "quota exhausted",
             Reason::LastResort => "last-resort call succeeded",
+            Reason::OpenKeysCap => "open keys above the cap",
         }
     }
 }

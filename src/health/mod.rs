@@ -18,7 +18,11 @@
 //!
 //! The prober is a future that the caller spawns: the crate starts no task
 //! of its own, and the prober's sleeps are the caller's (so it needs a
-//! runtime with timers). Its requests carry credentials; the crate never
+//! runtime with timers). A [`Stack`](crate::stack::Stack) builds its own
+//! from a health request
+//! ([`StackBuilder::health_probe`](crate::stack::StackBuilder::health_probe))
+//! and hands it back as a [`HealthProber`], with
+//! [`spawn_on`](HealthProber::spawn_on): no prober code needed. Its requests carry credentials; the crate never
 //! logs them. A request factory that panics, or a probe that errors or
 //! times out, is a counted failed health probe.
 //!
@@ -89,11 +93,13 @@ use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
 use crate::BoxError;
 
+mod prober;
 mod requests;
 
+pub use self::prober::HealthProber;
 pub use self::requests::{
-    grpc_health_request, openai_completion_request, openai_models_request, GrpcHealthClassifier,
-    GrpcHealthStream,
+    anthropic_messages_request, grpc_health_request, openai_completion_request,
+    openai_models_request, GrpcHealthClassifier, GrpcHealthStream, MakeHealthRequest,
 };
 
 /// Sends health probes while circuits are not closed; built by
@@ -253,6 +259,21 @@ impl HealthProbeBuilder {
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
+    }
+
+    /// Whether the settings are usable, as [`build`](Self::build) checks.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        self.clone().build((), (), ()).map(drop)
+    }
+
+    /// The interval between probes.
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The probe timeout, if one was set.
+    pub(crate) fn given_timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// A prober sending `make_request(breaker)` through `service`, judged by

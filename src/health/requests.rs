@@ -1,9 +1,10 @@
-//! Ready-made health probe requests: OpenAI-compatible APIs and gRPC health.
+//! Ready-made health probe requests: OpenAI-compatible APIs, Anthropic's
+//! Messages API and gRPC health.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 
-use crate::breaker::Outcome;
+use crate::breaker::{Breaker, Outcome};
 use crate::classify::{Classify, ClassifyStream, ErrorRef, Verdict};
 
 /// A one-token chat completion for an OpenAI-compatible API at `base` (for
@@ -23,6 +24,47 @@ pub fn openai_completion_request<B: From<Bytes>>(
     api_key: &str,
     model: &str,
 ) -> Result<Request<B>, http::Error> {
+    Request::post(format!("{}/chat/completions", base.trim_end_matches('/')))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::AUTHORIZATION, bearer(api_key)?)
+        .body(B::from(one_token_body(model)))
+}
+
+/// A one-token message for Anthropic's Messages API at `base` (for example
+/// `https://api.anthropic.com/v1`): `POST {base}/messages` with
+/// `max_tokens: 1`, at the price of one output token. The key goes into the
+/// `x-api-key` header only (marked sensitive), beside
+/// `anthropic-version: 2023-06-01`.
+///
+/// ```
+/// use tower_circuit_breaker::health::anthropic_messages_request;
+///
+/// let req: http::Request<bytes::Bytes> =
+///     anthropic_messages_request("http://127.0.0.1:8080/v1", "sk-ant-test", "claude-3-5-haiku-latest")
+///         .unwrap();
+/// assert_eq!(req.uri().path(), "/v1/messages");
+/// assert_eq!(req.headers()["anthropic-version"], "2023-06-01");
+/// assert!(req.headers()["x-api-key"].is_sensitive());
+/// let body = std::str::from_utf8(req.body()).unwrap();
+/// assert!(body.contains("\"model\":\"claude-3-5-haiku-latest\"") && body.contains("\"max_tokens\":1"));
+/// ```
+pub fn anthropic_messages_request<B: From<Bytes>>(
+    base: &str,
+    api_key: &str,
+    model: &str,
+) -> Result<Request<B>, http::Error> {
+    let mut key = HeaderValue::try_from(api_key)?;
+    key.set_sensitive(true);
+    Request::post(format!("{}/messages", base.trim_end_matches('/')))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("x-api-key", key)
+        .header("anthropic-version", "2023-06-01")
+        .body(B::from(one_token_body(model)))
+}
+
+/// `{"model":…,"max_tokens":1,"messages":[…"ping"]}`, which OpenAI's chat
+/// completions and Anthropic's messages both take.
+fn one_token_body(model: &str) -> Bytes {
     let mut body = String::from("{\"model\":\"");
     for c in model.chars() {
         match c {
@@ -33,10 +75,55 @@ pub fn openai_completion_request<B: From<Bytes>>(
         }
     }
     body.push_str("\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"ping\"}]}");
-    Request::post(format!("{}/chat/completions", base.trim_end_matches('/')))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::AUTHORIZATION, bearer(api_key)?)
-        .body(B::from(Bytes::from(body)))
+    Bytes::from(body)
+}
+
+/// The health request a [`Stack`](crate::stack::Stack) sends: one request
+/// (any of the ready-made ones, built once) sent as it is for every probe,
+/// or a function of the breaker probed (whose
+/// [`name`](crate::Breaker::name) is the key in a keyed stack), to probe
+/// each key's own model.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_circuit_breaker::health::{openai_completion_request, MakeHealthRequest};
+/// use tower_circuit_breaker::Breaker;
+///
+/// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
+/// // One request for every probe:
+/// let one: http::Request<Bytes> = openai_completion_request("http://127.0.0.1:9/v1", "sk-test", "gpt-4o")?;
+/// assert_eq!(one.make(&breaker).uri().path(), "/v1/chat/completions");
+/// // Or one per key, the model named by the key:
+/// let per_key = |b: &Breaker| {
+///     openai_completion_request("http://127.0.0.1:9/v1", "sk-test", b.name().unwrap_or("")).unwrap()
+/// };
+/// let req: http::Request<Bytes> = per_key.make(&breaker);
+/// assert!(std::str::from_utf8(req.body()).unwrap().contains("gpt-4o"));
+/// # Ok::<_, http::Error>(())
+/// ```
+pub trait MakeHealthRequest: Send + Sync + 'static {
+    /// The request that probes `breaker`'s upstream.
+    fn make(&self, breaker: &Breaker) -> Request<Bytes>;
+}
+
+impl MakeHealthRequest for Request<Bytes> {
+    fn make(&self, _: &Breaker) -> Request<Bytes> {
+        let mut req = Request::new(self.body().clone());
+        *req.method_mut() = self.method().clone();
+        *req.uri_mut() = self.uri().clone();
+        *req.version_mut() = self.version();
+        *req.headers_mut() = self.headers().clone();
+        req
+    }
+}
+
+impl<F> MakeHealthRequest for F
+where
+    F: Fn(&Breaker) -> Request<Bytes> + Send + Sync + 'static,
+{
+    fn make(&self, breaker: &Breaker) -> Request<Bytes> {
+        self(breaker)
+    }
 }
 
 /// `GET {base}/models` for an OpenAI-compatible API: free, but it can stay

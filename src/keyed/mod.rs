@@ -18,6 +18,45 @@
 //! evict, new keys share one overflow breaker (named `(overflow)`) until room
 //! frees up, and a warning is traced.
 //!
+//! Keys are the user's strings, so a key may be named `(overflow)` or
+//! `(unkeyed)` too: it then has a breaker of its own like any key, and
+//! [`snapshots`](KeyedBreakers::snapshots), metrics and the status page show
+//! two breakers of that name (the set's own last). Within the crate the
+//! overflow breaker is told apart by identity
+//! ([`KeyedBreakers::is_overflow`]), never by name: a full set that learns
+//! of a key named `(overflow)` from another replica sharing state through
+//! Redis leaves its overflow breaker alone, as it does for any key it has no
+//! room for.
+//!
+//! # A cap on open keys
+//!
+//! An upstream failing for every key at once (a provider-wide outage, a
+//! bad deploy of the gateway in front of it) would open every key, and a
+//! set with every key open serves no one. With
+//! [`max_open_share`](crate::Builder::max_open_share), at most that share
+//! of the keys the set holds may be open at once, and always at least one.
+//! The rule for who goes first beyond the cap is the one
+//! [`AllOpen::last_resort`](crate::failover::AllOpen::last_resort) uses:
+//! **the circuit that opened longest ago, which has had the longest to
+//! heal**. When a key opens and more keys are open than the cap allows,
+//! the key that opened longest ago has its open period ended then: it goes
+//! half-open ([`Reason::OpenKeysCap`](crate::Reason::OpenKeysCap)), and its
+//! probes decide, as after any open period (failing, it reopens, and is now
+//! the newest open key). The bound holds once the call that opened a key
+//! returns; a thread reading states while another is opening a key may see
+//! that one key over it, for as long as that call takes to finish.
+//!
+//! Only circuits the trip rules opened count: a key gated on an exhausted
+//! quota ([`Builder::quota_gate`](crate::Builder::quota_gate)), forced open
+//! by an operator, half-open or closed is not open for the cap, and is
+//! never ended by it; neither are the `(overflow)` and `(unkeyed)`
+//! breakers, which are not keys. The share applies to the keys the set
+//! holds at the moment, so the cap grows with the set; when idle keys are
+//! evicted, the cap is applied again at once. With state shared through
+//! Redis, each replica applies the cap to its own set. Without a cap, no
+//! admission and no recorded outcome runs any of it; adding and evicting a
+//! key test whether a cap is set, and that is all.
+//!
 //! # When the key function panics
 //!
 //! A [`KeyFn`] is user code, and a bug in it must not fail the request: a
@@ -53,6 +92,7 @@
 
 mod key;
 mod last;
+mod open_cap;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -121,6 +161,8 @@ struct Inner {
     last_sweep: Mutex<Option<Instant>>,
     /// Calls whose key function panicked.
     key_fn_panics: AtomicU64,
+    /// The cap on open keys, if one is set.
+    open_cap: Option<Arc<open_cap::OpenCap>>,
 }
 
 struct Entry {
@@ -160,13 +202,18 @@ impl Build for KeyedBreakers {
         if extra.max_keys == 0 || extra.idle_timeout.is_zero() {
             return Err(crate::ConfigError::KeyBounds);
         }
-        let overrides = extra
+        if let Some(share) = extra.max_open_share
+            && !(share > 0.0 && share <= 1.0)
+        {
+            return Err(crate::ConfigError::MaxOpenShare(share));
+        }
+        let mut overrides = extra
             .key_overrides
             .into_iter()
             .map(|(key, f)| {
                 let c = f(Builder::<Breaker>::with_config(config.clone())).config;
                 c.validate()?;
-                Ok((key, Arc::new(c)))
+                Ok((key, c))
             })
             .collect::<Result<Vec<_>, crate::ConfigError>>()?;
         // Many breakers: keep each small until its key is busy.
@@ -174,24 +221,44 @@ impl Build for KeyedBreakers {
         config.counter_stripes = config
             .counter_stripes
             .min(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
-        let config = Arc::new(config);
-        Ok(KeyedBreakers {
-            inner: Arc::new(Inner {
+        // The overflow and unkeyed breakers are not keys: the cap on open
+        // keys neither counts nor ends them.
+        let unkeyed = Arc::new(config.clone());
+        let inner = Arc::new_cyclic(|set| {
+            let open_cap = extra.max_open_share.map(|share| {
+                let cap = Arc::new(open_cap::OpenCap::new(share, set.clone()));
+                let listener = {
+                    let cap = Arc::clone(&cap);
+                    Arc::new(move |t: &crate::Transition| cap.on_transition(t))
+                };
+                config.listeners.push(listener.clone());
+                for (_, c) in &mut overrides {
+                    c.listeners.push(listener.clone());
+                }
+                cap
+            });
+            let config = Arc::new(config);
+            Inner {
                 shards: std::array::from_fn(|_| RwLock::new(HashTable::new())),
                 version: AtomicU64::new(last::next_version()),
                 hasher: DefaultHashBuilder::default(),
                 seed: os_random_seed(),
                 max_keys: extra.max_keys,
                 idle: extra.idle_timeout,
-                overflow: Breaker::with_config(config.clone(), Some("(overflow)".into())),
-                unkeyed: Breaker::with_config(config.clone(), Some("(unkeyed)".into())),
+                overflow: Breaker::with_config(unkeyed.clone(), Some("(overflow)".into())),
+                unkeyed: Breaker::with_config(unkeyed, Some("(unkeyed)".into())),
                 config,
-                overrides,
+                overrides: overrides
+                    .into_iter()
+                    .map(|(k, c)| (k, Arc::new(c)))
+                    .collect(),
                 len: AtomicUsize::new(0),
                 last_sweep: Mutex::new(None),
                 key_fn_panics: AtomicU64::new(0),
-            }),
-        })
+                open_cap,
+            }
+        });
+        Ok(KeyedBreakers { inner })
     }
 }
 
@@ -278,10 +345,7 @@ impl KeyedBreakers {
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::Closed);
     /// ```
     pub fn get(&self, key: &str) -> Option<Breaker> {
-        let hash = self.inner.hash(key);
-        read(self.inner.shard(hash))
-            .find(hash, |e| same_key(&e.key, key))
-            .map(|e| e.breaker.clone())
+        self.inner.get(key)
     }
 
     /// The breaker of `key`, created if the set has none yet (the overflow
@@ -301,6 +365,44 @@ impl KeyedBreakers {
         let hash = self.inner.hash(key);
         self.get(key)
             .unwrap_or_else(|| self.inner.insert(key, hash))
+    }
+
+    /// How many keys may be open at once under the cap on open keys, for
+    /// the keys the set holds now; `None` without a cap.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().max_open_share(0.1).build().unwrap();
+    /// assert_eq!(set.max_open(), Some(1), "always at least one");
+    /// for i in 0..50 {
+    ///     set.admit(&format!("k{i}")).unwrap().record(Outcome::Success);
+    /// }
+    /// assert_eq!(set.max_open(), Some(5));
+    /// assert_eq!(KeyedBreakers::builder().build().unwrap().max_open(), None);
+    /// ```
+    pub fn max_open(&self) -> Option<usize> {
+        let cap = self.inner.open_cap.as_ref()?;
+        Some(cap.allowed(self.len()))
+    }
+
+    /// Whether `breaker` is the set's `(overflow)` breaker, the one that keys
+    /// without room share (and calls whose key function panicked). Tell it
+    /// by this, never by its name: a key may be named `(overflow)` too.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let set = KeyedBreakers::builder().max_keys(1).build().unwrap();
+    /// let own = set.get_or_insert("(overflow)");
+    /// assert!(!set.is_overflow(&own), "a key of that name has its own breaker");
+    /// let shared = set.get_or_insert("gpt-4o");
+    /// assert!(set.is_overflow(&shared), "no room for a second key");
+    /// assert_eq!(shared.name(), own.name(), "the same name, two breakers");
+    /// ```
+    pub fn is_overflow(&self, breaker: &Breaker) -> bool {
+        breaker.ptr_eq(&self.inner.overflow)
     }
 
     /// How many keys the set holds.
@@ -382,10 +484,10 @@ impl KeyedBreakers {
     /// assert_eq!(&*open[0], "gpt-4o");
     /// ```
     pub fn snapshots(&self) -> Vec<Snapshot> {
-        let mut out = Vec::with_capacity(self.len() + 2);
-        for shard in self.inner.shards.iter() {
-            out.extend(read(shard).iter().map(|e| e.breaker.snapshot()));
-        }
+        // A snapshot applies deadlines, which may make transitions: take
+        // them outside the shards' locks.
+        let mut out: Vec<Snapshot> = self.breakers().iter().map(Breaker::snapshot).collect();
+        out.reserve(2);
         for extra in [&self.inner.overflow, &self.inner.unkeyed] {
             let snap = extra.snapshot();
             if snap.counters.admitted + snap.counters.rejected > 0 {
@@ -421,6 +523,13 @@ impl KeyedBreakers {
 }
 
 impl Inner {
+    fn get(&self, key: &str) -> Option<Breaker> {
+        let hash = self.hash(key);
+        read(self.shard(hash))
+            .find(hash, |e| same_key(&e.key, key))
+            .map(|e| e.breaker.clone())
+    }
+
     /// A call whose key function panicked: it has no key, and sending it to
     /// the `(unkeyed)` breaker would mix it with calls that truly carry none,
     /// so it shares the overflow breaker, as keys do that find no room.
@@ -514,6 +623,9 @@ impl Inner {
             .map_or_else(|| self.config.clone(), |(_, c)| c.clone());
         let name: Arc<str> = key.into();
         let breaker = Breaker::with_config(config, Some(name.clone()));
+        if let Some(cap) = &self.open_cap {
+            cap.added(&name, &breaker);
+        }
         table.insert_unique(
             hash,
             Arc::new(Entry {
@@ -542,6 +654,11 @@ impl Inner {
                 let used = e.used.swap(false, Ordering::Relaxed);
                 let keep = used || e.breaker.state() != State::Closed;
                 evicted += usize::from(!keep);
+                if !keep && let Some(cap) = &self.open_cap {
+                    // Under the shard's lock, as it was added: a key that
+                    // comes back is registered after it left.
+                    cap.evicted(&e.key);
+                }
                 keep
             });
         }
@@ -552,6 +669,13 @@ impl Inner {
         }
         if evicted > 0 {
             tracing::debug!(target: "tower_circuit_breaker", evicted, "evicted idle keyed breakers");
+        }
+        drop(last);
+        if evicted > 0
+            && let Some(cap) = &self.open_cap
+        {
+            // Fewer keys, so fewer may be open.
+            cap.enforce(self);
         }
     }
 }

@@ -27,6 +27,7 @@ pub struct KeyedSettings {
     pub(super) max_keys: usize,
     pub(super) idle_timeout: Duration,
     pub(super) key_overrides: Vec<(Box<str>, Override)>,
+    pub(super) max_open_share: Option<f64>,
 }
 
 pub(crate) type Override = Arc<dyn Fn(Builder<Breaker>) -> Builder<Breaker> + Send + Sync>;
@@ -37,6 +38,7 @@ impl Default for KeyedSettings {
             max_keys: 10_000,
             idle_timeout: Duration::from_secs(600),
             key_overrides: Vec::new(),
+            max_open_share: None,
         }
     }
 }
@@ -47,6 +49,7 @@ impl fmt::Debug for KeyedSettings {
             .field("max_keys", &self.max_keys)
             .field("idle_timeout", &self.idle_timeout)
             .field("key_overrides", &self.key_overrides.len())
+            .field("max_open_share", &self.max_open_share)
             .finish()
     }
 }
@@ -97,6 +100,49 @@ impl Builder<KeyedBreakers> {
     /// ```
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.extra.idle_timeout = idle;
+        self
+    }
+
+    /// Caps how many keys may be open at once: at most `share` of the keys
+    /// the set holds (rounded down), and always at least one (Envoy's
+    /// `max_ejection_percent`). Beyond the cap, the key whose circuit opened
+    /// longest ago is admitted first: its open period ends early and it
+    /// goes half-open ([`Reason::OpenKeysCap`](crate::Reason::OpenKeysCap)),
+    /// so its probes find out whether it healed. See the [module
+    /// docs](crate::keyed#a-cap-on-open-keys). Default: no cap. A share
+    /// outside `(0, 1]` is a [`ConfigError::MaxOpenShare`](crate::ConfigError::MaxOpenShare).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::{ConfigError, Outcome, Reason, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // Ten keys, at most 20 % of them open.
+    /// let set = KeyedBreakers::builder()
+    ///     .consecutive_failures(1)
+    ///     .max_open_share(0.2)
+    ///     .build()
+    ///     .unwrap();
+    /// let keys: Vec<String> = (0..10).map(|i| format!("model-{i}")).collect();
+    /// for key in &keys {
+    ///     set.admit(key).unwrap().record(Outcome::Success);
+    /// }
+    /// for key in &keys[..3] {
+    ///     set.admit(key).unwrap().record(Outcome::Failure);
+    ///     tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    /// }
+    /// // The third key to open pushed out the first, which opened longest ago.
+    /// let first = set.get("model-0").unwrap();
+    /// assert_eq!(first.state(), State::HalfOpen);
+    /// assert_eq!(first.snapshot().reason, Some(Reason::OpenKeysCap));
+    /// assert_eq!(set.get("model-2").unwrap().state(), State::Open);
+    ///
+    /// let bad = KeyedBreakers::builder().max_open_share(1.5).build().unwrap_err();
+    /// assert_eq!(bad, ConfigError::MaxOpenShare(1.5));
+    /// # }
+    /// ```
+    pub fn max_open_share(mut self, share: f64) -> Self {
+        self.extra.max_open_share = Some(share);
         self
     }
 

@@ -541,8 +541,8 @@ impl Worker {
         }
         let breaker = set.get_or_insert(name);
         // A full set hands out its overflow breaker, which must not be opened
-        // for one key.
-        if breaker.name() != Some(name) {
+        // for one key; told by identity, as a key may bear its name.
+        if set.is_overflow(&breaker) || breaker.name() != Some(name) {
             return Ok(());
         }
         let mut t = Tracked::new(breaker, name.into(), &self.settings);

@@ -4,10 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{StackDeadlines, StackError, StackLayer, StackSelect};
+use super::{HealthSpec, StackDeadlines, StackError, StackLayer, StackSelect};
 use crate::breaker::{Breaker, Builder, Config, Window};
 use crate::classify::HttpClassifier;
 use crate::deadline::StreamDeadlines;
+use crate::health::{HealthProbeBuilder, MakeHealthRequest};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::retry::RetryPolicy;
 
@@ -43,6 +44,8 @@ pub struct StackBuilder<C = HttpClassifier, D = (), P: StackSelect = Breaker> {
     backoff_inverted: bool,
     seed: Option<u64>,
     deadlines: D,
+    /// The health prober's settings and request, if there is one.
+    health: Option<HealthSpec>,
 }
 
 impl<C: fmt::Debug, D: fmt::Debug, P: StackSelect> fmt::Debug for StackBuilder<C, D, P> {
@@ -55,6 +58,7 @@ impl<C: fmt::Debug, D: fmt::Debug, P: StackSelect> fmt::Debug for StackBuilder<C
             .field("classifier", &self.classifier)
             .field("retry", &self.retry)
             .field("deadlines", &self.deadlines)
+            .field("health", &self.health)
             .finish()
     }
 }
@@ -71,6 +75,7 @@ impl Default for StackBuilder {
             backoff_inverted: false,
             seed: None,
             deadlines: (),
+            health: None,
         }
     }
 }
@@ -115,6 +120,7 @@ impl<C, P: StackSelect> StackBuilder<C, (), P> {
             backoff_inverted: self.backoff_inverted,
             seed: self.seed,
             deadlines,
+            health: self.health,
         }
     }
 }
@@ -174,7 +180,63 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
             backoff_inverted: self.backoff_inverted,
             seed: self.seed,
             deadlines: self.deadlines,
+            health: self.health,
         }
+    }
+
+    /// Probes the upstream with `request` while a circuit is not closed, on
+    /// `probe`'s schedule (see [`health`](crate::health)): the stack's
+    /// services then hand back their prober as a future,
+    /// [`Stack::health_prober`](super::Stack::health_prober), which the
+    /// caller runs (or [spawns on a runtime](crate::health::HealthProber::spawn_on)).
+    /// Probes go through the client the stack wraps (not through its
+    /// breaker or retry) and are judged by the stack's classifier.
+    ///
+    /// `request` is one request sent for every probe (any of the ready-made
+    /// ones: [`openai_completion_request`](crate::health::openai_completion_request),
+    /// [`anthropic_messages_request`](crate::health::anthropic_messages_request),
+    /// …), or a function of the breaker probed, whose name is the key in a
+    /// keyed stack. A probe timeout longer than the attempt timeout is a
+    /// misfit; without one, the probe timeout is the interval, capped at
+    /// the attempt timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_circuit_breaker::health::{anthropic_messages_request, HealthProbe};
+    /// use tower_circuit_breaker::stack::{Stack, StackError};
+    /// use tower_circuit_breaker::ConfigError;
+    ///
+    /// let request = anthropic_messages_request::<Bytes>(
+    ///     "https://api.anthropic.com/v1",
+    ///     "sk-ant-...",
+    ///     "claude-3-5-haiku-latest",
+    /// )?;
+    /// let layer = Stack::builder()
+    ///     .health_probe(HealthProbe::builder(Duration::from_secs(5)), request)
+    ///     .build();
+    /// assert!(layer.is_ok());
+    ///
+    /// // Bad settings are refused by `build()`.
+    /// let err = Stack::builder()
+    ///     .health_probe(HealthProbe::builder(Duration::ZERO), |_: &tower_circuit_breaker::Breaker| {
+    ///         http::Request::new(Bytes::new())
+    ///     })
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, StackError::Breaker(ConfigError::HealthProbe(_))));
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn health_probe(
+        mut self,
+        probe: HealthProbeBuilder,
+        request: impl MakeHealthRequest,
+    ) -> Self {
+        self.health = Some(HealthSpec {
+            probe,
+            request: Arc::new(request),
+        });
+        self
     }
 
     /// How long one attempt may take (to the response head). Default 60 s.
@@ -240,6 +302,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
             backoff_inverted: self.backoff_inverted,
             seed: self.seed,
             deadlines: self.deadlines,
+            health: self.health,
         }
     }
 }
@@ -280,6 +343,25 @@ impl<C: Clone, D: StackDeadlines, P: StackSelect> StackBuilder<C, D, P> {
         if self.backoff_inverted {
             return Err(Misfit("the retry backoff base is above its cap"));
         }
+        let health = match self.health.take() {
+            Some(HealthSpec { probe, request }) => {
+                probe.check()?;
+                let probe = match probe.given_timeout() {
+                    Some(t) if t > attempt => {
+                        return Err(Misfit(
+                            "the health probe timeout is longer than the attempt timeout",
+                        ));
+                    }
+                    Some(_) => probe,
+                    None => {
+                        let interval = probe.interval();
+                        probe.timeout(interval.min(attempt))
+                    }
+                };
+                Some(Arc::new(HealthSpec { probe, request }))
+            }
+            None => None,
+        };
         let mut breaker = self.breaker;
         fits(&breaker.config, attempt)?;
         if let Some(seed) = self.seed {
@@ -315,6 +397,7 @@ impl<C: Clone, D: StackDeadlines, P: StackSelect> StackBuilder<C, D, P> {
             classifier: self.classifier,
             select: breaker,
             deadlines: self.deadlines,
+            health,
         })
     }
 }

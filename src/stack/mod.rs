@@ -29,6 +29,15 @@
 //! before. A keyed stack is a [`Failover`](crate::failover::Failover)
 //! member like any other: a request whose key is open in it skips it.
 //!
+//! With [`StackBuilder::health_probe`], the stack also recovers with no code
+//! of yours: given a health request (a one-token completion, Anthropic's
+//! Messages, `GET /v1/models`, or a function of the key), each service
+//! the layer makes hands back its [health prober](crate::health) as a future
+//! ([`Stack::health_prober`]), to run in a task of yours or
+//! [spawn on a runtime](crate::health::HealthProber::spawn_on). The crate
+//! starts no task itself, so building a stack outside a runtime loses
+//! nothing: the prober runs where it is spawned.
+//!
 //! # Example
 //!
 //! ```
@@ -114,8 +123,13 @@ pub use self::error::StackError;
 pub use self::select::{StackDeadlines, StackSelect};
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
 
 use tower::retry::Retry;
 use tower::timeout::Timeout;
@@ -124,7 +138,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::breaker::{Breaker, Builder};
-use crate::classify::HttpClassifier;
+use crate::classify::{Classify, HttpClassifier};
+use crate::health::{HealthProbeBuilder, HealthProber, MakeHealthRequest};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::retry::RetryPolicy;
 use crate::{BoxError, CircuitBreaker, Error};
@@ -164,6 +179,38 @@ pub struct StackLayer<C = HttpClassifier, D = (), P: StackSelect = Breaker> {
     classifier: C,
     retry: RetryPolicy<C, P::Watch>,
     deadlines: D,
+    health: Option<Arc<HealthSpec>>,
+}
+
+/// A stack's health prober settings and request, checked by `build()`.
+#[derive(Clone)]
+pub(crate) struct HealthSpec {
+    pub(crate) probe: HealthProbeBuilder,
+    pub(crate) request: Arc<dyn MakeHealthRequest>,
+}
+
+impl fmt::Debug for HealthSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The request carries credentials: never shown.
+        f.debug_struct("HealthSpec")
+            .field("probe", &self.probe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a stack's service keeps to make its health prober: the settings,
+/// the client it wraps (probes go to it directly) and the classifier.
+#[derive(Clone)]
+struct StackHealth<S, C> {
+    spec: Arc<HealthSpec>,
+    client: S,
+    classifier: C,
+}
+
+impl<S, C> fmt::Debug for StackHealth<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.spec, f)
+    }
 }
 
 impl<C, D> StackLayer<C, D> {
@@ -231,10 +278,15 @@ impl<C, D, P: StackSelect> StackLayer<C, D, P> {
     }
 }
 
-impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
+impl<S: Clone, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
     type Service = Stack<S, C, D, P>;
 
     fn layer(&self, client: S) -> Stack<S, C, D, P> {
+        let health = self.health.as_ref().map(|spec| StackHealth {
+            spec: Arc::clone(spec),
+            client: client.clone(),
+            classifier: self.classifier.clone(),
+        });
         let attempt = Timeout::new(client, self.attempt_timeout);
         let breaker = CircuitBreaker::from_parts(
             attempt,
@@ -253,6 +305,7 @@ impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
         Stack {
             inner,
             select: self.select.clone(),
+            health,
         }
     }
 }
@@ -295,6 +348,7 @@ impl<S, C: Clone, D: Clone, P: StackSelect> Layer<S> for StackLayer<C, D, P> {
 pub struct Stack<S, C = HttpClassifier, D = (), P: StackSelect = Breaker> {
     inner: Outer<S, C, D, P>,
     select: P,
+    health: Option<StackHealth<S, C>>,
 }
 
 impl Stack<(), HttpClassifier> {
@@ -377,6 +431,83 @@ impl<S, C, D, K: Clone + fmt::Debug> Stack<S, C, D, Keyed<K>> {
     /// ```
     pub fn breakers(&self) -> &KeyedBreakers {
         self.select.breakers()
+    }
+}
+
+impl<S, C, D, P: StackSelect> Stack<S, C, D, P> {
+    /// The health prober, for a stack built with
+    /// [`health_probe`](StackBuilder::health_probe); `None` for one built
+    /// without. A future that probes this stack's breaker (a keyed stack:
+    /// every key whose circuit is not closed) through the client the stack
+    /// wraps, for as long as it runs: the crate spawns nothing, so run it
+    /// in a task of yours or [spawn it on a runtime](HealthProber::spawn_on).
+    /// Every service a layer makes, and every clone, shares one breaker:
+    /// one prober for all of them is enough.
+    ///
+    /// The stack's requests must have a body that a [`Bytes`] converts
+    /// into (`Full<Bytes>`, `reqwest::Body`, `Bytes`), which the health
+    /// request's body becomes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tower_circuit_breaker::health::HealthProbe;
+    /// use tower_circuit_breaker::stack::Stack;
+    /// use tower_circuit_breaker::{Breaker, BoxError, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// // Answers 503 to users and 200 to the health request.
+    /// let upstream = tower::service_fn(|req: http::Request<Bytes>| async move {
+    ///     let status = if req.uri().path() == "/health" { 200 } else { 503 };
+    ///     Ok::<_, BoxError>(http::Response::builder().status(status).body(String::new())?)
+    /// });
+    /// let layer = Stack::builder()
+    ///     .breaker(Breaker::builder().consecutive_failures(1).jitter(0.0))
+    ///     .max_retries(0)
+    ///     .health_probe(
+    ///         HealthProbe::builder(Duration::from_secs(1)).jitter(0.0),
+    ///         http::Request::get("http://upstream/health").body(Bytes::new())?,
+    ///     )
+    ///     .build()?;
+    /// let mut client = layer.layer(upstream);
+    /// tokio::spawn(client.health_prober().expect("built with a health request"));
+    ///
+    /// let _ = client.ready().await?.call(http::Request::new(Bytes::new())).await;
+    /// assert_eq!(client.breaker().state(), State::Open);
+    /// tokio::time::sleep(Duration::from_millis(1_500)).await;
+    /// assert_eq!(client.breaker().state(), State::HalfOpen, "the probe found it healthy");
+    /// # Ok(()) }
+    /// ```
+    pub fn health_prober<B, RB>(&self) -> Option<HealthProber>
+    where
+        S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Into<crate::BoxError>,
+        B: From<Bytes> + Send + 'static,
+        RB: Body + Send + 'static,
+        RB::Data: Send,
+        C: Classify + Clone + Send + Sync + 'static,
+        C::Stream: Send,
+    {
+        let health = self.health.as_ref()?;
+        let request = Arc::clone(&health.spec.request);
+        let probe = health
+            .spec
+            .probe
+            .clone()
+            .build(
+                health.client.clone(),
+                health.classifier.clone(),
+                move |breaker: &Breaker| request.make(breaker).map(B::from),
+            )
+            .ok()?;
+        Some(match self.select.probed() {
+            (Some(breaker), _) => HealthProber::new(probe.run(breaker)),
+            (None, Some(set)) => HealthProber::new(probe.run_keyed(set)),
+            (None, None) => return None,
+        })
     }
 }
 

@@ -71,6 +71,10 @@ pub trait StackSelect: Clone + sealed::Sealed {
     /// The stack's retry, watching these breakers.
     #[doc(hidden)]
     fn watched_by(&self, retry: RetryPolicy<()>) -> RetryPolicy<(), Self::Watch>;
+
+    /// What a health prober probes: the one breaker, or the keyed set.
+    #[doc(hidden)]
+    fn probed(&self) -> (Option<Breaker>, Option<KeyedBreakers>);
 }
 
 impl StackSelect for Breaker {
@@ -87,6 +91,10 @@ impl StackSelect for Breaker {
 
     fn watched_by(&self, retry: RetryPolicy<()>) -> RetryPolicy<()> {
         retry.watch_breaker(self.clone())
+    }
+
+    fn probed(&self) -> (Option<Breaker>, Option<KeyedBreakers>) {
+        (Some(self.clone()), None)
     }
 }
 
@@ -106,6 +114,10 @@ impl<K: Clone + fmt::Debug> StackSelect for Keyed<K> {
 
     fn watched_by(&self, retry: RetryPolicy<()>) -> RetryPolicy<(), KeyedWatch<K>> {
         retry.watch_keyed(self.breakers().clone(), self.key_fn().clone())
+    }
+
+    fn probed(&self) -> (Option<Breaker>, Option<KeyedBreakers>) {
+        (None, Some(self.breakers().clone()))
     }
 }
 

@@ -478,3 +478,232 @@ fn a_key_secret_is_long_enough_and_never_shown() {
         "no key material: {shown}"
     );
 }
+
+// === the cap on open keys ===
+
+fn open_keys(set: &KeyedBreakers) -> usize {
+    set.breakers()
+        .iter()
+        .filter(|b| b.state() == State::Open)
+        .count()
+}
+
+/// 1,000 keys whose upstream fails for all of them at once, over 20 rounds
+/// of open periods and half-open probes: after every call, no more keys are
+/// open than the cap allows, and the cap is full (every key it can hold is
+/// open) whenever at least that many have failed.
+#[tokio::test(start_paused = true)]
+async fn a_thousand_keys_failing_at_once_never_open_more_than_the_cap() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .probes(1)
+        .close_after(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_secs(10))
+        .max_open_share(0.1)
+        .max_keys(2_000)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..1_000).map(|i| format!("model-{i}")).collect();
+    for key in &keys {
+        set.admit(key).unwrap().record(Outcome::Success);
+    }
+    assert_eq!(set.max_open(), Some(100));
+    let (mut most, mut calls, mut ends) = (0, 0u64, 0u64);
+    for _round in 0..8 {
+        for key in &keys {
+            // Every call that gets through fails.
+            if let Ok(permit) = set.admit(key) {
+                permit.record(Outcome::Failure);
+                calls += 1;
+            }
+            let open = open_keys(&set);
+            assert!(open <= 100, "{open} keys open, the cap is 100");
+            most = most.max(open);
+        }
+        advance(Duration::from_secs(3)).await;
+    }
+    for b in set.breakers() {
+        ends += b.snapshot().counters.admitted;
+    }
+    assert_eq!(most, 100, "the cap is reached, never passed");
+    assert!(calls > 1_000 && ends > 1_000);
+}
+
+/// The same from eight threads at once: once they are done, at most the
+/// cap is open.
+#[test]
+fn racing_threads_opening_keys_leave_at_most_the_cap_open() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_secs(3600))
+        .max_open_share(0.05)
+        .build()
+        .unwrap();
+    for i in 0..1_000 {
+        set.admit(&format!("k{i}"))
+            .unwrap()
+            .record(Outcome::Success);
+    }
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let set = &set;
+            s.spawn(move || {
+                for i in (t..1_000).step_by(8) {
+                    if let Ok(p) = set.admit(&format!("k{i}")) {
+                        p.record(Outcome::Failure);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(open_keys(&set), 50);
+}
+
+/// Beyond the cap, the key that opened longest ago goes first; a key that
+/// reopens is then the newest.
+#[tokio::test(start_paused = true)]
+async fn beyond_the_cap_the_key_open_longest_goes_half_open_first() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .probes(1)
+        .close_after(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_secs(60))
+        .max_open_share(0.25)
+        .build()
+        .unwrap();
+    for k in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        set.admit(k).unwrap().record(Outcome::Success);
+    }
+    assert_eq!(set.max_open(), Some(2));
+    let state = |k: &str| set.get(k).unwrap().state();
+    for k in ["a", "b", "c"] {
+        set.admit(k).unwrap().record(Outcome::Failure);
+        advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        (state("a"), state("b"), state("c")),
+        (State::HalfOpen, State::Open, State::Open)
+    );
+    assert_eq!(
+        set.get("a").unwrap().snapshot().reason,
+        Some(tower_circuit_breaker::Reason::OpenKeysCap)
+    );
+    // `a`'s probe fails: it reopens, the newest open key, and `b` goes.
+    set.admit("a").unwrap().record(Outcome::Failure);
+    assert_eq!(
+        (state("a"), state("b"), state("c")),
+        (State::Open, State::HalfOpen, State::Open)
+    );
+    // A probe that succeeds closes its key, as after any open period.
+    set.admit("b").unwrap().record(Outcome::Success);
+    assert_eq!(state("b"), State::Closed);
+    // One key may always be open, however small the share.
+    let one = KeyedBreakers::builder()
+        .consecutive_failures(1)
+        .max_open_share(0.01)
+        .build()
+        .unwrap();
+    one.admit("x").unwrap().record(Outcome::Failure);
+    assert_eq!(one.get("x").unwrap().state(), State::Open);
+}
+
+/// Only circuits the trip rules opened count: a forced-open key and the
+/// overflow breaker take no one's place, and are never ended.
+#[tokio::test(start_paused = true)]
+async fn forced_open_keys_and_the_overflow_breaker_are_not_counted() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .max_keys(4)
+        .max_open_share(0.25)
+        .build()
+        .unwrap();
+    for k in ["a", "b", "c", "d"] {
+        set.admit(k).unwrap().record(Outcome::Success);
+    }
+    set.get("a").unwrap().force_open();
+    // The set is full: "e" and "f" share the overflow breaker, which opens.
+    set.admit("e").unwrap().record(Outcome::Failure);
+    set.admit("b").unwrap().record(Outcome::Failure);
+    assert_eq!(set.get("a").unwrap().state(), State::ForcedOpen);
+    assert_eq!(set.get("b").unwrap().state(), State::Open);
+    assert!(set.admit("f").is_err(), "the overflow breaker is open");
+}
+
+#[test]
+fn a_share_outside_zero_to_one_is_a_config_error() {
+    for bad in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
+        let err = KeyedBreakers::builder()
+            .max_open_share(bad)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::MaxOpenShare(_)), "{bad}: {err}");
+    }
+    assert!(KeyedBreakers::builder().max_open_share(1.0).build().is_ok());
+}
+
+/// The cap acts on transitions, which happen inside admissions, sweeps and
+/// snapshots of the set: with keys opening, going half-open and being
+/// evicted from four threads while new keys keep arriving, nothing waits
+/// on itself (a hang here fails the test after a minute).
+#[test]
+fn the_cap_on_open_keys_never_deadlocks_with_admissions_sweeps_and_snapshots() {
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .consecutive_failures(1)
+        .jitter(0.0)
+        .open_duration(Duration::from_micros(50))
+        .probes(1)
+        .close_after(1)
+        .max_keys(64)
+        .idle_timeout(Duration::from_micros(200))
+        .max_open_share(0.1)
+        .build()
+        .unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..4u64 {
+        let set = set.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for i in 0..20_000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // New keys (inserts and sweeps), and a few hot ones that
+                // keep opening and going half-open under the lookups.
+                let key = if x % 4 == 0 {
+                    format!("new-{t}-{i}")
+                } else {
+                    format!("hot-{}", x % 16)
+                };
+                if let Ok(p) = set.admit(&key) {
+                    let outcome = if x % 3 == 0 {
+                        Outcome::Success
+                    } else {
+                        Outcome::Failure
+                    };
+                    p.record(outcome);
+                }
+                if i % 512 == 0 {
+                    let _ = set.snapshots();
+                }
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..4 {
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a thread is stuck: the set waits on itself");
+    }
+    let open = open_keys(&set);
+    assert!(open <= set.max_open().unwrap(), "{open} open");
+}

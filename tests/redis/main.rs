@@ -11,6 +11,8 @@ mod redis_fleet;
 #[cfg(feature = "redis")]
 mod redis_health;
 #[cfg(feature = "redis")]
+mod redis_overflow_key;
+#[cfg(feature = "redis")]
 mod redis_shared;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;

@@ -97,6 +97,8 @@ pub enum ConfigError {
     KeyBounds,
     /// A health prober's settings are unusable.
     HealthProbe(&'static str),
+    /// A keyed set's cap on open keys is not a share in `(0, 1]`.
+    MaxOpenShare(f64),
 }
 
 impl fmt::Display for ConfigError {
@@ -168,6 +170,10 @@ impl fmt::Display for ConfigError {
             ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
             ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
+            ConfigError::MaxOpenShare(share) => write!(
+                f,
+                "the share of keys that may be open must be in (0, 1], got {share}"
+            ),
         }
     }
 }
