@@ -19,6 +19,7 @@ mod quota_pacing;
 mod real_connection;
 mod recovery;
 mod retry;
+mod retry_budget_rejections;
 mod scripted_outage;
 mod service;
 mod stack;
