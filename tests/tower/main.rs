@@ -17,6 +17,7 @@ mod keyed_stack;
 mod llm_stream;
 mod messages;
 mod quota_pacing;
+mod rate_limit_wait;
 mod real_connection;
 mod recovery;
 mod retry;
