@@ -13,6 +13,7 @@ mod failover_last_resort_keys;
 mod grpc;
 mod half_open_pacing;
 mod health_half_open;
+mod health_half_open_real;
 mod keyed_stack;
 mod llm_stream;
 mod messages;
