@@ -250,6 +250,12 @@ fn prometheus() {
         out.contains("circuit_breaker_state{breaker=\"gpt-4o\",key=\"\"} 1"),
         "{out}"
     );
+    assert!(
+        out.contains(
+            "circuit_breaker_time_to_first_byte_seconds_bucket{breaker=\"gpt-4o\",key=\"\",le=\"+Inf\"} 3"
+        ),
+        "the time to first byte is a histogram:\n{out}"
+    );
 }
 
 #[test]
