@@ -24,6 +24,7 @@ mod recovery;
 mod retry;
 mod retry_budget_rejections;
 mod scripted_outage;
+mod scripted_repeat;
 mod service;
 mod stack;
 mod stream_deadlines;
