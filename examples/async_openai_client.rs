@@ -8,6 +8,7 @@
 #[path = "../tests/support_openai/mod.rs"]
 mod openai_server;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_openai::config::OpenAIConfig;
@@ -36,6 +37,9 @@ fn request() -> Result<CreateChatCompletionRequest, OpenAIError> {
 async fn main() -> Result<(), BoxError> {
     let server = OpenAiServer::start(Mode::ServerError(503)).await;
 
+    // Transitions are printed after the line of the call that caused them.
+    let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = transitions.clone();
     let breaker = Breaker::builder()
         .name("gpt-test")
         .consecutive_failures(3)
@@ -44,7 +48,10 @@ async fn main() -> Result<(), BoxError> {
         .open_duration(Duration::from_secs(1))
         .probes(1)
         .close_after(1)
-        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .on_transition(move |t| {
+            let line = format!("  breaker: {} -> {} ({})", t.from, t.to, t.reason);
+            log.lock().unwrap().push(line);
+        })
         .build()?;
     let config = OpenAIConfig::new()
         .with_api_base(server.api_base())
@@ -52,6 +59,11 @@ async fn main() -> Result<(), BoxError> {
     // async-openai's retry outside, the breaker inside, reqwest below.
     let client = Client::with_config(config)
         .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+    let flush = || {
+        for line in transitions.lock().unwrap().drain(..) {
+            println!("{line}");
+        }
+    };
 
     println!("upstream down:");
     let mut retry_after = Duration::ZERO;
@@ -61,11 +73,13 @@ async fn main() -> Result<(), BoxError> {
             Err(err) => match circuit_open(&err) {
                 Some(open) => {
                     retry_after = open.retry_after().unwrap_or_default();
-                    println!("call {i}: circuit open, next probe in {retry_after:?}");
+                    // `circuit 'gpt-test' open; next probe in 588 ms`
+                    println!("call {i}: rejected: {open}");
                 }
                 None => println!("call {i}: {err}"),
             },
         }
+        flush();
     }
     println!(
         "server saw {} requests (async-openai retried; the breaker cut it short)",
@@ -83,5 +97,6 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     println!("streamed: {text:?}; breaker is {}", breaker.state());
+    flush();
     Ok(())
 }

@@ -153,15 +153,14 @@ async fn main() -> Result<(), BoxError> {
                 } else if text.contains("[DONE]") {
                     "stream complete".to_string()
                 } else {
-                    format!("retry-after {retry_after:?}")
+                    let wait = retry_after.as_ref().and_then(|v| v.to_str().ok());
+                    format!("retry-after {} s", wait.unwrap_or("?"))
                 };
                 format!("{status} {what}")
             }
+            // `circuit 'chat' open; next probe in 976 ms`
             Err(err) => match err.circuit_open() {
-                Some(open) => format!(
-                    "rejected: circuit open, next probe in {:?}",
-                    open.retry_after()
-                ),
+                Some(open) => format!("rejected: {open}"),
                 None => format!("error: {err}"),
             },
         };

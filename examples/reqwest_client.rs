@@ -8,6 +8,7 @@
 #[path = "../tests/support_openai/mod.rs"]
 mod openai_server;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -21,19 +22,30 @@ use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
 async fn main() -> Result<(), BoxError> {
     let server = OpenAiServer::start(Mode::ServerError(503)).await;
 
+    // Transitions are printed after the line of the call that caused them.
+    let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = transitions.clone();
     let layer = CircuitBreakerLayer::builder()
         .name("chat")
         .consecutive_failures(3)
         .open_duration(Duration::from_millis(300))
         .probes(1)
         .close_after(1)
-        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .on_transition(move |t| {
+            let line = format!("  breaker: {} -> {} ({})", t.from, t.to, t.reason);
+            log.lock().unwrap().push(line);
+        })
         .build()?
         .with_classifier(LlmClassifier::new());
     let mut client = ServiceBuilder::new()
         .layer(layer)
         .timeout(Duration::from_secs(10)) // attempt timeout: inside, so it counts
         .service(ReqwestService::new(reqwest::Client::new()));
+    let flush = || {
+        for line in transitions.lock().unwrap().drain(..) {
+            println!("{line}");
+        }
+    };
 
     let request = || {
         http::Request::post(server.chat_url())
@@ -50,9 +62,11 @@ async fn main() -> Result<(), BoxError> {
                 let err: BoxError = err.into();
                 let open = CircuitOpen::find(&*err).ok_or("not a rejection")?;
                 retry_after = open.retry_after().unwrap_or_default();
-                println!("call {i}: rejected, next probe in {retry_after:?}");
+                // `circuit 'chat' open; next probe in 281 ms`
+                println!("call {i}: rejected: {open}");
             }
         }
+        flush();
     }
     println!("server saw {} requests", server.hits());
 
@@ -64,15 +78,17 @@ async fn main() -> Result<(), BoxError> {
         let status = res.status();
         let body = res.into_body().collect().await?.to_bytes();
         println!("call {i}: {status} {} bytes", body.len());
+        flush();
     }
 
-    // A refused connection stays a reqwest::Error.
+    // A refused connection stays a reqwest::Error, inside the breaker's error.
     let closed = openai_server::closed_port();
     let request = http::Request::get(format!("http://{closed}/v1/models")).body("")?;
-    let err: BoxError = client.oneshot(request).await.unwrap_err().into();
+    let err = client.oneshot(request).await.unwrap_err();
     let err = err
-        .downcast::<reqwest::Error>()
-        .map_err(|_| "not a reqwest error")?;
+        .inner()
+        .and_then(|e| e.downcast_ref::<reqwest::Error>())
+        .ok_or("not a reqwest error")?;
     println!("refused connection: is_connect() = {}", err.is_connect());
     Ok(())
 }

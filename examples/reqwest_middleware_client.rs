@@ -8,6 +8,7 @@
 #[path = "../tests/support_openai/mod.rs"]
 mod openai_server;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openai_server::{Mode, OpenAiServer};
@@ -22,13 +23,19 @@ use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
 async fn main() -> Result<(), BoxError> {
     let server = OpenAiServer::start(Mode::ServerError(500)).await;
 
+    // Transitions are printed after the line of the call that caused them.
+    let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = transitions.clone();
     let layer = CircuitBreakerLayer::builder()
         .name("chat")
         .consecutive_failures(3)
         .open_duration(Duration::from_millis(300))
         .probes(1)
         .close_after(1)
-        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .on_transition(move |t| {
+            let line = format!("  breaker: {} -> {} ({})", t.from, t.to, t.reason);
+            log.lock().unwrap().push(line);
+        })
         .build()?
         .with_classifier(LlmClassifier::new());
 
@@ -37,14 +44,21 @@ async fn main() -> Result<(), BoxError> {
         .with(CircuitBreakerMiddleware::from(&layer))
         .build();
     let tower = layer.layer(ReqwestService::new(reqwest::Client::new()));
+    let flush = || {
+        for line in transitions.lock().unwrap().drain(..) {
+            println!("{line}");
+        }
+    };
 
     println!("upstream down:");
     for i in 1..=2 {
         let res = client.post(server.chat_url()).body("{}").send().await?;
         println!("middleware call {i}: {}", res.status());
+        flush();
     }
     let req = http::Request::post(server.chat_url()).body("{}")?;
     println!("tower call: {}", tower.clone().oneshot(req).await?.status());
+    flush();
 
     let err = client
         .post(server.chat_url())
@@ -59,7 +73,8 @@ async fn main() -> Result<(), BoxError> {
         }
         reqwest_middleware::Error::Reqwest(e) => return Err(format!("unexpected: {e}").into()),
     };
-    println!("middleware call: rejected ({err}), next probe in {retry_after:?}");
+    // `circuit 'chat' open; next probe in 297 ms`: the wait is in the message.
+    println!("middleware call: rejected: {err}");
     println!("server saw {} requests", server.hits());
 
     println!("upstream healed; waiting for the next probe");
@@ -67,7 +82,9 @@ async fn main() -> Result<(), BoxError> {
     tokio::time::sleep(retry_after).await;
     let res = client.post(server.chat_url()).body("{}").send().await?;
     println!("probe: {} {}", res.status(), res.text().await?);
+    flush();
     let req = http::Request::post(server.chat_url()).body("{}")?;
     println!("tower call: {}", tower.oneshot(req).await?.status());
+    flush();
     Ok(())
 }

@@ -8,7 +8,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
@@ -90,13 +90,19 @@ async fn main() -> Result<(), BoxError> {
         }
     });
 
+    // Transitions are printed after the line of the call that caused them.
+    let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = transitions.clone();
     let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy();
     let layer = CircuitBreakerLayer::builder()
         .consecutive_failures(2)
         .open_duration(Duration::from_millis(300))
         .probes(1)
         .close_after(1)
-        .on_transition(|t| println!("  breaker: {} -> {} ({})", t.from, t.to, t.reason))
+        .on_transition(move |t| {
+            let line = format!("  breaker: {} -> {} ({})", t.from, t.to, t.reason);
+            log.lock().unwrap().push(line);
+        })
         .build()?;
     let channel = ServiceBuilder::new()
         .layer(RejectionStatusLayer::new())
@@ -104,6 +110,11 @@ async fn main() -> Result<(), BoxError> {
         .service(channel);
     let mut grpc = tonic::client::Grpc::new(channel);
     let path = PathAndQuery::from_static("/echo.Echo/Say");
+    let flush = || {
+        for line in transitions.lock().unwrap().drain(..) {
+            println!("{line}");
+        }
+    };
 
     let mut pushback = Duration::ZERO;
     for i in 1..=3 {
@@ -118,9 +129,13 @@ async fn main() -> Result<(), BoxError> {
                 println!("call {i}: {:?}: {}", status.code(), status.message());
             }
         }
+        flush();
     }
 
-    println!("server up; waiting {pushback:?} for the next probe");
+    println!(
+        "server up; waiting {} ms (the status's {RETRY_PUSHBACK_MS}) for the next probe",
+        pushback.as_millis()
+    );
     up.store(true, Ordering::SeqCst);
     tokio::time::sleep(pushback).await;
     grpc.ready().await.map_err(Status::from_error)?;
@@ -132,5 +147,6 @@ async fn main() -> Result<(), BoxError> {
         )
         .await?;
     println!("call 4: {}", res.into_inner());
+    flush();
     Ok(())
 }

@@ -44,7 +44,29 @@
 //! | `circuit_breaker_rejections_total` | counter | `reason`: [`Rejection::as_str`] (`open`, `half_open_full`, `forced_open`, `volume_guard`) |
 //! | `circuit_breaker_transitions_total` | counter | `from`, `to`: [`State::as_str`] |
 //! | `circuit_breaker_state` | gauge | the state: 0 closed, 1 open, 2 half-open, 3 forced open, 4 disabled |
-//! | `circuit_breaker_time_to_first_byte_seconds` | histogram | (time from admission to the response head, for calls through a layer or an integration; to the microsecond, and a wait over 71 minutes wraps around) |
+//! | `circuit_breaker_time_to_first_byte_seconds` | histogram | (time from admission to the response head, for calls through a layer or an integration; to the microsecond, and a wait over 71 minutes wraps around; [buckets](#time-to-first-byte-buckets) for LLM answers) |
+//!
+//! # Time-to-first-byte buckets
+//!
+//! The facade records each time to first byte as a value; the buckets are
+//! the exporter's to set. [`TIME_TO_FIRST_BYTE_BUCKETS`] are chosen for an
+//! LLM's time to first token, 50 ms to 2 minutes (most answers start within
+//! 0.25–5 s; a long reasoning model can take a minute). With
+//! `metrics-exporter-prometheus`, give them to the builder, or it reports
+//! the metric as a `summary` of quantiles instead of a histogram:
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use tower_circuit_breaker::metrics::{TIME_TO_FIRST_BYTE, TIME_TO_FIRST_BYTE_BUCKETS};
+//!
+//! let builder = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Full(TIME_TO_FIRST_BYTE.to_string()),
+//!         TIME_TO_FIRST_BYTE_BUCKETS,
+//!     )
+//!     .expect("the buckets are not empty");
+//! # let _ = builder;
+//! ```
 //!
 //! The state gauge is set at each transition and when a breaker first
 //! reports anything. Calls in shadow mode that would have been rejected are
@@ -95,7 +117,33 @@ const CALLS: &str = "circuit_breaker_calls_total";
 const REJECTIONS: &str = "circuit_breaker_rejections_total";
 const TRANSITIONS: &str = "circuit_breaker_transitions_total";
 const STATE: &str = "circuit_breaker_state";
-const TTFB: &str = "circuit_breaker_time_to_first_byte_seconds";
+const TTFB: &str = TIME_TO_FIRST_BYTE;
+
+/// The name of the time-to-first-byte histogram, in seconds, for an
+/// exporter's per-metric settings (see [the buckets](self#time-to-first-byte-buckets)).
+///
+/// ```
+/// use tower_circuit_breaker::metrics::TIME_TO_FIRST_BYTE;
+///
+/// assert_eq!(TIME_TO_FIRST_BYTE, "circuit_breaker_time_to_first_byte_seconds");
+/// ```
+pub const TIME_TO_FIRST_BYTE: &str = "circuit_breaker_time_to_first_byte_seconds";
+
+/// Bucket bounds, in seconds, for [`TIME_TO_FIRST_BYTE`]: an LLM's time to
+/// first token, from 50 ms to 2 minutes, closer together where most
+/// answers start (0.25–5 s). See [the buckets](self#time-to-first-byte-buckets)
+/// for how to give them to `metrics-exporter-prometheus`.
+///
+/// ```
+/// use tower_circuit_breaker::metrics::TIME_TO_FIRST_BYTE_BUCKETS;
+///
+/// assert!(TIME_TO_FIRST_BYTE_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+/// assert_eq!(TIME_TO_FIRST_BYTE_BUCKETS.first(), Some(&0.05));
+/// assert_eq!(TIME_TO_FIRST_BYTE_BUCKETS.last(), Some(&120.0));
+/// ```
+pub const TIME_TO_FIRST_BYTE_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
 
 static METADATA: Metadata<'static> =
     Metadata::new("tower_circuit_breaker", Level::INFO, Some(module_path!()));

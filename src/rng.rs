@@ -18,20 +18,48 @@ pub(crate) fn random_seed() -> u64 {
 /// splitmix64 finalizer, so draws are well spread, lock-free, and repeat
 /// exactly for a seed when the draws happen in the same order.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(Arc<AtomicU64>);
+pub(crate) struct Rng(Arc<State>);
+
+#[derive(Debug)]
+struct State {
+    counter: AtomicU64,
+    /// Not seeded by the user: with the `testing` feature, the seed is
+    /// taken at the first draw from the thread's scripted upstream, if it
+    /// has one (see [`script_seed`]).
+    #[cfg(feature = "testing")]
+    unseeded: std::sync::atomic::AtomicBool,
+}
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Self {
-        Rng(Arc::new(AtomicU64::new(seed)))
+        Rng(Arc::new(State {
+            counter: AtomicU64::new(seed),
+            #[cfg(feature = "testing")]
+            unseeded: std::sync::atomic::AtomicBool::new(false),
+        }))
     }
 
+    /// A generator with a seed of its own, different every run; with the
+    /// `testing` feature, drawn from the script's seed instead when a
+    /// scripted upstream was made on the thread of its first draw.
     pub(crate) fn random() -> Self {
-        Rng::new(random_seed())
+        let rng = Rng::new(random_seed());
+        #[cfg(feature = "testing")]
+        rng.0.unseeded.store(true, Ordering::Relaxed);
+        rng
     }
 
     fn next_u64(&self) -> u64 {
+        #[cfg(feature = "testing")]
+        if self.0.unseeded.load(Ordering::Relaxed)
+            && self.0.unseeded.swap(false, Ordering::AcqRel)
+            && let Some(seed) = script::next_seed()
+        {
+            self.0.counter.store(seed, Ordering::Relaxed);
+        }
         let mut z = self
             .0
+            .counter
             .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
             .wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -47,6 +75,41 @@ impl Rng {
     /// A uniform duration in `[low, high]`.
     pub(crate) fn between(&self, low: Duration, high: Duration) -> Duration {
         low + (high - low).mul_f64(self.unit())
+    }
+}
+
+/// The `testing` feature's seeds for jitter nobody seeded: a scripted
+/// upstream made on a thread gives that thread its script's seed, and each
+/// unseeded generator's first draw on the thread takes the next seed of
+/// that sequence. On a current-thread runtime in paused time the draws come
+/// in the same order every run, so the seeds repeat with the script's.
+#[cfg(feature = "testing")]
+pub(crate) mod script {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// (the script's seed, seeds handed out since)
+        static SEEDS: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+    }
+
+    /// Jitter first drawn on this thread from now on comes from `seed`.
+    pub(crate) fn set(seed: u64) {
+        SEEDS.with(|s| s.set(Some((seed, 0))));
+    }
+
+    /// The next seed for an unseeded generator, if a script set one.
+    pub(super) fn next_seed() -> Option<u64> {
+        SEEDS.with(|s| {
+            let (seed, n) = s.get()?;
+            s.set(Some((seed, n + 1)));
+            // Apart from the script's own draws, and from each other.
+            Some(
+                super::Rng::new(
+                    seed ^ 0x6a09_e667_f3bc_c908 ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                )
+                .next_u64(),
+            )
+        })
     }
 }
 

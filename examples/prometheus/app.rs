@@ -2,17 +2,25 @@
 
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use tokio::net::TcpListener;
 use tower_circuit_breaker::CircuitBreakerLayer;
 
 /// Installs the Prometheus recorder as the global one. Series not updated
 /// for 20 minutes are dropped: longer than the keyed sets' idle timeout
-/// (10 minutes by default), so an evicted key's series go too.
+/// (10 minutes by default), so an evicted key's series go too. The time to
+/// first byte is a histogram with the crate's buckets for LLM answers
+/// (without them the exporter makes it a summary).
 pub fn install_recorder() -> PrometheusHandle {
+    use tower_circuit_breaker::metrics::{TIME_TO_FIRST_BYTE, TIME_TO_FIRST_BYTE_BUCKETS};
     let handle = PrometheusBuilder::new()
         .idle_timeout(MetricKindMask::ALL, Some(Duration::from_secs(1200)))
+        .set_buckets_for_metric(
+            Matcher::Full(TIME_TO_FIRST_BYTE.to_string()),
+            TIME_TO_FIRST_BYTE_BUCKETS,
+        )
+        .expect("buckets are not empty")
         .install_recorder()
         .expect("no other recorder is installed");
     tower_circuit_breaker::metrics::describe();

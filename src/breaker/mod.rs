@@ -178,6 +178,8 @@ pub(crate) struct Shared {
     /// Quota gating: how long a quota answer that announced no reset opens
     /// the circuit, in ns.
     quota_gate_ns: Option<u64>,
+    /// The longest an announced wait paces or quota-gates, in ns.
+    max_wait_ns: u64,
     epoch: Instant,
     /// Told of calls, rejections and transitions, if anyone listens. Only
     /// the `metrics` feature makes observers: without it the field is not
@@ -286,6 +288,7 @@ impl Breaker {
                 pace: config.pace,
                 head_work: slow_ns.is_some() || config.pace,
                 quota_gate_ns: config.quota_gate.map(nanos),
+                max_wait_ns: nanos(config.max_rate_limit_wait),
                 slow_ns,
                 probe_deadline_ns: nanos(config.probe_deadline()),
                 lease_ns: config.probe_lease.map(nanos),

@@ -293,7 +293,8 @@ impl Shared {
     /// rejected until then. The later of two such moments holds.
     #[cold]
     pub(super) fn pace_for(&self, wait: Duration) {
-        let until = self.now().saturating_add(nanos(wait)).max(1);
+        let wait = nanos(wait).min(self.max_wait_ns);
+        let until = self.now().saturating_add(wait).max(1);
         self.hot.paced_until.fetch_max(until, Ordering::AcqRel);
     }
 
@@ -305,7 +306,7 @@ impl Shared {
         let Some(default) = self.quota_gate_ns else {
             return;
         };
-        let open_ns = announced.map_or(default, nanos);
+        let open_ns = announced.map_or(default, |d| nanos(d).min(self.max_wait_ns));
         let mut ctl = lock(&self.control);
         let now = self.now();
         let mut events = Events::default();

@@ -63,8 +63,26 @@ pub(crate) fn classify_status(status: StatusCode, headers: &HeaderMap) -> Outcom
     }
 }
 
-/// Longest wait a header may ask for; anything longer is treated as garbage.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest wait a header may ask for, 7 days: `Retry-After` or
+/// `retry-after-ms` asking longer is treated as garbage (no wait announced).
+///
+/// It is also the default of
+/// [`Builder::max_rate_limit_wait`](crate::Builder::max_rate_limit_wait),
+/// the longest an announced wait paces or quota-gates a circuit; lower that
+/// setting to cap how long one answer can gate a key.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::classify::{parse_retry_after, MAX_RETRY_AFTER};
+///
+/// assert_eq!(MAX_RETRY_AFTER, Duration::from_secs(604_800));
+/// let mut h = http::HeaderMap::new();
+/// h.insert("retry-after", "604800".parse().unwrap());
+/// assert_eq!(parse_retry_after(&h), Some(MAX_RETRY_AFTER));
+/// h.insert("retry-after", "604801".parse().unwrap());
+/// assert_eq!(parse_retry_after(&h), None);
+/// ```
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Reads how long an upstream asked the caller to wait.
 ///

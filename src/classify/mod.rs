@@ -31,7 +31,7 @@ mod llm;
 mod sse;
 
 pub use self::grpc::{GrpcClassifier, GrpcStream};
-pub use self::http::{parse_retry_after, HttpClassifier};
+pub use self::http::{parse_retry_after, HttpClassifier, MAX_RETRY_AFTER};
 pub(crate) use self::llm::exhausted_reset;
 pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
 pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};

@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
-use super::Route;
+use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;
 use crate::guard::{self, Judged};
@@ -50,7 +50,7 @@ pin_project! {
         // The request as the caller sent it; the last upstream takes it.
         request: Option<Req>,
         // The breakers of the last-resort policy, until it has been tried.
-        last_resort: Option<Arc<[Breaker]>>,
+        last_resort: Option<Arc<[LastResortCircuit]>>,
         next: usize,
         classifier: C,
         jitter: (Duration, Duration),
@@ -83,7 +83,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
     pub(super) fn new(
         routes: Arc<[Route<S, Req>]>,
         request: Req,
-        last_resort: Option<Arc<[Breaker]>>,
+        last_resort: Option<Arc<[LastResortCircuit]>>,
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
@@ -227,14 +227,16 @@ fn soonest<E: AttemptError>(new: Option<&E>, kept: Option<&E>) -> bool {
 
 /// Grants the last-resort call to the circuit that opened longest ago, if
 /// any may have it; returns its upstream's index.
-fn grant(breakers: &[Breaker]) -> Option<usize> {
+fn grant(circuits: &[LastResortCircuit]) -> Option<usize> {
+    // A keyed circuit is looked up now: the breaker its key has at the moment.
+    let breakers: Vec<Option<Breaker>> = circuits.iter().map(LastResortCircuit::breaker).collect();
     loop {
         let (i, _) = breakers
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| b.last_resort_candidate().map(|at| (i, at)))
+            .filter_map(|(i, b)| b.as_ref()?.last_resort_candidate().map(|at| (i, at)))
             .min_by_key(|&(_, at)| at)?;
-        if breakers[i].grant_last_resort() {
+        if breakers[i].as_ref().is_some_and(Breaker::grant_last_resort) {
             return Some(i);
         }
     }

@@ -73,6 +73,7 @@ use tower_service::Service;
 
 use crate::breaker::Breaker;
 use crate::classify::{Classify, HttpClassifier};
+use crate::keyed::KeyedBreakers;
 use crate::retry::AttemptError;
 use crate::rng::Rng;
 
@@ -157,10 +158,12 @@ pub struct Failover<S, Req, C = HttpClassifier> {
 /// - [`last_resort`](AllOpen::last_resort) (Envoy's panic threshold in
 ///   spirit: better to try than to serve nobody): once per open period of
 ///   the circuit that opened longest ago, the call is let through to that
-///   upstream anyway. The breakers are given in the order of the upstreams
-///   (the primary's first); a keyed set's breakers
-///   ([`KeyedBreakers::get`](crate::keyed::KeyedBreakers::get)) serve for
-///   upstreams that are keys of one set. The call counts in the open
+///   upstream anyway. The circuits are given in the order of the upstreams
+///   (the primary's first): a [`Breaker`], or for an upstream that is a key
+///   of a keyed set, [`LastResortCircuit::key`], which finds the key's
+///   breaker as the set holds it at the moment of the call (a handle from
+///   [`KeyedBreakers::get`] goes stale once the key is evicted while idle
+///   and created again). The call counts in the open
 ///   period's generation, where no trip rule runs: a failure changes
 ///   nothing (not the window, not the backoff); a success ends that open
 ///   period as a healthy health probe does (half-open, with
@@ -201,12 +204,72 @@ pub enum AllOpen {
     #[default]
     FailFast,
     /// Let one call per open period through to the upstream whose circuit
-    /// opened longest ago; the breakers, in the order of the upstreams.
-    LastResort(Arc<[Breaker]>),
+    /// opened longest ago; the circuits, in the order of the upstreams.
+    LastResort(Arc<[LastResortCircuit]>),
+}
+
+/// One upstream's circuit in an [`AllOpen::last_resort`] list: a breaker
+/// (`From<Breaker>`), or a key of a keyed set, looked up when every upstream
+/// has rejected a call. A key the set does not hold then (never admitted,
+/// or evicted) is closed, so it is no candidate.
+///
+/// ```
+/// use tower_circuit_breaker::failover::{AllOpen, LastResortCircuit};
+/// use tower_circuit_breaker::keyed::KeyedBreakers;
+/// use tower_circuit_breaker::Breaker;
+///
+/// let primary = Breaker::builder().build().unwrap();
+/// let models = KeyedBreakers::builder().build().unwrap();
+/// // The primary's breaker, then the key "small" of `models`, whatever
+/// // breaker the set holds for it when the last-resort call is made.
+/// let policy = AllOpen::last_resort([
+///     LastResortCircuit::from(primary),
+///     LastResortCircuit::key(&models, "small"),
+/// ]);
+/// assert!(matches!(policy, AllOpen::LastResort(ref c) if c.len() == 2));
+/// ```
+#[derive(Clone, Debug)]
+pub struct LastResortCircuit(Circuit);
+
+#[derive(Clone, Debug)]
+enum Circuit {
+    Breaker(Breaker),
+    Key(KeyedBreakers, Arc<str>),
+}
+
+impl LastResortCircuit {
+    /// The breaker of `key` in `set`, found at each last-resort call.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::LastResortCircuit;
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    ///
+    /// let models = KeyedBreakers::builder().build().unwrap();
+    /// let circuit = LastResortCircuit::key(&models, "gpt-4o-mini");
+    /// # let _ = circuit;
+    /// ```
+    pub fn key(set: &KeyedBreakers, key: &str) -> Self {
+        LastResortCircuit(Circuit::Key(set.clone(), key.into()))
+    }
+
+    /// The breaker now, if there is one.
+    pub(crate) fn breaker(&self) -> Option<Breaker> {
+        match &self.0 {
+            Circuit::Breaker(breaker) => Some(breaker.clone()),
+            Circuit::Key(set, key) => set.get(key),
+        }
+    }
+}
+
+impl From<Breaker> for LastResortCircuit {
+    fn from(breaker: Breaker) -> Self {
+        LastResortCircuit(Circuit::Breaker(breaker))
+    }
 }
 
 impl AllOpen {
-    /// [`AllOpen::LastResort`] over `breakers`, in the order of the
+    /// [`AllOpen::LastResort`] over `circuits` (breakers, or
+    /// [keys of a set](LastResortCircuit::key)), in the order of the
     /// upstreams.
     ///
     /// ```
@@ -218,8 +281,12 @@ impl AllOpen {
     /// let policy = AllOpen::last_resort([primary, fallback]);
     /// assert!(matches!(policy, AllOpen::LastResort(ref b) if b.len() == 2));
     /// ```
-    pub fn last_resort(breakers: impl IntoIterator<Item = Breaker>) -> Self {
-        AllOpen::LastResort(breakers.into_iter().collect())
+    pub fn last_resort<I>(circuits: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<LastResortCircuit>,
+    {
+        AllOpen::LastResort(circuits.into_iter().map(Into::into).collect())
     }
 }
 

@@ -10,6 +10,10 @@ use crate::breaker::ConfigError;
 /// a sliding 10 s window (ten 1 s slots), plus `min_per_sec` retries a
 /// second that need no first attempts (none by default). The shape of
 /// tower's `TpsBudget` and Finagle's, with `min_per_sec` 0 unless set.
+/// [`RetryPolicy`](super::RetryPolicy) deposits only first attempts that
+/// reached the upstream: a call a circuit rejected is no load on it, and an
+/// open period counted as traffic would bank retries for the moment it
+/// ends.
 ///
 /// A retry storm multiplies load exactly when an upstream is weakest; a
 /// budget caps the multiplier: at 20 %, attempts stay within 1.2 times the

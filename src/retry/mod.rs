@@ -316,7 +316,9 @@ impl<C, W> RetryPolicy<C, W> {
     }
 
     /// Retries only within `budget`: at most its percentage of first
-    /// attempts over the last 10 s (see [`RetryBudget`]). Over budget, the
+    /// attempts over the last 10 s (see [`RetryBudget`]). A first attempt a
+    /// circuit rejected is not counted: it never reached the upstream, and
+    /// an open period must not bank retries to spend the moment it ends. Over budget, the
     /// attempt's own answer or error goes to the caller. Every clone of the
     /// policy, and every policy given a clone of the budget, draws on the
     /// one budget: give each breaker (or key) its own.
@@ -603,12 +605,16 @@ where
     type Future = Backoff;
 
     fn retry(&mut self, req: &mut Req, result: &mut Result<Response<B>, E>) -> Option<Backoff> {
+        let judged = guard::judge(&self.classifier, result);
+        // A first attempt the breaker rejected never reached the upstream:
+        // counted, an open period would bank retries for right after it.
         if self.retries == 0
+            && !matches!(judged, Judged::Rejected)
             && let Some(budget) = &self.budget
         {
             budget.deposit();
         }
-        let outcome = match guard::judge(&self.classifier, result) {
+        let outcome = match judged {
             Judged::Said(outcome) => outcome,
             Judged::Rejected | Judged::Opaque => return None,
         };

@@ -54,6 +54,8 @@
 //!         .max_open_duration(Duration::from_secs(30))
 //!         .probes(1)
 //!         .close_after(1)
+//!         // Exact open periods keep the figures below easy to check by
+//!         // hand; the test would repeat with jitter too (see below).
 //!         .jitter(0.0)
 //!         .build()?;
 //!     let chat = ServiceBuilder::new()
@@ -107,6 +109,27 @@
 //! assert_eq!(reached, 3 + 3);
 //! # Ok(()) }
 //! ```
+//!
+//! # Repeatable jitter
+//!
+//! A test through [`Stack`](crate::stack::Stack), a
+//! [`RetryPolicy`](crate::retry::RetryPolicy), a
+//! [`Failover`](crate::failover::Failover), a breaker with jitter or a
+//! health probe repeats run after run with no seed of its own: with this
+//! feature, jitter that was given no seed (`seed` on the builder or policy)
+//! is seeded from the script. Making a [`ScriptedUpstream`] gives its
+//! thread the script's [seed](ScriptBuilder::seed); every unseeded
+//! generator takes its seed, in turn, at its first draw on that thread, so
+//! components built before the upstream (an app's stack, say) are seeded
+//! too. On a current-thread runtime in paused time (`#[tokio::test]` with
+//! `start_paused = true`) the draws come in the same order every run, so
+//! every wait repeats; another script seed gives other waits. Draws first
+//! made on other threads (a multi-thread runtime's workers) stay random: seed
+//! those components yourself.
+//!
+//! This holds in any binary built with the `testing` feature, which is
+//! meant for tests: a production binary that enables it gets jitter seeded
+//! from the last script made on each thread, or random where none was.
 
 mod answer;
 mod body;

@@ -64,6 +64,9 @@ impl ScriptedUpstream {
     /// `log`, which other upstreams may share (a failover's members, say),
     /// keeping their order.
     pub fn with_log(script: Script, log: AttemptLog) -> Self {
+        // Jitter nobody seeded, first drawn on this thread from now on,
+        // follows the script's seed (see the module docs).
+        crate::rng::script::set(script.seed);
         let slots = script
             .capacity
             .map(|c| Arc::new(Semaphore::new(c.concurrent as usize)));

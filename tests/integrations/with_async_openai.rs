@@ -239,7 +239,7 @@ async fn a_streamed_chat_completion_read_to_done_is_a_success() {
         let chunk = chunk.unwrap();
         text.push_str(chunk.choices[0].delta.content.as_deref().unwrap_or(""));
     }
-    assert_eq!(text, "popo");
+    assert_eq!(text, "pong");
     // The server never ends the body after `[DONE]`; async-openai drops it.
     let counters = breaker.snapshot().counters;
     assert_eq!(

@@ -11,10 +11,12 @@ mod app;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 use tower::{Layer, Service, ServiceExt};
 use tower_circuit_breaker::keyed::{self, KeyFn, KeySecret, KeyedBreakers};
-use tower_circuit_breaker::metrics::MetricsSwitch;
+use tower_circuit_breaker::metrics::{
+    MetricsSwitch, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_BYTE_BUCKETS,
+};
 use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, Outcome, State};
 
 fn failing() -> impl Service<
@@ -113,6 +115,26 @@ async fn the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_co
         3.0
     );
     assert!(scrape.contains("# HELP circuit_breaker_state "), "{scrape}");
+    assert!(
+        scrape.contains("# TYPE circuit_breaker_time_to_first_byte_seconds histogram"),
+        "{scrape}"
+    );
+    let buckets: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("circuit_breaker_time_to_first_byte_seconds_bucket{"))
+        .collect();
+    println!("{}", buckets.join("\n"));
+    assert_eq!(
+        buckets.len(),
+        TIME_TO_FIRST_BYTE_BUCKETS.len() + 1,
+        "one line a bound, and +Inf:\n{scrape}"
+    );
+    assert_eq!(
+        at(&format!(
+            r#"circuit_breaker_time_to_first_byte_seconds_bucket{{{labels},le="+Inf"}}"#
+        )),
+        3.0
+    );
 }
 
 /// Runs `f` with a Prometheus recorder as this thread's, and renders it.
@@ -279,7 +301,13 @@ async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     }));
-    let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+    let recorder: PrometheusRecorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(TIME_TO_FIRST_BYTE.to_string()),
+            TIME_TO_FIRST_BYTE_BUCKETS,
+        )
+        .unwrap()
+        .build_recorder();
     let handle = recorder.handle();
     let _local = metrics::set_default_local_recorder(&recorder);
     let res = svc
@@ -298,4 +326,16 @@ async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
         Some(1.5),
         "{scrape}"
     );
+    // 1.5 s falls in the bucket that ends at 1.5 s, not the one below.
+    let bucket = |le: &str| {
+        sample(
+            &scrape,
+            &format!(
+                r#"circuit_breaker_time_to_first_byte_seconds_bucket{{breaker="ttfb",key="",le="{le}"}}"#
+            ),
+        )
+    };
+    assert_eq!(bucket("1"), Some(0.0), "{scrape}");
+    assert_eq!(bucket("1.5"), Some(1.0), "{scrape}");
+    assert_eq!(bucket("+Inf"), Some(1.0), "{scrape}");
 }

@@ -44,6 +44,8 @@ pub enum Mode {
 pub const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"pong"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
 pub const CHUNK: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-test","choices":[{"index":0,"delta":{"role":"assistant","content":"po"},"finish_reason":null}]}"#;
+/// The stream's second and last chunk: with [`CHUNK`], "pong".
+pub const CHUNK_END: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-test","choices":[{"index":0,"delta":{"role":"assistant","content":"ng"},"finish_reason":null}]}"#;
 
 pub const OVERLOADED: &str =
     r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
@@ -125,7 +127,7 @@ impl OpenAiServer {
             Mode::Stream => {
                 let events = stream::iter([
                     format!("data: {CHUNK}\n\n"),
-                    format!("data: {CHUNK}\n\n"),
+                    format!("data: {CHUNK_END}\n\n"),
                     String::from("data: [DONE]\n\n"),
                 ])
                 .map(|e| Ok(Frame::data(Bytes::from(e))))

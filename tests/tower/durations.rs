@@ -227,6 +227,9 @@ fn cases() -> Vec<Case> {
             core(move |b| b.volume_guard(2, d))
         }),
         ("quota_gate", |d| core(move |b| b.quota_gate(d))),
+        ("max_rate_limit_wait", |d| {
+            core(move |b| b.pace_rate_limits(true).max_rate_limit_wait(d))
+        }),
         ("keyed idle_timeout", |d| {
             Box::pin(async move {
                 let set = KeyedBreakers::builder()

@@ -368,6 +368,37 @@ impl<T: Build> Builder<T> {
         self
     }
 
+    /// The longest one announced wait (`Retry-After`, `retry-after-ms`,
+    /// `x-ratelimit-reset-*`) holds this circuit, paced
+    /// ([`pace_rate_limits`](Self::pace_rate_limits)) or quota-gated
+    /// ([`quota_gate`](Self::quota_gate)): an answer asking longer holds it
+    /// for `max`, and the first call after that asks the upstream again.
+    /// Default 7 days ([`MAX_RETRY_AFTER`](crate::classify::MAX_RETRY_AFTER),
+    /// beyond which a header is not believed at all), so a setting above it
+    /// changes nothing. Zero is a [`ConfigError`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let key = Breaker::builder()
+    ///     .pace_rate_limits(true)
+    ///     .max_rate_limit_wait(Duration::from_secs(300))
+    ///     .build()
+    ///     .unwrap();
+    /// // `429 Retry-After: 604800` gates the key for 5 minutes, not a week.
+    /// key.admit().unwrap().record(Outcome::RateLimited { retry_after: Some(Duration::from_secs(604_800)) });
+    /// assert_eq!(key.admit().unwrap_err().retry_after(), Some(Duration::from_secs(300)));
+    /// tokio::time::advance(Duration::from_secs(300)).await;
+    /// assert!(key.admit().is_ok());
+    /// # }
+    /// ```
+    pub fn max_rate_limit_wait(mut self, max: Duration) -> Self {
+        self.config.max_rate_limit_wait = max;
+        self
+    }
+
     /// Seeds the jitter, for runs that must repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.config.seed = Some(seed);

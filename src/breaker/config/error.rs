@@ -37,6 +37,9 @@ pub enum ConfigError {
     ZeroProbeTimeout,
     /// The quota gate's open time is zero, so a quota answer would gate nothing.
     ZeroQuotaGate,
+    /// [`max_rate_limit_wait`](crate::Builder::max_rate_limit_wait) is
+    /// zero, so no announced wait could ever hold.
+    ZeroRateLimitWait,
     /// Stream deadlines that cannot work (see
     /// [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate)).
     StreamDeadline(&'static str),
@@ -127,6 +130,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroProbeLease => f.write_str("probe lease must be greater than zero"),
             ConfigError::ZeroProbeTimeout => f.write_str("probe timeout must be greater than zero"),
             ConfigError::ZeroQuotaGate => f.write_str("quota gate must be greater than zero"),
+            ConfigError::ZeroRateLimitWait => {
+                f.write_str("max_rate_limit_wait must be greater than zero")
+            }
             ConfigError::LeaseBelowProbeTimeout {
                 lease,
                 probe_timeout,

@@ -60,6 +60,8 @@ pub(crate) struct Config {
     pub(crate) quota_gate: Option<Duration>,
     /// Pacing on known rate limits.
     pub(crate) pace: bool,
+    /// The longest an announced wait paces or quota-gates the circuit.
+    pub(crate) max_rate_limit_wait: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
@@ -94,6 +96,7 @@ impl fmt::Debug for Config {
             .field("volume_guard", &self.volume_guard)
             .field("quota_gate", &self.quota_gate)
             .field("pace", &self.pace)
+            .field("max_rate_limit_wait", &self.max_rate_limit_wait)
             .field("listeners", &self.listeners.len())
             .field("observer", &self.observer.is_some())
             .finish()
@@ -121,6 +124,7 @@ impl Default for Config {
             volume_guard: None,
             quota_gate: None,
             pace: false,
+            max_rate_limit_wait: crate::classify::MAX_RETRY_AFTER,
             seed: None,
             counter_stripes: 16,
             stripes_when_busy: false,
@@ -276,6 +280,9 @@ impl Config {
         }
         if self.quota_gate.is_some_and(|t| t.is_zero()) {
             return Err(E::ZeroQuotaGate);
+        }
+        if self.max_rate_limit_wait.is_zero() {
+            return Err(E::ZeroRateLimitWait);
         }
         if self.probe_timeout.is_some_and(|t| t.is_zero()) {
             return Err(E::ZeroProbeTimeout);
