@@ -227,9 +227,16 @@ impl Build for KeyedBreakers {
         let inner = Arc::new_cyclic(|set| {
             let open_cap = extra.max_open_share.map(|share| {
                 let cap = Arc::new(open_cap::OpenCap::new(share, set.clone()));
+                // Weak: the cap holds every key's breaker, and each breaker
+                // holds this listener; a strong one would keep a dropped
+                // set alive.
                 let listener = {
-                    let cap = Arc::clone(&cap);
-                    Arc::new(move |t: &crate::Transition| cap.on_transition(t))
+                    let cap = Arc::downgrade(&cap);
+                    Arc::new(move |t: &crate::Transition| {
+                        if let Some(cap) = cap.upgrade() {
+                            cap.on_transition(t);
+                        }
+                    })
                 };
                 config.listeners.push(listener.clone());
                 for (_, c) in &mut overrides {

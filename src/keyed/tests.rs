@@ -69,3 +69,24 @@ fn a_remembered_entry_serves_only_its_own_set() {
     let admitted = |s: &KeyedBreakers| s.get("gpt-4o").unwrap().snapshot().counters.admitted;
     assert_eq!((admitted(&first), admitted(&second)), (3, 1));
 }
+
+/// A set with the cap on open keys is freed when its last handle goes:
+/// its keys' breakers, which the cap registers, hold the cap only weakly.
+#[test]
+fn a_set_with_a_cap_on_open_keys_is_freed_with_its_last_handle() {
+    let set = KeyedBreakers::builder()
+        .consecutive_failures(1)
+        .max_open_share(0.5)
+        .build()
+        .unwrap();
+    set.admit("a").unwrap().record(Outcome::Failure);
+    set.admit("b").unwrap().record(Outcome::Success);
+    let weak = std::sync::Arc::downgrade(set.inner.open_cap.as_ref().unwrap());
+    // This thread may remember an entry of the set: look up another set's
+    // key twice so it lets go.
+    let other = KeyedBreakers::builder().build().unwrap();
+    other.admit("x").unwrap().record(Outcome::Success);
+    other.admit("x").unwrap().record(Outcome::Success);
+    drop(set);
+    assert!(weak.upgrade().is_none(), "the cap outlived its set");
+}
