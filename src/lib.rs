@@ -3,13 +3,53 @@
 //! on the wrong errors.
 //!
 //! Wrap any `tower::Service` that answers with an `http::Response` (a
-//! hyper-util client, a tonic channel, an axum route). Before every call the
-//! [`Breaker`] decides whether the upstream deserves it; after the call a
-//! [classifier](classify) decides what it said about the upstream's health:
-//! [`Outcome::Success`], [`Outcome::Failure`], [`Outcome::Ignored`] (a 400, a
-//! cancelled call) or [`Outcome::RateLimited`] (a 429, passed through).
+//! hyper-util client, a tonic channel, an axum route; reqwest through
+//! [`ReqwestService`](crate::reqwest::ReqwestService) with the `reqwest` feature).
+//! Before every call the [`Breaker`] decides whether the upstream deserves
+//! it; after the call a [classifier](classify) decides what it said about the
+//! upstream's health: [`Outcome::Success`], [`Outcome::Failure`],
+//! [`Outcome::Ignored`] (a 400, a cancelled call) or [`Outcome::RateLimited`]
+//! (a 429, passed through).
 //!
-//! # Quick start
+//! # For LLM clients: [`Stack`]
+//!
+//! [`Stack`] builds the whole client stack in the order that works — total
+//! timeout, retry, breaker, attempt timeout — and checks that its pieces fit;
+//! [`Stack::keyed`] does the same with a breaker per model or key. With a
+//! health request ([`stack::StackBuilder::health_probe`]) it also hands back
+//! the prober that finds the heal while the circuit is open.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_circuit_breaker::classify::LlmClassifier;
+//! use tower_circuit_breaker::{Breaker, Stack, State};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
+//! // An LLM API that is down.
+//! let upstream = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(
+//!         http::Response::builder().status(503).body(String::new()).unwrap(),
+//!     )
+//! });
+//! let layer = Stack::builder()
+//!     .attempt_timeout(Duration::from_secs(60))
+//!     .breaker(Breaker::builder().count_window(20).min_calls(10).failure_rate(0.5))
+//!     .classifier(LlmClassifier::default())
+//!     .build()?;
+//! let handle = layer.breaker().clone();
+//! let mut client = layer.layer(upstream);
+//! for _ in 0..10 {
+//!     let _ = client.ready().await?.call(http::Request::new(String::new())).await;
+//! }
+//! // Ten failed calls (and their retries) tripped it: the next calls fail at
+//! // once, without reaching the upstream.
+//! assert_eq!(handle.state(), State::Open);
+//! # Ok(()) }
+//! ```
+//!
+//! # Any tower service: the bare layer
 //!
 //! ```
 //! use std::time::Duration;
@@ -52,6 +92,31 @@
 //! assert!(CircuitOpen::find(&*err).is_some());
 //! # Ok(()) }
 //! ```
+//!
+//! # Features
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `reqwest` | [`reqwest`]: a tower service around `reqwest::Client`, `ReqwestClient`, `send_through` |
+//! | `reqwest-middleware` | a `reqwest_middleware::Middleware` sharing a stack's breaker |
+//! | `async-openai` | a service for `async_openai::Client::with_http_service` |
+//! | `tonic` | an open circuit as `tonic::Status` `UNAVAILABLE` |
+//! | `metrics` | calls, rejections, transitions, state and time to first byte through the `metrics` facade |
+//! | `status` | a status page (JSON and HTML) of every breaker and key, as a tower service |
+//! | `testing` | a scripted upstream in paused time for testing your own service against an outage |
+//! | `redis` | shared state across replicas through Redis (`redis-cluster`, `redis-tls` for Redis Cluster and `rediss://`) |
+//!
+//! # Examples
+//!
+//! Each starts its own local servers and finishes by itself
+//! (`cargo run --example NAME`, with its feature where it needs one):
+//! `quickstart` (the stack with a health prober, against an upstream that
+//! fails and heals), `hyper_client`, `axum_app`, `tonic_client`,
+//! `keyed_memory`, `reqwest_client`, `reqwest_middleware_client`,
+//! `async_openai_client`, `tonic_status`, `prometheus`, `status_page`,
+//! `redis_replicas`, `redis_overhead`, `redis_fleet`, and `outage_replay`,
+//! which replays an incident against stacks with and without the breaker
+//! (`scenarios/`). The README lists what each shows.
 //!
 //! # How a request flows
 //!
