@@ -333,9 +333,57 @@ async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
     assert_eq!(bucket("+Inf"), Some(1.0), "{scrape}");
 }
 
+/// The facade cannot delete a series: a key the set evicted keeps its
+/// series in the recorder until the recorder drops them (the module docs say
+/// how to bound them with `metrics-exporter-prometheus`'s idle timeout,
+/// whose clock a test cannot pause).
+async fn an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them() {
+    let set = KeyedBreakers::builder()
+        .name("churn")
+        .max_keys(1000)
+        .idle_timeout(Duration::from_secs(1))
+        .metrics(true)
+        .build()
+        .unwrap();
+    let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    for batch in 0..20 {
+        for k in 0..1000 {
+            set.admit(&format!("k{batch}-{k}"))
+                .unwrap()
+                .record(Outcome::Success);
+        }
+        // A sweep marks the batch idle, the next one evicts it (sweeps run
+        // when new keys come, at most once per idle timeout).
+        for sweep in 0..2 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            set.admit(&format!("sweep{batch}-{sweep}"))
+                .unwrap()
+                .record(Outcome::Success);
+        }
+    }
+    let scrape = handle.render();
+    let series = scrape
+        .lines()
+        .filter(|l| l.starts_with("circuit_breaker_calls_total{"))
+        .count();
+    println!(
+        "20,000 keys through max_keys(1000): {} keys held, {series} call series in the recorder",
+        set.len()
+    );
+    assert!(set.len() <= 1000);
+    assert!(series > 20_000, "{series}");
+}
+
 /// This module's tests, for the runner.
 pub fn trials() -> Vec<Trial> {
     vec![
+        Trial::tokio(
+            "metrics::an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them",
+            Rt::Paused,
+            an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them,
+        ),
         Trial::tokio(
             "metrics::the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_counts",
             Rt::Current,
