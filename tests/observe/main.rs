@@ -1,8 +1,23 @@
 //! Observability, each behind its feature: metrics through the `metrics`
 //! facade scraped as Prometheus reads them, and the status page in a real
 //! browser.
+//!
+//! `harness = false`: the runner in `runner.rs` reports the browser test as
+//! skipped, with why, when Chromium is missing (and fails it with
+//! `CI=true`), instead of counting it as passed.
 
 #[cfg(feature = "metrics")]
 mod metrics;
+mod runner;
 #[cfg(feature = "status")]
 mod status;
+
+fn main() -> std::process::ExitCode {
+    #[allow(unused_mut)]
+    let mut trials: Vec<runner::Trial> = Vec::new();
+    #[cfg(feature = "metrics")]
+    trials.extend(metrics::trials());
+    #[cfg(feature = "status")]
+    trials.extend(status::trials());
+    runner::run(trials)
+}

@@ -8,6 +8,7 @@
 #[path = "../../examples/prometheus/app.rs"]
 mod app;
 
+use crate::runner::{Rt, Trial};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
@@ -41,7 +42,6 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-#[tokio::test]
 async fn the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_counts() {
     // Built first: the recorder installed afterwards is the one it reports to.
     let mut client = app::breaker_layer().layer(failing());
@@ -123,7 +123,6 @@ async fn the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_co
         .lines()
         .filter(|l| l.starts_with("circuit_breaker_time_to_first_byte_seconds_bucket{"))
         .collect();
-    println!("{}", buckets.join("\n"));
     assert_eq!(
         buckets.len(),
         TIME_TO_FIRST_BYTE_BUCKETS.len() + 1,
@@ -145,7 +144,6 @@ fn with_recorder(f: impl FnOnce()) -> String {
     handle.render()
 }
 
-#[tokio::test(start_paused = true)]
 async fn each_outcome_is_counted_under_its_own_label() {
     let breaker = Breaker::builder()
         .name("outcomes")
@@ -182,7 +180,6 @@ async fn each_outcome_is_counted_under_its_own_label() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn the_volume_guard_is_its_own_reason() {
     let breaker = Breaker::builder()
         .name("volume")
@@ -205,7 +202,6 @@ async fn the_volume_guard_is_its_own_reason() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
     let set = KeyedBreakers::builder()
         .name("chat")
@@ -254,7 +250,6 @@ async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn the_switch_turns_reporting_off_and_on_at_run_time() {
     let switch = MetricsSwitch::new(true);
     let layer = CircuitBreakerLayer::builder()
@@ -276,7 +271,6 @@ async fn the_switch_turns_reporting_off_and_on_at_run_time() {
     assert_eq!(breaker.snapshot().counters.successes, 4);
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_breaker_built_without_metrics_reports_nothing() {
     let breaker = Breaker::builder()
         .name("quiet")
@@ -290,7 +284,6 @@ async fn a_breaker_built_without_metrics_reports_nothing() {
     assert!(!scrape.contains("quiet"), "{scrape}");
 }
 
-#[tokio::test(start_paused = true)]
 async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
     let layer = CircuitBreakerLayer::builder()
         .name("ttfb")
@@ -338,4 +331,93 @@ async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
     assert_eq!(bucket("1"), Some(0.0), "{scrape}");
     assert_eq!(bucket("1.5"), Some(1.0), "{scrape}");
     assert_eq!(bucket("+Inf"), Some(1.0), "{scrape}");
+}
+
+/// The facade cannot delete a series: a key the set evicted keeps its
+/// series in the recorder until the recorder drops them (the module docs say
+/// how to bound them with `metrics-exporter-prometheus`'s idle timeout,
+/// whose clock a test cannot pause).
+async fn an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them() {
+    let set = KeyedBreakers::builder()
+        .name("churn")
+        .max_keys(1000)
+        .idle_timeout(Duration::from_secs(1))
+        .metrics(true)
+        .build()
+        .unwrap();
+    let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    for batch in 0..20 {
+        for k in 0..1000 {
+            set.admit(&format!("k{batch}-{k}"))
+                .unwrap()
+                .record(Outcome::Success);
+        }
+        // A sweep marks the batch idle, the next one evicts it (sweeps run
+        // when new keys come, at most once per idle timeout).
+        for sweep in 0..2 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            set.admit(&format!("sweep{batch}-{sweep}"))
+                .unwrap()
+                .record(Outcome::Success);
+        }
+    }
+    let scrape = handle.render();
+    let series = scrape
+        .lines()
+        .filter(|l| l.starts_with("circuit_breaker_calls_total{"))
+        .count();
+    println!(
+        "20,000 keys through max_keys(1000): {} keys held, {series} call series in the recorder",
+        set.len()
+    );
+    assert!(set.len() <= 1000);
+    assert!(series > 20_000, "{series}");
+}
+
+/// This module's tests, for the runner.
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::tokio(
+            "metrics::an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them",
+            Rt::Paused,
+            an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them,
+        ),
+        Trial::tokio(
+            "metrics::the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_counts",
+            Rt::Current,
+            the_scrape_over_a_real_connection_shows_a_tripped_breakers_state_and_counts,
+        ),
+        Trial::tokio(
+            "metrics::each_outcome_is_counted_under_its_own_label",
+            Rt::Paused,
+            each_outcome_is_counted_under_its_own_label,
+        ),
+        Trial::tokio(
+            "metrics::the_volume_guard_is_its_own_reason",
+            Rt::Paused,
+            the_volume_guard_is_its_own_reason,
+        ),
+        Trial::tokio(
+            "metrics::keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed",
+            Rt::Paused,
+            keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed,
+        ),
+        Trial::tokio(
+            "metrics::the_switch_turns_reporting_off_and_on_at_run_time",
+            Rt::Paused,
+            the_switch_turns_reporting_off_and_on_at_run_time,
+        ),
+        Trial::tokio(
+            "metrics::a_breaker_built_without_metrics_reports_nothing",
+            Rt::Paused,
+            a_breaker_built_without_metrics_reports_nothing,
+        ),
+        Trial::tokio(
+            "metrics::time_to_first_byte_is_measured_from_admission_to_the_head",
+            Rt::Paused,
+            time_to_first_byte_is_measured_from_admission_to_the_head,
+        ),
+    ]
 }
