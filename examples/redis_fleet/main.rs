@@ -12,8 +12,9 @@
 //! cargo run --release --features redis --example redis_fleet -- [replicas] [keys] [rounds]
 //! ```
 //!
-//! Defaults: 10 replicas, 1,000 keys, 100 rounds; exchanges every 50 ms,
-//! resync and heartbeat every 1 s, 20 calls per second per replica.
+//! Defaults: 10 replicas, 1,000 keys, 100 rounds, one every 250 ms;
+//! exchanges every 50 ms, resync and heartbeat every 1 s, 20 calls per
+//! second per replica.
 //! `REDIS_URL` picks the server (default `redis://127.0.0.1:6379/`).
 
 mod soak;
@@ -28,8 +29,8 @@ async fn main() {
     let plan = soak::Plan::new(&url, replicas, keys, rounds);
     let prefix = format!("fleet-{}-{replicas}", std::process::id());
     println!(
-        "{replicas} replicas, {keys} keys, {rounds} rounds; flush {:?}, resync {:?}, {} calls/s per replica",
-        plan.flush, plan.resync, plan.calls_per_s
+        "{replicas} replicas, {keys} keys, {rounds} rounds every {:?}; flush {:?}, resync {:?}, {} calls/s per replica",
+        plan.round_every, plan.flush, plan.resync, plan.calls_per_s
     );
     let mut f = soak::run(&plan, &prefix).await;
     for (what, v) in [

@@ -32,6 +32,9 @@ pub struct Plan {
     /// How long a replica may take to reach the cluster's state before it
     /// counts as diverged.
     pub converge: Duration,
+    /// One round starts this often (a round that takes longer starts the
+    /// next at once), so the fleet sees the same rate of changes at any size.
+    pub round_every: Duration,
 }
 
 impl Plan {
@@ -46,6 +49,7 @@ impl Plan {
             resync: Duration::from_secs(1),
             calls_per_s: 20,
             converge: Duration::from_secs(10),
+            round_every: Duration::from_millis(250),
         }
     }
 }
@@ -247,7 +251,10 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
     let mut open: Vec<usize> = Vec::new();
     let before = info_field(&mut conn, "stats", "total_commands_processed").await;
     let began = Instant::now();
+    let mut ticks = tokio::time::interval(plan.round_every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for _ in 0..plan.rounds {
+        ticks.tick().await;
         let decider = rng.below(fleet.len());
         let roll = rng.below(100);
         let since = Instant::now();
