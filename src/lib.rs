@@ -140,6 +140,7 @@ pub mod reqwest_middleware;
 pub mod tonic;
 
 pub use crate::body::ResponseBody;
+pub use crate::breaker::InFlightLimit;
 pub use crate::breaker::{
     Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Snapshot,
     State, Transition, Window, WindowStats,

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::counters::Counter;
+use super::limit::Guarded;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
 use super::state::Packed;
@@ -12,30 +13,35 @@ use super::{Control, Events, Shared, State};
 use crate::sync::lock;
 
 impl Shared {
+    /// `fallback`: the call has somewhere else to go if refused.
     #[inline]
-    pub(super) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_as(self: &Arc<Self>, fallback: bool) -> Result<Permit, CircuitOpen> {
         let word = self.load();
-        if word.is_closed() && self.plain {
+        if word.is_closed() && self.plain && !self.is_guarded() {
             return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
         }
-        self.admit_other(word)
+        self.admit_other(word, fallback)
     }
 
     /// Every admission but a plain closed circuit's.
     #[inline(never)]
-    pub(super) fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_other(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         match word.state() {
-            State::Closed => self.admit_closed(word.generation()),
+            State::Closed => self.admit_closed(word.generation(), fallback),
             State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
             State::Open => {
                 let until = self.hot.open_until.load(Ordering::Acquire);
                 if self.before(until) {
                     if word.is_last_resort() {
-                        return self.admit_last_resort(word);
+                        return self.admit_last_resort(word, fallback);
                     }
                     self.reject_open(word, until)
                 } else {
-                    self.admit_probe(self.now())
+                    self.admit_probe(self.now(), fallback)
                 }
             }
             State::HalfOpen => {
@@ -44,7 +50,7 @@ impl Shared {
                     // Every slot is taken and no deadline has come.
                     return self.reject(Rejection::HalfOpenFull, None);
                 }
-                self.admit_probe(self.now())
+                self.admit_probe(self.now(), fallback)
             }
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
         }
@@ -59,7 +65,11 @@ impl Shared {
     }
 
     #[inline]
-    pub(super) fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_closed(
+        self: &Arc<Self>,
+        generation: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
             if until != 0
@@ -75,8 +85,19 @@ impl Shared {
                 return self.reject(Rejection::VolumeGuard, Some(now.saturating_add(wait)));
             }
         }
+        let mut watched = None;
+        if self.is_guarded() {
+            match self.admit_guarded(fallback) {
+                Guarded::Pass => {}
+                Guarded::Watch(f) => watched = Some(f),
+                Guarded::Reject(cause) => return self.reject_guarded(cause),
+            }
+        }
         let Some(in_flight) = &self.in_flight else {
-            return Ok(Permit::new(self, generation, Kind::Closed, 0));
+            return Ok(match watched {
+                Some(f) => self.admit_watched(generation, f),
+                None => Permit::new(self, generation, Kind::Closed, 0),
+            });
         };
         let now = self.now();
         let current = generation as u32;
@@ -87,7 +108,15 @@ impl Shared {
             // The crossings this admission found tripped the circuit: it is
             // the first call the open circuit turns away, not one more call
             // to an upstream already known to hang.
-            return self.admit();
+            return self.admit_as(fallback);
+        }
+        if !fallback && self.limiter.as_ref().is_some_and(|l| l.aimd()) {
+            // Slowness without a fallback is no reason to refuse: the
+            // in-flight limit watches such calls instead of this rule.
+            return Ok(match watched {
+                Some(f) => self.admit_watched(generation, f),
+                None => Permit::new(self, generation, Kind::Closed, 0),
+            });
         }
         let (mut kind, mut id) = (Kind::Tracked, in_flight.start(now));
         if !self.is_current(State::Closed, current) {
@@ -115,7 +144,11 @@ impl Shared {
     }
 
     #[cold]
-    pub(super) fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_probe(
+        self: &Arc<Self>,
+        now: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         // A known rate limit holds in half-open too: a probe sent before
         // its reset would only hear "429" again, and a 429 gives its slot
         // back, so nothing else would stop the next one.
@@ -141,7 +174,7 @@ impl Shared {
             State::Closed | State::Disabled | State::ForcedOpen => {
                 drop(ctl);
                 self.emit(events);
-                return self.admit();
+                return self.admit_as(fallback);
             }
         };
         self.remark(&mut ctl);
@@ -184,7 +217,11 @@ impl Shared {
     /// The one last-resort call granted for this open period, if no other
     /// call took it first.
     #[cold]
-    fn admit_last_resort(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+    fn admit_last_resort(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         let generation = word.generation();
         let taken = self.hot.state.compare_exchange(
             word.0,
@@ -194,7 +231,7 @@ impl Shared {
         );
         match taken {
             Ok(_) => Ok(Permit::new(self, generation, Kind::LastResort, 0)),
-            Err(_) => self.admit(),
+            Err(_) => self.admit_as(fallback),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::observe::Observe;
 use super::outcome::Outcome;
-use super::{spare, Shared};
+use super::{spare, Shared, Signal};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -16,6 +16,9 @@ pub(super) enum Kind {
     Closed,
     /// Admitted while closed, and tracked in flight by the slow-call rule.
     Tracked,
+    /// Admitted while closed without a fallback while the in-flight limit
+    /// watches: its id is the calls in flight as it was admitted.
+    Watched,
     /// A half-open probe.
     Probe,
     /// Admitted but never recorded: disabled, or a shadow-mode call that
@@ -48,6 +51,8 @@ pub(super) struct Ticket {
     /// The probe's id, or the tracked call's id in flight.
     pub(super) id: u32,
     pub(super) kind: Kind,
+    /// The overload signal its end carried (see [`Permit::signal`]).
+    pub(super) signal: Signal,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -102,6 +107,7 @@ impl Permit {
                 generation: generation as u32,
                 id,
                 kind,
+                signal: Signal::None,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -180,6 +186,13 @@ impl Permit {
                 shared.pace_for(wait);
             }
         }
+    }
+
+    /// The call's end carried an overload signal (an attempt timeout, a
+    /// 429, a 503), for the in-flight limit; read with its outcome.
+    #[inline]
+    pub(crate) fn signal(&mut self, signal: Signal) {
+        self.ticket.signal = signal;
     }
 
     /// With pacing on: a known rate limit is used up for `wait`.

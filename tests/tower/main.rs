@@ -13,6 +13,7 @@ mod grpc;
 mod half_open_pacing;
 mod health_half_open;
 mod keyed_stack;
+mod limit;
 mod llm_stream;
 mod messages;
 mod quota_pacing;

@@ -35,6 +35,9 @@ pub enum ConfigError {
     ZeroProbeLease,
     /// The probe timeout is zero.
     ZeroProbeTimeout,
+    /// An in-flight limit that cannot work (see
+    /// [`InFlightLimit`](crate::InFlightLimit)).
+    InFlightLimit(&'static str),
     /// The quota gate's open time is zero, so a quota answer would gate nothing.
     ZeroQuotaGate,
     /// Stream deadlines that cannot work (see
@@ -168,6 +171,7 @@ impl fmt::Display for ConfigError {
             ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
             ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
+            ConfigError::InFlightLimit(why) => write!(f, "in-flight limit: {why}"),
         }
     }
 }

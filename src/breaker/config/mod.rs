@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::limit::InFlightLimit;
 use super::observe::Observer;
 use super::state::Transition;
 
@@ -60,6 +61,10 @@ pub(crate) struct Config {
     pub(crate) quota_gate: Option<Duration>,
     /// Pacing on known rate limits.
     pub(crate) pace: bool,
+    /// The in-flight limit for calls without a fallback.
+    pub(crate) in_flight_limit: Option<InFlightLimit>,
+    /// The ramp after half-open; zero for none.
+    pub(crate) ramp: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
@@ -90,6 +95,8 @@ impl fmt::Debug for Config {
             .field("volume_guard", &self.volume_guard)
             .field("quota_gate", &self.quota_gate)
             .field("pace", &self.pace)
+            .field("in_flight_limit", &self.in_flight_limit)
+            .field("ramp", &self.ramp)
             .field("listeners", &self.listeners.len())
             .field("observer", &self.observer.is_some())
             .finish()
@@ -117,6 +124,8 @@ impl Default for Config {
             volume_guard: None,
             quota_gate: None,
             pace: false,
+            in_flight_limit: Some(InFlightLimit::default()),
+            ramp: DEFAULT_RAMP,
             seed: None,
             counter_stripes: 16,
             stripes_when_busy: false,
@@ -250,6 +259,12 @@ impl Config {
         {
             return Err(e);
         }
+        if let Some(e) = too_long("ramp", self.ramp) {
+            return Err(e);
+        }
+        if let Some(limit) = &self.in_flight_limit {
+            limit.validate().map_err(E::InFlightLimit)?;
+        }
         if self.open_max() < self.open {
             return Err(E::OpenMaxBelowOpen {
                 open: self.open,
@@ -355,5 +370,7 @@ pub(crate) const MAX_PROBES: u32 = 1 << 16;
 pub(crate) const MAX_COUNTER_STRIPES: usize = 1024;
 /// With no cap set, the reopen backoff stops at this many open durations.
 pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 2;
+/// The ramp after half-open, unless configured.
+pub(crate) const DEFAULT_RAMP: Duration = Duration::from_secs(10);
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
