@@ -195,6 +195,24 @@ impl Permit {
         self.ticket.signal = signal;
     }
 
+    /// Marks the call's end as an overload signal (the upstream answered
+    /// 503, or the attempt timed out) for the in-flight limit (see
+    /// [`Builder::in_flight_limit`](crate::Builder::in_flight_limit)); record the outcome after.
+    /// The tower service marks 503s, 429s and attempt timeouts itself.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.overloaded();
+    /// permit.record(Outcome::Failure);
+    /// // One signal says nothing yet of how it depends on the load.
+    /// assert_eq!(breaker.in_flight_limit(), None);
+    /// ```
+    pub fn overloaded(&mut self) {
+        self.signal(Signal::Unavailable);
+    }
+
     /// With pacing on: a known rate limit is used up for `wait`.
     pub(crate) fn pace_for(&self, wait: Duration) {
         if let Some(shared) = &self.shared

@@ -47,11 +47,16 @@ impl Shared {
                 }
             }
             Kind::Closed | Kind::Tracked | Kind::Watched => {
-                if permit.kind == Kind::Watched || permit.signal != Signal::None {
+                // A rate-limited outcome is a 429, whoever recorded it.
+                let signal = match (permit.signal, outcome) {
+                    (Signal::None, Outcome::RateLimited { .. }) => Signal::Throttled,
+                    (signal, _) => signal,
+                };
+                if permit.kind == Kind::Watched || signal != Signal::None {
                     let watched = (permit.kind == Kind::Watched
                         && !matches!(outcome, Outcome::Ignored))
                     .then_some(permit.id);
-                    self.limit_outcome(permit.generation, watched, permit.signal);
+                    self.limit_outcome(permit.generation, watched, signal);
                 }
                 let failed = match outcome {
                     Outcome::Success => false,
