@@ -351,8 +351,9 @@ impl Breaker {
     ///     permit.record(Outcome::Success);
     /// }
     /// assert_eq!(breaker.state(), State::Closed);
-    /// // With a fallback, the slow-call rule moves them elsewhere.
-    /// for _ in 0..4 {
+    /// // With a fallback, the slow-call rule moves them elsewhere: two slow
+    /// // calls of four reach its rate.
+    /// for _ in 0..2 {
     ///     let permit = breaker.admit_with_fallback().unwrap();
     ///     tokio::time::advance(Duration::from_secs(2)).await;
     ///     permit.record(Outcome::Success);
