@@ -22,6 +22,13 @@
 //!   the limit falls to [`InFlightLimit::decrease`] times the lesser of the
 //!   limit and the calls in flight (at least 1); calls beyond it are
 //!   rejected with [`Rejection::InFlightLimit`].
+//! - When every call of the window came with about the same calls in
+//!   flight (an upstream saturated at its queue holds them there) and at
+//!   least 15 % of them carried one kind of signal, the halves cannot be
+//!   told apart: the limit falls once, on trial, to 0.8 times, so calls come
+//!   with fewer in flight. If the signal's share then grows with the calls
+//!   in flight, it counts; if no signal counts within a window, the trial
+//!   is undone.
 //! - Once no signal counted for a step, the limit grows by
 //!   [`InFlightLimit::increase`] per step, and is unbounded again once it
 //!   is back above the most calls in flight it ever fell from. The watch
@@ -191,17 +198,30 @@ impl Signal {
     }
 }
 
-/// In-flight counts are binned exactly below 32, then in quarters of each
+/// In-flight counts are binned exactly below 32, then in eighths of each
 /// doubling.
-const BINS: usize = 64;
+const BINS: usize = 128;
 
 fn bin(f: u64) -> usize {
     if f < 32 {
         return f as usize;
     }
     let log = 63 - f.leading_zeros() as usize;
-    let sub = ((f >> (log - 2)) & 3) as usize;
-    (32 + (log - 5) * 4 + sub).min(BINS - 1)
+    let sub = ((f >> (log - 3)) & 7) as usize;
+    (32 + (log - 5) * 8 + sub).min(BINS - 1)
+}
+
+/// What the window says of one kind of signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Its share grows with the calls in flight.
+    Grows,
+    /// It does not, or there are too few signals to tell.
+    No,
+    /// Signals enough, but every call came with about the same calls in
+    /// flight (a saturated upstream holds them there): only a lower limit
+    /// can tell.
+    Unknown,
 }
 
 /// The limit and the ramp of one breaker.
@@ -248,6 +268,9 @@ struct Watch {
     last_change: u64,
     /// The most calls in flight the limit fell from.
     peak: u64,
+    /// A trial decrease made to tell (see [`Judged::Unknown`]): when, and
+    /// the limit before it, restored if no signal counts within a window.
+    probe: Option<(u64, u64)>,
 }
 
 /// What a guarded closed admission decided.
@@ -302,6 +325,7 @@ impl Watch {
             last_counted: 0,
             last_change: now,
             peak: 0,
+            probe: None,
         })
     }
 
@@ -333,7 +357,12 @@ impl Watch {
 
     /// Whether signals of kind `k` grow with the calls in flight over the
     /// window.
+    #[cfg(test)]
     fn load_dependent(&self, k: usize, min_signals: u64) -> bool {
+        self.judge(k, min_signals) == Judged::Grows
+    }
+
+    fn judge(&self, k: usize, min_signals: u64) -> Judged {
         let mut calls = [0u64; BINS];
         let mut sig = [0u64; BINS];
         for h in 0..2 {
@@ -345,7 +374,7 @@ impl Watch {
         let n: u64 = calls.iter().sum();
         let s: u64 = sig.iter().sum();
         if s < min_signals || n < 2 * min_signals {
-            return false;
+            return Judged::No;
         }
         // The median bin goes to whichever side leaves both non-empty.
         let mut cum = 0;
@@ -366,13 +395,21 @@ impl Watch {
         }
         let ((n1, s1), (n2, s2)) = (lo, hi);
         if n1 == 0 || n2 == 0 {
-            return false;
+            return if s as f64 >= 0.15 * n as f64 {
+                Judged::Unknown
+            } else {
+                Judged::No
+            };
         }
         let (p1, p2) = (s1 as f64 / n1 as f64, s2 as f64 / n2 as f64);
         let p = (s1 + s2) as f64 / (n1 + n2) as f64;
         let se = (p * (1.0 - p) * (1.0 / n1 as f64 + 1.0 / n2 as f64)).sqrt();
         let diff = p2 - p1;
-        diff >= 0.15 && diff >= 3.0 * se
+        if diff >= 0.15 && diff >= 3.0 * se {
+            Judged::Grows
+        } else {
+            Judged::No
+        }
     }
 }
 
@@ -469,14 +506,30 @@ impl Shared {
         if let Some(f) = watched {
             watch.observe(u64::from(f), signal);
         }
-        if let Some(k) = signal.index()
-            && watch.load_dependent(k, l.min_signals)
-        {
-            watch.last_counted = now;
-            if now.saturating_sub(watch.last_change) >= l.step_ns || l.current().is_none() {
+        l.expire_probe(watch, now);
+        if let Some(k) = signal.index() {
+            let judged = watch.judge(k, l.min_signals);
+            let due = now.saturating_sub(watch.last_change) >= l.step_ns;
+            let trial = judged == Judged::Unknown && watch.probe.is_none() && due;
+            if judged == Judged::Grows {
+                watch.last_counted = now;
+                watch.probe = None;
+            }
+            if trial || (judged == Judged::Grows && (due || l.current().is_none())) {
                 let f = self.in_flight_now().max(1);
-                let from = l.current().unwrap_or(u64::MAX).min(f);
-                let to = ((from as f64 * l.decrease) as u64).max(1);
+                let before = l.limit.load(Ordering::Acquire);
+                let from = before.min(f);
+                // A trial falls less far: it only has to move the calls in
+                // flight out of the bins they were stuck in.
+                let factor = if trial {
+                    l.decrease.max(0.8)
+                } else {
+                    l.decrease
+                };
+                let to = ((from as f64 * factor) as u64).max(1);
+                if trial {
+                    watch.probe = Some((now, before));
+                }
                 watch.peak = watch.peak.max(from);
                 watch.last_change = now;
                 l.limit.store(to, Ordering::Release);
@@ -523,6 +576,7 @@ impl Limiter {
     /// Additive increase: one step per step without a counted signal; back
     /// to unbounded above the peak.
     fn grow(&self, watch: &mut Watch, now: u64) {
+        self.expire_probe(watch, now);
         let Some(limit) = self.current() else { return };
         let since = now.saturating_sub(watch.last_change.max(watch.last_counted));
         let steps = since / self.step_ns;
@@ -539,6 +593,22 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// A trial decrease that no counted signal confirmed within a window is
+    /// undone.
+    fn expire_probe(&self, watch: &mut Watch, now: u64) {
+        if let Some((at, before)) = watch.probe
+            && now.saturating_sub(at) >= self.window_ns
+        {
+            watch.probe = None;
+            if watch.last_counted < at {
+                self.limit.store(before, Ordering::Release);
+                watch.last_change = now;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,8 +618,9 @@ mod tests {
         assert_eq!(bin(0), 0);
         assert_eq!(bin(31), 31);
         assert_eq!(bin(32), 32);
-        assert_eq!(bin(48), 34);
-        assert_eq!(bin(64), 36);
+        assert_eq!(bin(48), 36);
+        assert_eq!(bin(64), 40);
+        assert_eq!(bin(240), 32 + 2 * 8 + 7);
         assert_eq!(bin(u64::MAX), BINS - 1);
     }
 
@@ -585,6 +656,23 @@ mod tests {
         }
         assert!(w.load_dependent(2, 5));
         assert!(!w.load_dependent(0, 5), "each kind on its own");
+    }
+
+    #[test]
+    fn signals_at_one_level_of_load_cannot_be_told_apart() {
+        let mut w = Watch::new(0);
+        fill(&mut w, 240, 100, 40);
+        assert_eq!(w.judge(2, 5), Judged::Unknown);
+        // A lower limit tells: no signal at fewer calls in flight.
+        fill(&mut w, 192, 100, 0);
+        assert_eq!(w.judge(2, 5), Judged::Grows);
+        let mut quiet = Watch::new(0);
+        fill(&mut quiet, 240, 100, 5);
+        assert_eq!(
+            quiet.judge(2, 5),
+            Judged::No,
+            "a small share is no overload"
+        );
     }
 
     #[test]

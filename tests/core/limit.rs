@@ -225,3 +225,23 @@ fn bad_limit_settings_are_typed_errors() {
     ));
     assert!(Breaker::builder().ramp(Duration::ZERO).build().is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_key_of_a_keyed_set_has_its_own_limit() {
+    use tower_circuit_breaker::keyed::KeyedBreakers;
+    let set = KeyedBreakers::builder()
+        .no_window()
+        .in_flight_limit(InFlightLimit::new().window(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let (busy, calm) = (set.get_or_insert("busy"), set.get_or_insert("calm"));
+    for step in 0..50 {
+        round(&busy, 4 + step % 20, |i| i >= 8);
+        round(&calm, 4 + step % 20, |_| false);
+        advance(Duration::from_millis(100)).await;
+    }
+    assert!(busy.in_flight_limit().is_some());
+    assert_eq!(calm.in_flight_limit(), None);
+    let held: Vec<Permit> = (0..30).map(|_| set.admit("calm").unwrap()).collect();
+    drop(held);
+}
