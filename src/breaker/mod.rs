@@ -315,7 +315,31 @@ impl Breaker {
     /// ```
     #[inline]
     pub fn admit(&self) -> Result<Permit, CircuitOpen> {
-        self.shared.admit()
+        self.shared.admit(false)
+    }
+
+    /// [`admit`](Self::admit) for a call that has somewhere else to go if
+    /// refused (see [`HasFallback`](crate::HasFallback)).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let permit = breaker.admit_with_fallback().expect("a new breaker is closed");
+    /// permit.record(Outcome::Success);
+    /// ```
+    #[inline]
+    pub fn admit_with_fallback(&self) -> Result<Permit, CircuitOpen> {
+        self.shared.admit(true)
+    }
+
+    /// Admits a call whose fallback `fallback` tells, asked only where it
+    /// can matter (never on a plain closed circuit).
+    #[inline]
+    pub(crate) fn admit_marked(
+        &self,
+        fallback: impl FnOnce() -> bool,
+    ) -> Result<Permit, CircuitOpen> {
+        self.shared.admit_marked(fallback)
     }
 
     /// The current state. Once the open period is over it says

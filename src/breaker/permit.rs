@@ -48,6 +48,9 @@ pub(super) struct Ticket {
     /// The probe's id, or the tracked call's id in flight.
     pub(super) id: u32,
     pub(super) kind: Kind,
+    /// The call has somewhere else to go if refused (see
+    /// [`HasFallback`](crate::HasFallback)).
+    pub(super) fallback: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -94,7 +97,13 @@ impl fmt::Debug for Permit {
 
 impl Permit {
     #[inline]
-    pub(super) fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        generation: u64,
+        kind: Kind,
+        id: u32,
+        fallback: bool,
+    ) -> Self {
         shared.counters.incr(Counter::Admitted);
         Permit {
             shared: Some(spare::take(shared)),
@@ -102,6 +111,7 @@ impl Permit {
                 generation: generation as u32,
                 id,
                 kind,
+                fallback,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -141,6 +151,15 @@ impl Permit {
     /// ```
     pub fn is_probe(&self) -> bool {
         self.ticket.kind == Kind::Probe
+    }
+
+    /// Whether the call was admitted as one with a fallback. Known on every
+    /// admission but a plain closed circuit's (no slow-call rule, volume
+    /// guard or pacing), where nothing reads it and it is `false`.
+    #[allow(dead_code)]
+    #[inline]
+    pub(crate) fn has_fallback(&self) -> bool {
+        self.ticket.fallback
     }
 
     /// Marks the arrival of the response head: the slow-call rule measures
