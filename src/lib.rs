@@ -95,6 +95,7 @@ pub mod classify;
 pub mod deadline;
 pub mod error;
 pub mod failover;
+mod fallback;
 pub mod future;
 mod guard;
 pub mod health;
@@ -148,6 +149,7 @@ pub use crate::breaker::{
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error, Rejection};
 pub use crate::failover::Failover;
+pub use crate::fallback::{Fallback, HasFallback};
 pub use crate::layer::CircuitBreakerLayer;
 pub use crate::retry::RetryPolicy;
 pub use crate::service::{CircuitBreaker, Select};

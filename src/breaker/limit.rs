@@ -559,7 +559,7 @@ impl Shared {
     /// Admits a watched call.
     #[inline]
     pub(super) fn admit_watched(self: &Arc<Self>, generation: u64, f: u32) -> Permit {
-        Permit::new(self, generation, Kind::Watched, f)
+        Permit::new(self, generation, Kind::Watched, f, false)
     }
 
     /// Rejects a call the limit or the ramp refused.
@@ -567,8 +567,9 @@ impl Shared {
     pub(super) fn reject_guarded(
         self: &Arc<Self>,
         cause: Rejection,
+        fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
-        self.reject(cause, None)
+        self.reject(cause, None, fallback)
     }
 }
 

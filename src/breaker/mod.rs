@@ -326,12 +326,13 @@ impl Breaker {
     /// ```
     #[inline]
     pub fn admit(&self) -> Result<Permit, CircuitOpen> {
-        self.shared.admit_as(false)
+        self.shared.admit(false)
     }
 
     /// [`admit`](Self::admit) for a call that has somewhere else to go if
-    /// the breaker refuses it (a fallback): the slow-call rule and the ramp
-    /// after half-open apply to it, the in-flight limit does not.
+    /// refused (see [`HasFallback`](crate::HasFallback)): the slow-call rule
+    /// and the ramp after half-open apply to it, the in-flight limit does
+    /// not.
     ///
     /// ```
     /// use std::time::Duration;
@@ -363,7 +364,7 @@ impl Breaker {
     /// ```
     #[inline]
     pub fn admit_with_fallback(&self) -> Result<Permit, CircuitOpen> {
-        self.shared.admit_as(true)
+        self.shared.admit(true)
     }
 
     /// The in-flight limit calls without a fallback are held to now; `None`
@@ -377,6 +378,16 @@ impl Breaker {
     /// ```
     pub fn in_flight_limit(&self) -> Option<u64> {
         self.shared.limiter.as_ref().and_then(|l| l.current())
+    }
+
+    /// Admits a call whose fallback `fallback` tells, asked only where it
+    /// can matter (never on a plain closed circuit).
+    #[inline]
+    pub(crate) fn admit_marked(
+        &self,
+        fallback: impl FnOnce() -> bool,
+    ) -> Result<Permit, CircuitOpen> {
+        self.shared.admit_marked(fallback)
     }
 
     /// The current state. Once the open period is over it says

@@ -53,6 +53,9 @@ pub(super) struct Ticket {
     pub(super) kind: Kind,
     /// The overload signal its end carried (see [`Permit::signal`]).
     pub(super) signal: Signal,
+    /// The call has somewhere else to go if refused (see
+    /// [`HasFallback`](crate::HasFallback)).
+    pub(super) fallback: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -99,7 +102,13 @@ impl fmt::Debug for Permit {
 
 impl Permit {
     #[inline]
-    pub(super) fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        generation: u64,
+        kind: Kind,
+        id: u32,
+        fallback: bool,
+    ) -> Self {
         shared.counters.incr(Counter::Admitted);
         Permit {
             shared: Some(spare::take(shared)),
@@ -108,6 +117,7 @@ impl Permit {
                 id,
                 kind,
                 signal: Signal::None,
+                fallback,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -147,6 +157,15 @@ impl Permit {
     /// ```
     pub fn is_probe(&self) -> bool {
         self.ticket.kind == Kind::Probe
+    }
+
+    /// Whether the call was admitted as one with a fallback. Known on every
+    /// admission but a plain closed circuit's (no slow-call rule, volume
+    /// guard or pacing), where nothing reads it and it is `false`.
+    #[allow(dead_code)]
+    #[inline]
+    pub(crate) fn has_fallback(&self) -> bool {
+        self.ticket.fallback
     }
 
     /// Marks the arrival of the response head: the slow-call rule measures

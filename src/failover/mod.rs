@@ -75,6 +75,7 @@ use crate::breaker::Breaker;
 use crate::classify::{Classify, HttpClassifier};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
+use crate::Fallback;
 
 mod future;
 
@@ -457,7 +458,7 @@ impl<S, Req, C, B> Service<Req> for Failover<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
     S::Error: AttemptError,
-    Req: Clone,
+    Req: Clone + Fallback,
     C: Classify + Clone,
 {
     type Response = Response<B>;

@@ -9,6 +9,7 @@ mod axum_app;
 mod controls;
 mod durations;
 mod failover;
+mod fallback_marker;
 mod grpc;
 mod half_open_pacing;
 mod health_half_open;
