@@ -1461,8 +1461,20 @@ fn retries_under_a_capacity_feed_the_storm_without_a_breaker_and_not_with_one() 
     assert!(scenario.client.max_retries > 0 && scenario.upstreams[0].capacity.is_some());
     scenario.client.max_retries = 0;
     let without = engine::replay(&scenario).unwrap();
-    // By default the bare breaker answers what no breaker answers.
-    assert!(stack(shipped, "breaker").all.succeeded >= stack(shipped, "no-breaker").all.succeeded,);
+    // By default the bare breaker answers nearly what no breaker answers
+    // (its in-flight limit sheds what the queue turns away anyway) with
+    // fewer attempts.
+    let (bare, none) = (
+        &stack(shipped, "breaker").all,
+        &stack(shipped, "no-breaker").all,
+    );
+    assert!(
+        bare.succeeded as f64 >= 0.95 * none.succeeded as f64,
+        "{} vs {}",
+        bare.succeeded,
+        none.succeeded
+    );
+    assert!(bare.attempts[0].1 < none.attempts[0].1);
     let growth = |name: &str| {
         let (a, b) = (&stack(with_retries, name).all, &stack(&without, name).all);
         let p99 = |f: &Figures| f.answered_wait.unwrap().p99_s;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::client::legacy::Client;
@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::time::{sleep, Instant};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::{
-    Breaker, CircuitBreakerLayer, InFlightLimit, Outcome, Rejection, State,
+    Breaker, CircuitBreakerLayer, HasFallback, InFlightLimit, Rejection, State,
 };
 
 /// What the server does with one request: answer with a status after a
@@ -366,7 +366,7 @@ async fn a_capacity_bound_upstream_answering_503_under_load_has_its_limit_fall_w
 async fn a_healed_upstreams_traffic_with_a_fallback_rises_over_the_ramp() {
     let up = upstream(Arc::new(|_, _| Act::Answer(503, Duration::from_millis(10)))).await;
     let ramp = Duration::from_secs(10);
-    let breaker = Breaker::builder()
+    let layer = CircuitBreakerLayer::builder()
         .consecutive_failures(3)
         .open_duration(Duration::from_secs(30))
         .jitter(0.0)
@@ -375,26 +375,32 @@ async fn a_healed_upstreams_traffic_with_a_fallback_rises_over_the_ramp() {
         .ramp(ramp)
         .build()
         .unwrap();
+    let breaker = layer.breaker().clone();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let svc = ServiceBuilder::new().layer(layer).service(client);
     let uri = format!("http://{}/v1/chat/completions", up.addr);
-    // One call with a fallback: through the breaker to the upstream, or to
-    // the fallback when refused. Returns whether the upstream got it.
+    // One call marked as having a fallback: to the upstream, or refused
+    // (with the ramp's reason, while it lasts) so the caller goes to its
+    // fallback. Returns whether the upstream got it.
     let call = || {
-        let (breaker, client, uri) = (breaker.clone(), client.clone(), uri.clone());
+        let (svc, uri) = (svc.clone(), uri.clone());
         async move {
-            let Ok(permit) = breaker.admit_with_fallback() else {
-                return false;
-            };
-            let req = Request::get(uri.as_str()).body(Empty::new()).unwrap();
-            let res = client.request(req).await.unwrap();
-            let ok = res.status() == StatusCode::OK;
-            res.into_body().collect().await.unwrap();
-            permit.record(if ok {
-                Outcome::Success
-            } else {
-                Outcome::Failure
-            });
-            true
+            let mut req = Request::get(uri.as_str()).body(Empty::new()).unwrap();
+            req.extensions_mut().insert(HasFallback);
+            match svc.oneshot(req).await {
+                Ok(res) => {
+                    res.into_body().collect().await.unwrap();
+                    true
+                }
+                Err(e) => {
+                    let reason = e.circuit_open().expect("only refusals").reason();
+                    assert!(matches!(
+                        reason,
+                        Rejection::Ramp | Rejection::Open | Rejection::HalfOpenFull
+                    ));
+                    false
+                }
+            }
         }
     };
     while breaker.state() == State::Closed {
