@@ -25,7 +25,7 @@ use bytes::Buf;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 
-use crate::breaker::{CircuitOpen, Outcome, Permit};
+use crate::breaker::{CircuitOpen, Outcome, Permit, Signal};
 use crate::classify::{
     exhausted_reset, parse_retry_after, Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict,
 };
@@ -133,6 +133,19 @@ where
     }
 }
 
+/// Whether an attempt's error is its timeout (tower's or tokio's), an
+/// overload signal for the in-flight limit.
+fn timed_out(error: ErrorRef<'_>) -> bool {
+    let mut e: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(err) = e {
+        if err.is::<tower::timeout::error::Elapsed>() || err.is::<tokio::time::error::Elapsed>() {
+            return true;
+        }
+        e = err.source();
+    }
+    false
+}
+
 // === Guard ===
 
 /// One admitted call: the permit, from admission until an outcome is
@@ -169,6 +182,9 @@ impl Guard {
     /// The inner service failed with `error`.
     #[inline]
     pub(crate) fn on_error<C: Classify>(&mut self, classifier: &C, error: ErrorRef<'_>) {
+        if timed_out(error) {
+            self.permit.signal(Signal::Timeout);
+        }
         self.permit.finish(error_outcome(classifier, error));
     }
 
@@ -190,6 +206,11 @@ impl Guard {
         headers: &HeaderMap,
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
+        match status.as_u16() {
+            429 => self.permit.signal(Signal::Throttled),
+            503 => self.permit.signal(Signal::Unavailable),
+            _ => {}
+        }
         #[cfg(feature = "metrics")]
         self.permit.report_head();
         match classifier.classify_response(status, headers) {

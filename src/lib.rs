@@ -160,6 +160,7 @@ pub mod classify;
 pub mod deadline;
 pub mod error;
 pub mod failover;
+mod fallback;
 pub mod future;
 mod guard;
 pub mod health;
@@ -205,6 +206,7 @@ pub mod reqwest_middleware;
 pub mod tonic;
 
 pub use crate::body::ResponseBody;
+pub use crate::breaker::InFlightLimit;
 pub use crate::breaker::{
     Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Snapshot,
     State, Transition, Window, WindowStats,
@@ -212,6 +214,7 @@ pub use crate::breaker::{
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error, Rejection};
 pub use crate::failover::Failover;
+pub use crate::fallback::{Fallback, HasFallback};
 pub use crate::layer::CircuitBreakerLayer;
 pub use crate::retry::RetryPolicy;
 pub use crate::service::{CircuitBreaker, Select};

@@ -9,6 +9,7 @@ use crate::breaker::{Breaker, ConfigError, Permit};
 use crate::classify::{Classify, HttpClassifier};
 use crate::deadline::StreamDeadlines;
 use crate::error::CircuitOpen;
+use crate::fallback::Fallback;
 use crate::future::{ResponseFuture, TimedResponseFuture};
 use crate::guard::Guard;
 use crate::{BoxError, Error};
@@ -219,15 +220,17 @@ where
 }
 
 /// Chooses the breaker that admits a request: one [`Breaker`] for every
-/// request, or one per key with [`Keyed`](crate::keyed::Keyed).
+/// request, or one per key with [`Keyed`](crate::keyed::Keyed). Both read
+/// the request's [`HasFallback`](crate::HasFallback) mark through
+/// [`Fallback`].
 pub trait Select<Request> {
     /// Asks the request's breaker for a permit.
     fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen>;
 }
 
-impl<Request> Select<Request> for Breaker {
+impl<Request: Fallback> Select<Request> for Breaker {
     #[inline]
-    fn admit(&self, _: &Request) -> Result<Permit, CircuitOpen> {
-        Breaker::admit(self)
+    fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen> {
+        self.admit_marked(|| request.has_fallback())
     }
 }

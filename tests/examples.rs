@@ -137,7 +137,10 @@ fn quickstart() {
     let out = run_only("quickstart", &[]);
     assert!(out.contains("a health probe found it"), "{out}");
     let last = out.lines().last().unwrap_or_default();
-    assert!(last.contains("upstream saw") && last.ends_with("circuit closed"), "{out}");
+    assert!(
+        last.contains("upstream saw") && last.ends_with("circuit closed"),
+        "{out}"
+    );
 }
 
 #[test]

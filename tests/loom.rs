@@ -540,3 +540,39 @@ fn a_call_claimed_while_a_sweep_resets_the_due_moment_is_not_missed() {
         );
     });
 }
+
+/// A probe closing the circuit (which starts the ramp after half-open)
+/// races a call with a fallback: whichever way it goes, once both are done
+/// the ramp holds for calls with a fallback (an hour long, it admits
+/// nothing yet) and never for calls without one.
+#[test]
+fn a_probe_closing_into_the_ramp_racing_an_admission_leaves_the_ramp_on() {
+    model(|| {
+        let b = base()
+            .no_window()
+            .consecutive_failures(1)
+            .probes(1)
+            .close_after(1)
+            .ramp(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        b.admit().unwrap().record(Outcome::Failure);
+        let probe = loop {
+            if let Ok(p) = b.admit() {
+                break p;
+            }
+        };
+        let other = b.clone();
+        let t = thread::spawn(move || {
+            if let Ok(p) = other.admit_with_fallback() {
+                p.record(Outcome::Success);
+            }
+        });
+        probe.record(Outcome::Success);
+        t.join().unwrap();
+        assert_eq!(b.state(), State::Closed);
+        let refused = b.admit_with_fallback().unwrap_err();
+        assert_eq!(refused.reason(), tower_circuit_breaker::Rejection::Ramp);
+        b.admit().unwrap().record(Outcome::Success);
+    });
+}

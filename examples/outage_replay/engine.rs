@@ -560,6 +560,9 @@ fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
     if let Some((threshold, rate)) = b.slow_call {
         builder = builder.slow_call(threshold, rate);
     }
+    if b.no_in_flight_limit {
+        builder = builder.no_in_flight_limit();
+    }
     builder
 }
 

@@ -409,6 +409,11 @@ pub struct BreakerConfig {
     pub volume_guard: Option<(u32, Duration)>,
     /// Keyed breakers in the `breaker` stack.
     pub keyed_by: Option<KeyedBy>,
+    /// The in-flight limit off (`no_in_flight_limit()`): the slow-call
+    /// rule then looks at every call, with a fallback or not, as it did
+    /// before the limit. Not read from the file; false unless a caller sets
+    /// it.
+    pub no_in_flight_limit: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -1349,6 +1354,7 @@ fn breaker(
     Ok(BreakerConfig {
         volume_guard,
         keyed_by,
+        no_in_flight_limit: false,
         window,
         min_calls,
         failure_rate,

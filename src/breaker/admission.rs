@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::counters::Counter;
+use super::limit::Guarded;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
 use super::state::Packed;
@@ -12,41 +13,64 @@ use super::{Control, Events, Shared, State};
 use crate::sync::lock;
 
 impl Shared {
+    /// Admits a call; `fallback`: whether it has somewhere else to go if
+    /// refused.
     #[inline]
-    pub(super) fn admit(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit(self: &Arc<Self>, fallback: bool) -> Result<Permit, CircuitOpen> {
+        self.admit_marked(|| fallback)
+    }
+
+    /// [`admit`](Self::admit), asking `fallback` only off the plain closed
+    /// path: a plain closed circuit admits every call alike, so a request's
+    /// mark is read only where it can matter.
+    #[inline]
+    pub(super) fn admit_marked(
+        self: &Arc<Self>,
+        fallback: impl FnOnce() -> bool,
+    ) -> Result<Permit, CircuitOpen> {
         let word = self.load();
-        if word.is_closed() && self.plain {
-            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0));
+        if word.is_closed() && self.plain && !self.is_guarded() {
+            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0, false));
         }
-        self.admit_other(word)
+        self.admit_other(word, fallback())
     }
 
     /// Every admission but a plain closed circuit's.
     #[inline(never)]
-    pub(super) fn admit_other(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_other(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         match word.state() {
-            State::Closed => self.admit_closed(word.generation()),
-            State::Disabled => Ok(Permit::new(self, word.generation(), Kind::Passive, 0)),
+            State::Closed => self.admit_closed(word.generation(), fallback),
+            State::Disabled => Ok(Permit::new(
+                self,
+                word.generation(),
+                Kind::Passive,
+                0,
+                fallback,
+            )),
             State::Open => {
                 let until = self.hot.open_until.load(Ordering::Acquire);
                 if self.before(until) {
                     if word.is_last_resort() {
-                        return self.admit_last_resort(word);
+                        return self.admit_last_resort(word, fallback);
                     }
-                    self.reject_open(word, until)
+                    self.reject_open(word, until, fallback)
                 } else {
-                    self.admit_probe(self.now())
+                    self.admit_probe(self.now(), fallback)
                 }
             }
             State::HalfOpen => {
                 if word.is_probes_out() && self.before(self.hot.open_until.load(Ordering::Acquire))
                 {
                     // Every slot is taken and no deadline has come.
-                    return self.reject(Rejection::HalfOpenFull, None);
+                    return self.reject(Rejection::HalfOpenFull, None, fallback);
                 }
-                self.admit_probe(self.now())
+                self.admit_probe(self.now(), fallback)
             }
-            State::ForcedOpen => self.reject(Rejection::ForcedOpen, None),
+            State::ForcedOpen => self.reject(Rejection::ForcedOpen, None, fallback),
         }
     }
 
@@ -59,11 +83,15 @@ impl Shared {
     }
 
     #[inline]
-    pub(super) fn admit_closed(self: &Arc<Self>, generation: u64) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_closed(
+        self: &Arc<Self>,
+        generation: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
             if until != 0
-                && let Some(rejected) = self.pace_check(until)
+                && let Some(rejected) = self.pace_check(until, fallback)
             {
                 return rejected;
             }
@@ -72,11 +100,26 @@ impl Shared {
             let now = self.now();
             if let Err(wait) = guard.try_admit(now) {
                 self.counters.incr(Counter::VolumeLimited);
-                return self.reject(Rejection::VolumeGuard, Some(now.saturating_add(wait)));
+                return self.reject(
+                    Rejection::VolumeGuard,
+                    Some(now.saturating_add(wait)),
+                    fallback,
+                );
+            }
+        }
+        let mut watched = None;
+        if self.is_guarded() {
+            match self.admit_guarded(fallback) {
+                Guarded::Pass => {}
+                Guarded::Watch(f) => watched = Some(f),
+                Guarded::Reject(cause) => return self.reject_guarded(cause, fallback),
             }
         }
         let Some(in_flight) = &self.in_flight else {
-            return Ok(Permit::new(self, generation, Kind::Closed, 0));
+            return Ok(match watched {
+                Some(f) => self.admit_watched(generation, f),
+                None => Permit::new(self, generation, Kind::Closed, 0, fallback),
+            });
         };
         let now = self.now();
         let current = generation as u32;
@@ -87,7 +130,15 @@ impl Shared {
             // The crossings this admission found tripped the circuit: it is
             // the first call the open circuit turns away, not one more call
             // to an upstream already known to hang.
-            return self.admit();
+            return self.admit(fallback);
+        }
+        if !fallback && self.limiter.as_ref().is_some_and(|l| l.aimd()) {
+            // Slowness without a fallback is no reason to refuse: the
+            // in-flight limit watches such calls instead of this rule.
+            return Ok(match watched {
+                Some(f) => self.admit_watched(generation, f),
+                None => Permit::new(self, generation, Kind::Closed, 0, false),
+            });
         }
         let (mut kind, mut id) = (Kind::Tracked, in_flight.start(now));
         if !self.is_current(State::Closed, current) {
@@ -96,7 +147,7 @@ impl Shared {
             in_flight.finish(id, || now);
             (kind, id) = (Kind::Closed, 0);
         }
-        Ok(Permit::new(self, generation, kind, id))
+        Ok(Permit::new(self, generation, kind, id, fallback))
     }
 
     /// Calls still hanging past the slow threshold are slow now, not when
@@ -115,14 +166,18 @@ impl Shared {
     }
 
     #[cold]
-    pub(super) fn admit_probe(self: &Arc<Self>, now: u64) -> Result<Permit, CircuitOpen> {
+    pub(super) fn admit_probe(
+        self: &Arc<Self>,
+        now: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         // A known rate limit holds in half-open too: a probe sent before
         // its reset would only hear "429" again, and a 429 gives its slot
         // back, so nothing else would stop the next one.
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
             if until != 0
-                && let Some(rejected) = self.pace_check(until)
+                && let Some(rejected) = self.pace_check(until, fallback)
             {
                 return rejected;
             }
@@ -141,26 +196,36 @@ impl Shared {
             State::Closed | State::Disabled | State::ForcedOpen => {
                 drop(ctl);
                 self.emit(events);
-                return self.admit();
+                return self.admit(fallback);
             }
         };
         self.remark(&mut ctl);
         drop(ctl);
         self.emit(events);
         match admitted {
-            Ok(id) => Ok(Permit::new(self, word.generation(), Kind::Probe, id)),
-            Err(Some(until)) => self.reject_open(self.load(), until),
-            Err(None) => self.reject(Rejection::HalfOpenFull, None),
+            Ok(id) => Ok(Permit::new(
+                self,
+                word.generation(),
+                Kind::Probe,
+                id,
+                fallback,
+            )),
+            Err(Some(until)) => self.reject_open(self.load(), until, fallback),
+            Err(None) => self.reject(Rejection::HalfOpenFull, None, fallback),
         }
     }
 
     /// A known rate limit resets at `until`: rejects the call if that has
     /// not come yet.
     #[cold]
-    fn pace_check(self: &Arc<Self>, until: u64) -> Option<Result<Permit, CircuitOpen>> {
+    fn pace_check(
+        self: &Arc<Self>,
+        until: u64,
+        fallback: bool,
+    ) -> Option<Result<Permit, CircuitOpen>> {
         if self.before(until) {
             self.counters.incr(Counter::Paced);
-            return Some(self.reject(Rejection::RateLimited, Some(until)));
+            return Some(self.reject(Rejection::RateLimited, Some(until), fallback));
         }
         // Over: later admissions skip the clock.
         let _ =
@@ -172,19 +237,28 @@ impl Shared {
 
     /// Rejects a call to an open circuit, saying why it opened.
     #[inline]
-    fn reject_open(self: &Arc<Self>, word: Packed, until: u64) -> Result<Permit, CircuitOpen> {
+    fn reject_open(
+        self: &Arc<Self>,
+        word: Packed,
+        until: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         if word.is_quota_open() {
             self.counters.incr(Counter::QuotaRejected);
-            self.reject(Rejection::Quota, Some(until))
+            self.reject(Rejection::Quota, Some(until), fallback)
         } else {
-            self.reject(Rejection::Open, Some(until))
+            self.reject(Rejection::Open, Some(until), fallback)
         }
     }
 
     /// The one last-resort call granted for this open period, if no other
     /// call took it first.
     #[cold]
-    fn admit_last_resort(self: &Arc<Self>, word: Packed) -> Result<Permit, CircuitOpen> {
+    fn admit_last_resort(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         let generation = word.generation();
         let taken = self.hot.state.compare_exchange(
             word.0,
@@ -193,8 +267,8 @@ impl Shared {
             Ordering::Acquire,
         );
         match taken {
-            Ok(_) => Ok(Permit::new(self, generation, Kind::LastResort, 0)),
-            Err(_) => self.admit(),
+            Ok(_) => Ok(Permit::new(self, generation, Kind::LastResort, 0, fallback)),
+            Err(_) => self.admit(fallback),
         }
     }
 
@@ -235,9 +309,10 @@ impl Shared {
         self: &Arc<Self>,
         cause: Rejection,
         deadline: Option<u64>,
+        fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
-            return self.admit_shadow();
+            return self.admit_shadow(fallback);
         }
         self.counters.incr(Counter::Rejected);
         if let Some(observer) = self.observer() {
@@ -252,13 +327,14 @@ impl Shared {
 
     /// In shadow mode: admits the call that would have been rejected.
     #[cold]
-    fn admit_shadow(self: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+    fn admit_shadow(self: &Arc<Self>, fallback: bool) -> Result<Permit, CircuitOpen> {
         self.counters.incr(Counter::WouldReject);
         Ok(Permit::new(
             self,
             self.load().generation(),
             Kind::Passive,
             0,
+            fallback,
         ))
     }
 }

@@ -45,6 +45,7 @@ mod config;
 pub(crate) use config::MAX_DURATION;
 mod counters;
 mod half_open;
+mod limit;
 mod observe;
 mod open_cap;
 mod outcome;
@@ -72,6 +73,8 @@ pub use self::changed::Changed;
 // Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, Window};
+pub use self::limit::InFlightLimit;
+pub(crate) use self::limit::Signal;
 #[cfg_attr(not(feature = "metrics"), allow(unused_imports))]
 pub(crate) use self::observe::{MakeObserver, Observe};
 pub use self::outcome::Outcome;
@@ -84,6 +87,7 @@ pub(crate) use self::turns::Turns;
 
 use self::counters::{Counter, Striped};
 use self::half_open::{Cycle, Expiry};
+use self::limit::Limiter;
 use self::rejection::Deadline;
 pub use self::rejection::{CircuitOpen, Rejection};
 use self::state::Packed;
@@ -147,6 +151,9 @@ struct Hot {
     /// With pacing on: calls are rejected until then (ns since `epoch`); 0
     /// for no known rate limit.
     paced_until: AtomicU64,
+    /// An in-flight limit's watch or a ramp is on: closed admissions go
+    /// through them.
+    guarded: AtomicBool,
 }
 
 pub(crate) struct Shared {
@@ -157,6 +164,8 @@ pub(crate) struct Shared {
     /// Calls in flight, tracked only when the slow-call rule is on.
     in_flight: Option<InFlight>,
     volume: Option<VolumeGuard>,
+    /// The in-flight limit and the ramp after half-open, if either is on.
+    limiter: Option<Limiter>,
     counters: Striped,
     control: Mutex<Control>,
     name: Option<Arc<str>>,
@@ -260,6 +269,7 @@ impl Breaker {
                     consecutive: AtomicU64::new(0),
                     metrics_only: AtomicBool::new(config.metrics_only),
                     paced_until: AtomicU64::new(0),
+                    guarded: AtomicBool::new(false),
                 },
                 changes: Arc::new(Notify::new()),
                 rates: if has_window {
@@ -271,6 +281,7 @@ impl Breaker {
                 volume: config
                     .volume_guard
                     .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),
+                limiter: Limiter::new(config.in_flight_limit, config.ramp),
                 counters: Striped::new(config.counter_stripes, config.stripes_when_busy),
                 control: Mutex::new(Control {
                     reopens: 0,
@@ -319,7 +330,68 @@ impl Breaker {
     /// ```
     #[inline]
     pub fn admit(&self) -> Result<Permit, CircuitOpen> {
-        self.shared.admit()
+        self.shared.admit(false)
+    }
+
+    /// [`admit`](Self::admit) for a call that has somewhere else to go if
+    /// refused (see [`HasFallback`](crate::HasFallback)): the slow-call rule
+    /// and the ramp after half-open apply to it, the in-flight limit does
+    /// not.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .slow_call(Duration::from_secs(1), 0.5)
+    ///     .count_window(4)
+    ///     .min_calls(4)
+    ///     .build()
+    ///     .unwrap();
+    /// // Slow calls without a fallback are answers: they move nothing.
+    /// for _ in 0..4 {
+    ///     let permit = breaker.admit().unwrap();
+    ///     tokio::time::advance(Duration::from_secs(2)).await;
+    ///     permit.record(Outcome::Success);
+    /// }
+    /// assert_eq!(breaker.state(), State::Closed);
+    /// // With a fallback, the slow-call rule moves them elsewhere: two slow
+    /// // calls of four reach its rate.
+    /// for _ in 0..2 {
+    ///     let permit = breaker.admit_with_fallback().unwrap();
+    ///     tokio::time::advance(Duration::from_secs(2)).await;
+    ///     permit.record(Outcome::Success);
+    /// }
+    /// assert_eq!(breaker.state(), State::Open);
+    /// # }
+    /// ```
+    #[inline]
+    pub fn admit_with_fallback(&self) -> Result<Permit, CircuitOpen> {
+        self.shared.admit(true)
+    }
+
+    /// The in-flight limit calls without a fallback are held to now; `None`
+    /// while it is unbounded (always, with the limit off). See
+    /// [`Builder::in_flight_limit`].
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// assert_eq!(breaker.in_flight_limit(), None);
+    /// ```
+    pub fn in_flight_limit(&self) -> Option<u64> {
+        self.shared.limiter.as_ref().and_then(|l| l.current())
+    }
+
+    /// Admits a call whose fallback `fallback` tells, asked only where it
+    /// can matter (never on a plain closed circuit).
+    #[inline]
+    pub(crate) fn admit_marked(
+        &self,
+        fallback: impl FnOnce() -> bool,
+    ) -> Result<Permit, CircuitOpen> {
+        self.shared.admit_marked(fallback)
     }
 
     /// The current state. Once the open period is over it says

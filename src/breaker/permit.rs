@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::observe::Observe;
 use super::outcome::Outcome;
-use super::{spare, Shared};
+use super::{spare, Shared, Signal};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -16,6 +16,9 @@ pub(super) enum Kind {
     Closed,
     /// Admitted while closed, and tracked in flight by the slow-call rule.
     Tracked,
+    /// Admitted while closed without a fallback while the in-flight limit
+    /// watches: its id is the calls in flight as it was admitted.
+    Watched,
     /// A half-open probe.
     Probe,
     /// Admitted but never recorded: disabled, or a shadow-mode call that
@@ -48,6 +51,11 @@ pub(super) struct Ticket {
     /// The probe's id, or the tracked call's id in flight.
     pub(super) id: u32,
     pub(super) kind: Kind,
+    /// The overload signal its end carried (see [`Permit::signal`]).
+    pub(super) signal: Signal,
+    /// The call has somewhere else to go if refused (see
+    /// [`HasFallback`](crate::HasFallback)).
+    pub(super) fallback: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -94,7 +102,13 @@ impl fmt::Debug for Permit {
 
 impl Permit {
     #[inline]
-    pub(super) fn new(shared: &Arc<Shared>, generation: u64, kind: Kind, id: u32) -> Self {
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        generation: u64,
+        kind: Kind,
+        id: u32,
+        fallback: bool,
+    ) -> Self {
         shared.counters.incr(Counter::Admitted);
         Permit {
             shared: Some(spare::take(shared)),
@@ -102,6 +116,8 @@ impl Permit {
                 generation: generation as u32,
                 id,
                 kind,
+                signal: Signal::None,
+                fallback,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -143,6 +159,15 @@ impl Permit {
         self.ticket.kind == Kind::Probe
     }
 
+    /// Whether the call was admitted as one with a fallback. Known on every
+    /// admission but a plain closed circuit's (no slow-call rule, volume
+    /// guard or pacing), where nothing reads it and it is `false`.
+    #[allow(dead_code)]
+    #[inline]
+    pub(crate) fn has_fallback(&self) -> bool {
+        self.ticket.fallback
+    }
+
     /// Marks the arrival of the response head: the slow-call rule measures
     /// time to head (time to first token for a streamed answer), not time to
     /// the end of the body, so a long stream with a quick first token is not
@@ -180,6 +205,31 @@ impl Permit {
                 shared.pace_for(wait);
             }
         }
+    }
+
+    /// The call's end carried an overload signal (an attempt timeout, a
+    /// 429, a 503), for the in-flight limit; read with its outcome.
+    #[inline]
+    pub(crate) fn signal(&mut self, signal: Signal) {
+        self.ticket.signal = signal;
+    }
+
+    /// Marks the call's end as an overload signal (the upstream answered
+    /// 503, or the attempt timed out) for the in-flight limit (see
+    /// [`Builder::in_flight_limit`](crate::Builder::in_flight_limit)); record the outcome after.
+    /// The tower service marks 503s, 429s and attempt timeouts itself.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    /// let breaker = Breaker::builder().build().unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.overloaded();
+    /// permit.record(Outcome::Failure);
+    /// // One signal says nothing yet of how it depends on the load.
+    /// assert_eq!(breaker.in_flight_limit(), None);
+    /// ```
+    pub fn overloaded(&mut self) {
+        self.signal(Signal::Unavailable);
     }
 
     /// With pacing on: a known rate limit is used up for `wait`.

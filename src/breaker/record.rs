@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::permit::{Head, Kind, Ticket};
 use super::window::{self, Rates, Taken, FAILED, SLOW};
-use super::{nanos, past, Control, Events, Outcome, Reason, Shared, State, WindowStats};
+use super::{nanos, past, Control, Events, Outcome, Reason, Shared, Signal, State, WindowStats};
 use crate::sync::lock;
 
 impl Shared {
@@ -24,7 +24,7 @@ impl Shared {
             // Only tracked calls and probes are timed to their heads.
             *head = match permit.kind {
                 Kind::Tracked | Kind::Probe => self.judge_head(permit),
-                Kind::Closed | Kind::Passive | Kind::LastResort => Head::Fast,
+                Kind::Closed | Kind::Watched | Kind::Passive | Kind::LastResort => Head::Fast,
             };
         }
         let slow = *head == Head::Slow;
@@ -46,7 +46,18 @@ impl Shared {
                     self.record_last_resort(permit.generation);
                 }
             }
-            Kind::Closed | Kind::Tracked => {
+            Kind::Closed | Kind::Tracked | Kind::Watched => {
+                // A rate-limited outcome is a 429, whoever recorded it.
+                let signal = match (permit.signal, outcome) {
+                    (Signal::None, Outcome::RateLimited { .. }) => Signal::Throttled,
+                    (signal, _) => signal,
+                };
+                if permit.kind == Kind::Watched || signal != Signal::None {
+                    let watched = (permit.kind == Kind::Watched
+                        && !matches!(outcome, Outcome::Ignored))
+                    .then_some(permit.id);
+                    self.limit_outcome(permit.generation, watched, signal);
+                }
                 let failed = match outcome {
                     Outcome::Success => false,
                     Outcome::Failure => true,
@@ -152,7 +163,9 @@ impl Shared {
                     None => return Head::Fast,
                 }
             }
-            Kind::Tracked | Kind::Closed | Kind::Passive | Kind::LastResort => return Head::Fast,
+            Kind::Tracked | Kind::Closed | Kind::Watched | Kind::Passive | Kind::LastResort => {
+                return Head::Fast
+            }
         };
         self.judge_started(started)
     }
@@ -312,7 +325,9 @@ impl Shared {
         let mut events = Events::default();
         self.catch_up(&mut ctl, now, &mut events);
         let current = match permit.kind {
-            Kind::Closed | Kind::Tracked => self.is_current(State::Closed, permit.generation),
+            Kind::Closed | Kind::Tracked | Kind::Watched => {
+                self.is_current(State::Closed, permit.generation)
+            }
             Kind::Probe => self.is_current(State::HalfOpen, permit.generation),
             Kind::Passive | Kind::LastResort => false,
         };

@@ -42,6 +42,16 @@ pub enum Rejection {
     /// [`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)). The
     /// circuit itself is closed.
     RateLimited,
+    /// The calls in flight without a fallback reached the in-flight limit,
+    /// which fell because the upstream signals overload (see
+    /// [`Builder::in_flight_limit`](crate::Builder::in_flight_limit)). The
+    /// circuit itself is closed.
+    InFlightLimit,
+    /// The circuit just closed after half-open and admits only a rising
+    /// share of the calls with a fallback (see
+    /// [`Builder::ramp`](crate::Builder::ramp)); this one goes to its
+    /// fallback.
+    Ramp,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -107,7 +117,10 @@ impl CircuitOpen {
             Rejection::Open | Rejection::Quota => State::Open,
             Rejection::HalfOpenFull => State::HalfOpen,
             Rejection::ForcedOpen => State::ForcedOpen,
-            Rejection::VolumeGuard | Rejection::RateLimited => State::Closed,
+            Rejection::VolumeGuard
+            | Rejection::RateLimited
+            | Rejection::InFlightLimit
+            | Rejection::Ramp => State::Closed,
         }
     }
 
@@ -202,6 +215,8 @@ impl Rejection {
             Rejection::VolumeGuard => "volume_guard",
             Rejection::Quota => "quota",
             Rejection::RateLimited => "rate_limited",
+            Rejection::InFlightLimit => "in_flight_limit",
+            Rejection::Ramp => "ramp",
         }
     }
 
@@ -214,6 +229,8 @@ impl Rejection {
             Rejection::VolumeGuard => "volume guard: call limit reached",
             Rejection::Quota => "open: the quota ran out",
             Rejection::RateLimited => "paced: the upstream's rate limit has not reset",
+            Rejection::InFlightLimit => "in-flight limit reached: the upstream signals overload",
+            Rejection::Ramp => "ramping up after half-open; this call goes to its fallback",
         }
     }
 

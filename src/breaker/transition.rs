@@ -81,6 +81,7 @@ impl Shared {
         if let Some(f) = &self.in_flight {
             f.forget();
         }
+        self.limit_transition(from.state(), to, at);
         self.changes.notify_waiters();
         self.config.any_change.notify_waiters();
         Transition {

@@ -19,7 +19,7 @@ use crate::classify::Classify;
 use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
-use crate::Outcome;
+use crate::{Fallback, Outcome};
 
 pin_project! {
     /// Response future of [`Failover`].
@@ -129,7 +129,7 @@ impl<S, Req, C, B> Future for ResponseFuture<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
     S::Error: AttemptError,
-    Req: Clone,
+    Req: Clone + Fallback,
     C: Classify,
 {
     type Output = Result<Response<B>, S::Error>;
@@ -151,6 +151,12 @@ where
                         (&this.routes[i], this.request.clone())
                     };
                     let mut request = request.take().expect("polled after completion");
+                    // Every member but the last has one to go to; the last
+                    // gets the request as it came, so a nested failover
+                    // inherits the caller's mark.
+                    if i + 1 < this.routes.len() {
+                        request.mark_fallback();
+                    }
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }

@@ -76,6 +76,7 @@ use crate::classify::{Classify, HttpClassifier};
 use crate::keyed::KeyedBreakers;
 use crate::retry::AttemptError;
 use crate::rng::Rng;
+use crate::Fallback;
 
 mod future;
 
@@ -524,7 +525,7 @@ impl<S, Req, C, B> Service<Req> for Failover<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
     S::Error: AttemptError,
-    Req: Clone,
+    Req: Clone + Fallback,
     C: Classify + Clone,
 {
     type Response = Response<B>;

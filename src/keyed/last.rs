@@ -53,7 +53,11 @@ thread_local! {
 /// Admits through the remembered entry if it is `key`'s in the set at
 /// `version`.
 #[inline]
-pub(super) fn admit(version: u64, key: &str) -> Option<Result<Permit, CircuitOpen>> {
+pub(super) fn admit(
+    version: u64,
+    key: &str,
+    fallback: impl FnOnce() -> bool,
+) -> Option<Result<Permit, CircuitOpen>> {
     LAST.try_with(|last| {
         // Nothing remembered from this set (or nothing at all): no need to
         // look at the entry.
@@ -67,7 +71,7 @@ pub(super) fn admit(version: u64, key: &str) -> Option<Result<Permit, CircuitOpe
             return None;
         }
         entry.mark_used();
-        Some(entry.breaker.admit())
+        Some(entry.breaker.admit_marked(fallback))
     })
     .ok()
     .flatten()

@@ -308,9 +308,35 @@ impl KeyedBreakers {
     /// ```
     #[inline]
     pub fn admit(&self, key: &str) -> Result<Permit, CircuitOpen> {
+        self.admit_marked(key, || false)
+    }
+
+    /// [`admit`](Self::admit) for a call that has somewhere else to go if
+    /// refused (see [`HasFallback`](crate::HasFallback)).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let set = KeyedBreakers::builder().build().unwrap();
+    /// set.admit_with_fallback("gpt-4o").unwrap().record(Outcome::Success);
+    /// ```
+    #[inline]
+    pub fn admit_with_fallback(&self, key: &str) -> Result<Permit, CircuitOpen> {
+        self.admit_marked(key, || true)
+    }
+
+    /// Admits a call for `key` whose fallback `fallback` tells, asked only
+    /// where it can matter.
+    #[inline]
+    pub(crate) fn admit_marked(
+        &self,
+        key: &str,
+        fallback: impl Fn() -> bool + Copy,
+    ) -> Result<Permit, CircuitOpen> {
         let inner = &*self.inner;
         let version = inner.version.load(Ordering::Acquire);
-        if let Some(admitted) = last::admit(version, key) {
+        if let Some(admitted) = last::admit(version, key, fallback) {
             return admitted;
         }
         let hash = inner.hash(key);
@@ -319,10 +345,10 @@ impl KeyedBreakers {
             if let Some(e) = table.find(hash, |e| same_key(&e.key, key)) {
                 e.mark_used();
                 last::looked_up(version, hash, e);
-                return e.breaker.admit();
+                return e.breaker.admit_marked(fallback);
             }
         }
-        inner.admit_new(key, hash)
+        inner.admit_new(key, hash, fallback())
     }
 
     /// Admits a call that carries no key (it shares the `(unkeyed)` breaker).
@@ -337,6 +363,10 @@ impl KeyedBreakers {
     /// ```
     pub fn admit_unkeyed(&self) -> Result<Permit, CircuitOpen> {
         self.inner.unkeyed.admit()
+    }
+
+    fn admit_unkeyed_marked(&self, fallback: impl FnOnce() -> bool) -> Result<Permit, CircuitOpen> {
+        self.inner.unkeyed.admit_marked(fallback)
     }
 
     /// The breaker of `key`, if the set holds one.
@@ -542,7 +572,7 @@ impl Inner {
     /// so it shares the overflow breaker, as keys do that find no room.
     #[cold]
     #[inline(never)]
-    fn key_fn_panicked(&self) -> Result<Permit, CircuitOpen> {
+    fn key_fn_panicked(&self, fallback: bool) -> Result<Permit, CircuitOpen> {
         let panics = self.key_fn_panics.fetch_add(1, Ordering::Relaxed) + 1;
         // Once, then at every power of two: a key function that panics on
         // every call must not flood the log. The panic's message is left to
@@ -555,7 +585,7 @@ impl Inner {
                 "keyed breakers: the key function panicked; the call goes to the overflow breaker"
             );
         }
-        self.overflow.admit()
+        self.overflow.admit_marked(|| fallback)
     }
 
     /// The hash of `key`, which picks its shard and its place in the table.
@@ -589,8 +619,8 @@ impl Inner {
     /// Admits a call for a key the set does not hold yet.
     #[cold]
     #[inline(never)]
-    fn admit_new(&self, key: &str, hash: u64) -> Result<Permit, CircuitOpen> {
-        self.insert(key, hash).admit()
+    fn admit_new(&self, key: &str, hash: u64, fallback: bool) -> Result<Permit, CircuitOpen> {
+        self.insert(key, hash).admit_marked(|| fallback)
     }
 
     #[cold]
@@ -767,6 +797,7 @@ impl<K> Keyed<K> {
 impl<K, Req> crate::Select<Req> for Keyed<K>
 where
     K: KeyFn<Req>,
+    Req: crate::Fallback,
 {
     #[inline]
     fn admit(&self, request: &Req) -> Result<Permit, CircuitOpen> {
@@ -774,9 +805,13 @@ where
         // Only the callback is inside the catch; it sees the request through
         // a shared reference and leaves no state of ours half-changed.
         match panic::catch_unwind(AssertUnwindSafe(|| self.key.key(request))) {
-            Ok(Some(key)) => self.breakers.admit(key.as_str()),
-            Ok(None) => self.breakers.admit_unkeyed(),
-            Err(_) => self.breakers.inner.key_fn_panicked(),
+            Ok(Some(key)) => self
+                .breakers
+                .admit_marked(key.as_str(), || request.has_fallback()),
+            Ok(None) => self
+                .breakers
+                .admit_unkeyed_marked(|| request.has_fallback()),
+            Err(_) => self.breakers.inner.key_fn_panicked(request.has_fallback()),
         }
     }
 }

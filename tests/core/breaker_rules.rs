@@ -136,7 +136,7 @@ async fn slow_calls_trip_the_slow_rate_rule() {
         .build()
         .unwrap();
     for latency in [1, 3, 1, 3] {
-        let mut p = b.admit().unwrap();
+        let mut p = b.admit_with_fallback().unwrap();
         advance(Duration::from_secs(latency)).await;
         p.head_received();
         p.record(Outcome::Success);
@@ -173,14 +173,14 @@ async fn a_slow_success_counts_in_a_full_window_of_fast_ones() {
         .unwrap();
     let fast = |n| {
         for _ in 0..n {
-            let mut p = b.admit().unwrap();
+            let mut p = b.admit_with_fallback().unwrap();
             p.head_received();
             p.record(Outcome::Success);
         }
     };
     // A full window of fast successes, then one slow to its head.
     fast(4);
-    let mut slow = b.admit().unwrap();
+    let mut slow = b.admit_with_fallback().unwrap();
     advance(Duration::from_secs(3)).await;
     slow.head_received();
     slow.record(Outcome::Success);
@@ -189,7 +189,7 @@ async fn a_slow_success_counts_in_a_full_window_of_fast_ones() {
     // judged when it is recorded.
     fast(4);
     assert_eq!(b.snapshot().window.slow, 0);
-    let unjudged = b.admit().unwrap();
+    let unjudged = b.admit_with_fallback().unwrap();
     advance(Duration::from_secs(3)).await;
     unjudged.record(Outcome::Success);
     assert_eq!(b.snapshot().window.slow, 1);
@@ -207,11 +207,14 @@ async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
         .build()
         .unwrap();
     // Four calls hang (think: 60 s attempt timeouts that have not fired yet).
-    let hanging: Vec<_> = (0..4).map(|_| b.admit().unwrap()).collect();
+    let hanging: Vec<_> = (0..4).map(|_| b.admit_with_fallback().unwrap()).collect();
     advance(Duration::from_secs(6)).await;
     // The next admission notices that they crossed the threshold, trips
     // the circuit, and is the first call it turns away.
-    assert!(b.admit().is_err(), "the tripping admission is rejected");
+    assert!(
+        b.admit_with_fallback().is_err(),
+        "the tripping admission is rejected"
+    );
     assert_eq!(
         b.state(),
         State::Open,
@@ -758,11 +761,11 @@ async fn a_call_that_crossed_the_slow_threshold_counts_once_in_the_window() {
         .slow_call(Duration::from_secs(5), 1.0)
         .build()
         .unwrap();
-    let failing = b.admit().unwrap();
-    let succeeding = b.admit().unwrap();
+    let failing = b.admit_with_fallback().unwrap();
+    let succeeding = b.admit_with_fallback().unwrap();
     advance(Duration::from_secs(6)).await;
     // This admission finds both in flight past the threshold.
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     let w = b.snapshot().window;
     assert_eq!((w.calls, w.failures, w.slow), (2, 0, 2));
     failing.record(Outcome::Failure);
@@ -786,12 +789,12 @@ async fn a_hanging_call_counts_at_the_first_admission_after_it_crosses() {
         .slow_call(Duration::from_secs(5), 1.0)
         .build()
         .unwrap();
-    let hanging = b.admit().unwrap();
+    let hanging = b.admit_with_fallback().unwrap();
     advance(Duration::from_secs(5)).await;
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     assert_eq!(b.snapshot().counters.slow, 0, "exactly the threshold");
     advance(Duration::from_nanos(1)).await;
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     assert_eq!(b.snapshot().counters.slow, 1, "a nanosecond past it");
     assert_eq!(b.snapshot().window.slow, 1);
     hanging.record(Outcome::Success);
@@ -807,18 +810,18 @@ async fn a_call_younger_than_one_that_finished_is_still_found_when_it_crosses() 
         .slow_call(Duration::from_secs(5), 1.0)
         .build()
         .unwrap();
-    let mut quick = b.admit().unwrap();
+    let mut quick = b.admit_with_fallback().unwrap();
     advance(Duration::from_secs(1)).await;
-    let hanging = b.admit().unwrap();
+    let hanging = b.admit_with_fallback().unwrap();
     quick.head_received();
     quick.record(Outcome::Success);
     // The oldest call could have crossed by now, but it finished: the
     // admission finds nothing, and looks again when the younger one can.
     advance(Duration::from_secs(5)).await;
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     assert_eq!(b.snapshot().counters.slow, 0);
     advance(Duration::from_nanos(1)).await;
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     assert_eq!(b.snapshot().counters.slow, 1);
     drop(hanging);
     assert_eq!(b.snapshot().counters.slow, 1);
@@ -836,9 +839,9 @@ async fn calls_beyond_the_tracked_ones_are_judged_on_their_heads() {
         .build()
         .unwrap();
     record(&b, Outcome::Success, 10);
-    let hanging: Vec<_> = (0..18).map(|_| b.admit().unwrap()).collect();
+    let hanging: Vec<_> = (0..18).map(|_| b.admit_with_fallback().unwrap()).collect();
     advance(Duration::from_secs(6)).await;
-    drop(b.admit().unwrap());
+    drop(b.admit_with_fallback().unwrap());
     assert_eq!(b.snapshot().counters.slow, 16, "the tracked ones crossed");
     for mut h in hanging {
         h.head_received();

@@ -255,7 +255,13 @@ async fn a_probe_held_exactly_its_probe_timeout_is_still_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn exactly_the_slow_threshold_is_not_slow_in_closed_and_half_open_alike() {
     let threshold = Duration::from_secs(2);
-    let slow = |b: Builder| b.slow_call(threshold, 1.0).min_calls(1).count_window(1);
+    // The slow-call rule for every call, as without the in-flight limit.
+    let slow = |b: Builder| {
+        b.slow_call(threshold, 1.0)
+            .min_calls(1)
+            .count_window(1)
+            .no_in_flight_limit()
+    };
     let b = slow(builder(Duration::from_secs(10), 1, Duration::from_secs(20)))
         .build()
         .unwrap();

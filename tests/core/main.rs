@@ -13,6 +13,7 @@ mod deadlines;
 mod fuzz_regressions;
 mod hostile_input;
 mod keyed;
+mod limit;
 mod model;
 mod stress;
 mod threads;

@@ -743,9 +743,9 @@ async fn a_slow_success_breaks_a_failure_streak() {
         .consecutive_failures(3)
         .build()
         .unwrap();
-    b.admit().unwrap().record(Outcome::Failure);
-    b.admit().unwrap().record(Outcome::Failure);
-    let slow = b.admit().unwrap();
+    b.admit_with_fallback().unwrap().record(Outcome::Failure);
+    b.admit_with_fallback().unwrap().record(Outcome::Failure);
+    let slow = b.admit_with_fallback().unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;
     slow.record(Outcome::Success);
     assert_eq!(b.snapshot().counters.slow, 1);
@@ -754,7 +754,7 @@ async fn a_slow_success_breaks_a_failure_streak() {
         0,
         "a success, slow or not"
     );
-    b.admit().unwrap().record(Outcome::Failure);
+    b.admit_with_fallback().unwrap().record(Outcome::Failure);
     assert_eq!(
         b.state(),
         State::Closed,
@@ -772,12 +772,12 @@ async fn a_call_crossing_the_slow_threshold_does_not_break_a_failure_streak() {
         .consecutive_failures(2)
         .build()
         .unwrap();
-    let hanging = b.admit().unwrap();
-    b.admit().unwrap().record(Outcome::Failure);
+    let hanging = b.admit_with_fallback().unwrap();
+    b.admit_with_fallback().unwrap().record(Outcome::Failure);
     tokio::time::advance(Duration::from_secs(2)).await;
     // This admission counts the hanging call as slow: it has not finished,
     // so it says nothing about the streak.
-    let next = b.admit().unwrap();
+    let next = b.admit_with_fallback().unwrap();
     assert_eq!(b.snapshot().counters.slow, 1);
     assert_eq!(b.snapshot().consecutive_failures, 1);
     next.record(Outcome::Failure);

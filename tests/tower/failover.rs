@@ -222,8 +222,13 @@ async fn recovers_to_the_primary_once_its_circuit_closes() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(who(&svc.clone().oneshot(request()).await.unwrap()), "a");
     assert_eq!(primary.state(), State::Closed);
+    // Traffic returns over the ramp after half-open (10 s by default): at
+    // its start the next call goes to the fallback, once it is over to the
+    // primary.
+    assert_eq!(who(&svc.clone().oneshot(request()).await.unwrap()), "b");
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(who(&svc.oneshot(request()).await.unwrap()), "a");
-    assert_eq!(names(&calls), ["a", "b", "b", "a", "a"]);
+    assert_eq!(names(&calls), ["a", "b", "b", "a", "b", "a"]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Config, ConfigError, Window};
+use crate::breaker::InFlightLimit;
 use crate::breaker::{Breaker, Transition};
 
 /// Builds a [`Breaker`] (or, through
@@ -396,6 +397,78 @@ impl<T: Build> Builder<T> {
     /// ```
     pub fn max_rate_limit_wait(mut self, max: Duration) -> Self {
         self.config.max_rate_limit_wait = max;
+        self
+    }
+
+    /// The in-flight limit for calls without a fallback (on by default,
+    /// with [`InFlightLimit::default`]): unbounded at the start, it falls
+    /// only on overload signals (attempt timeouts, 429s, 503s), each only
+    /// while its rate grows with the calls in flight, and grows back
+    /// additively once they stop (AIMD). Calls beyond it are rejected with
+    /// [`Rejection::InFlightLimit`](crate::Rejection::InFlightLimit). With it on, the slow-call rule
+    /// looks only at calls with a fallback
+    /// ([`Breaker::admit_with_fallback`](crate::Breaker::admit_with_fallback), or a request marked
+    /// as having one): a slow answer within the caller's deadline is an
+    /// answer. A calm circuit pays one flag load per admission for it. See
+    /// [`InFlightLimit`] for the rule.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, InFlightLimit};
+    /// let breaker = Breaker::builder().in_flight_limit(InFlightLimit::new().decrease(0.5)).build().unwrap();
+    /// assert_eq!(breaker.in_flight_limit(), None);
+    /// ```
+    pub fn in_flight_limit(mut self, limit: InFlightLimit) -> Self {
+        self.config.in_flight_limit = Some(limit);
+        self
+    }
+
+    /// Turns the in-flight limit off: the slow-call rule then looks at
+    /// every call, with a fallback or not, as before the limit existed.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::Breaker;
+    /// let breaker = Breaker::builder().no_in_flight_limit().build().unwrap();
+    /// assert_eq!(breaker.in_flight_limit(), None);
+    /// ```
+    pub fn no_in_flight_limit(mut self) -> Self {
+        self.config.in_flight_limit = None;
+        self
+    }
+
+    /// The ramp after half-open: when probes close the circuit, calls with
+    /// a fallback are admitted with a share rising linearly from 0 to 1 over
+    /// `period`, the rest rejected with [`Rejection::Ramp`](crate::Rejection::Ramp) so they go to
+    /// their fallback at once; calls without one ramp through the in-flight
+    /// limit. A trip rule firing during the ramp reopens the circuit at once.
+    /// Default 10 s; `Duration::ZERO` turns it off. At most a week.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::{Breaker, Outcome, Rejection, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .consecutive_failures(1)
+    ///     .probes(1)
+    ///     .close_after(1)
+    ///     .jitter(0.0)
+    ///     .ramp(Duration::from_secs(10))
+    ///     .build()
+    ///     .unwrap();
+    /// breaker.admit().unwrap().record(Outcome::Failure);
+    /// tokio::time::advance(Duration::from_secs(30)).await;
+    /// breaker.admit().unwrap().record(Outcome::Success); // the probe closes it
+    /// assert_eq!(breaker.state(), State::Closed);
+    /// // At the start of the ramp, a call with a fallback goes there.
+    /// assert_eq!(breaker.admit_with_fallback().unwrap_err().reason(), Rejection::Ramp);
+    /// // One without a fallback is admitted.
+    /// assert!(breaker.admit().is_ok());
+    /// tokio::time::advance(Duration::from_secs(10)).await;
+    /// assert!(breaker.admit_with_fallback().is_ok());
+    /// # }
+    /// ```
+    pub fn ramp(mut self, period: Duration) -> Self {
+        self.config.ramp = period;
         self
     }
 

@@ -35,6 +35,9 @@ pub enum ConfigError {
     ZeroProbeLease,
     /// The probe timeout is zero.
     ZeroProbeTimeout,
+    /// An in-flight limit that cannot work (see
+    /// [`InFlightLimit`](crate::InFlightLimit)).
+    InFlightLimit(&'static str),
     /// The quota gate's open time is zero, so a quota answer would gate nothing.
     ZeroQuotaGate,
     /// [`max_rate_limit_wait`](crate::Builder::max_rate_limit_wait) is
@@ -180,6 +183,7 @@ impl fmt::Display for ConfigError {
                 f,
                 "the share of keys that may be open must be in (0, 1], got {share}"
             ),
+            ConfigError::InFlightLimit(why) => write!(f, "in-flight limit: {why}"),
         }
     }
 }

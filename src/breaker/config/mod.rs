@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::limit::InFlightLimit;
 use super::observe::Observer;
 use super::state::Transition;
 
@@ -62,6 +63,10 @@ pub(crate) struct Config {
     pub(crate) pace: bool,
     /// The longest an announced wait paces or quota-gates the circuit.
     pub(crate) max_rate_limit_wait: Duration,
+    /// The in-flight limit for calls without a fallback.
+    pub(crate) in_flight_limit: Option<InFlightLimit>,
+    /// The ramp after half-open; zero for none.
+    pub(crate) ramp: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) counter_stripes: usize,
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
@@ -97,6 +102,8 @@ impl fmt::Debug for Config {
             .field("quota_gate", &self.quota_gate)
             .field("pace", &self.pace)
             .field("max_rate_limit_wait", &self.max_rate_limit_wait)
+            .field("in_flight_limit", &self.in_flight_limit)
+            .field("ramp", &self.ramp)
             .field("listeners", &self.listeners.len())
             .field("observer", &self.observer.is_some())
             .finish()
@@ -125,6 +132,8 @@ impl Default for Config {
             quota_gate: None,
             pace: false,
             max_rate_limit_wait: crate::classify::MAX_RETRY_AFTER,
+            in_flight_limit: Some(InFlightLimit::default()),
+            ramp: DEFAULT_RAMP,
             seed: None,
             counter_stripes: 16,
             stripes_when_busy: false,
@@ -257,6 +266,12 @@ impl Config {
         {
             return Err(e);
         }
+        if let Some(e) = too_long("ramp", self.ramp) {
+            return Err(e);
+        }
+        if let Some(limit) = &self.in_flight_limit {
+            limit.validate().map_err(E::InFlightLimit)?;
+        }
         if self.open_max() < self.open {
             return Err(E::OpenMaxBelowOpen {
                 open: self.open,
@@ -365,5 +380,7 @@ pub(crate) const MAX_PROBES: u32 = 1 << 16;
 pub(crate) const MAX_COUNTER_STRIPES: usize = 1024;
 /// With no cap set, the reopen backoff stops at this many open durations.
 pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 2;
+/// The ramp after half-open, unless configured.
+pub(crate) const DEFAULT_RAMP: Duration = Duration::from_secs(10);
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;

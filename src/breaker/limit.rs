@@ -1,0 +1,700 @@
+//! Slowness without a fallback: an in-flight limit that falls only on
+//! overload signals (AIMD), and the ramp after half-open.
+//!
+//! A slow answer within the caller's deadline is an answer. For a call with
+//! nowhere else to go, the breaker does not refuse on latency; it caps the
+//! calls in flight instead, and only when the upstream says it is overloaded
+//! *because of the load*:
+//!
+//! - The overload signals are an attempt timeout, a 429 and a 503. Each is
+//!   judged on its own.
+//! - The limit starts unbounded. The first signal starts a watch: for a
+//!   window, every call without a fallback is admitted with the number of
+//!   calls in flight at that moment, and its end says whether it carried a
+//!   signal. A signal counts only while its rate grows with the calls in
+//!   flight: the calls of the window are split at the median of their
+//!   in-flight counts, and the share of signals among the busier half must
+//!   exceed the quieter half's by at least 0.15 and by three standard
+//!   errors (a two-proportion test). An upstream that hangs a share of its
+//!   calls whatever the load shows the same share in both halves and is
+//!   left alone; a capacity-bound one answers 503 only above its capacity.
+//! - Each time it counts, at most once per step (a tenth of the window),
+//!   the limit falls to [`InFlightLimit::decrease`] times the lesser of the
+//!   limit and the calls in flight (at least 1); calls beyond it are
+//!   rejected with [`Rejection::InFlightLimit`].
+//! - When every call of the window came with about the same calls in
+//!   flight (an upstream saturated at its queue holds them there) and at
+//!   least 15 % of them carried one kind of signal, the halves cannot be
+//!   told apart: the limit falls once, on trial, to 0.8 times, so calls come
+//!   with fewer in flight. If the signal's share then grows with the calls
+//!   in flight, it counts; if no signal counts within a window, the trial
+//!   is undone.
+//! - Once no signal counted for a step, the limit grows by
+//!   [`InFlightLimit::increase`] per step, and is unbounded again once it
+//!   is back above the most calls in flight it ever fell from. The watch
+//!   ends after a window without any signal and an unbounded limit.
+//!
+//! While no signal came for a window (a calm circuit), a closed admission
+//! pays one more load of a flag on the state's cache line, nothing else:
+//! calls in flight are read off the lifetime counters, and only while
+//! watching.
+//!
+//! The ramp: when probes close the circuit, calls with a fallback are
+//! admitted with a share rising linearly from 0 to 1 over
+//! [`Builder::ramp`](crate::Builder::ramp), the rest rejected with
+//! [`Rejection::Ramp`] (so they go to their fallback at once); calls without
+//! one ramp through the in-flight limit, which rejects nothing until an
+//! overload signal. The trip rules run during the ramp as in any closed
+//! period: one firing reopens the circuit at once and ends the ramp.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::permit::{Kind, Permit};
+use super::rejection::{CircuitOpen, Rejection};
+use super::{nanos, Shared, State};
+use crate::sync::{lock, AtomicU64, Mutex};
+
+/// The in-flight limit's settings (see
+/// [`Builder::in_flight_limit`](crate::Builder::in_flight_limit)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::{Breaker, InFlightLimit};
+///
+/// let limit = InFlightLimit::new()
+///     .window(Duration::from_secs(20))
+///     .decrease(0.5)
+///     .increase(2)
+///     .min_signals(10);
+/// let breaker = Breaker::builder().in_flight_limit(limit).build().unwrap();
+/// assert_eq!(breaker.in_flight_limit(), None, "unbounded at the start");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InFlightLimit {
+    pub(crate) window: Duration,
+    pub(crate) decrease: f64,
+    pub(crate) increase: u32,
+    pub(crate) min_signals: u32,
+}
+
+impl Default for InFlightLimit {
+    fn default() -> Self {
+        InFlightLimit {
+            window: Duration::from_secs(10),
+            decrease: 0.7,
+            increase: 1,
+            min_signals: 5,
+        }
+    }
+}
+
+impl InFlightLimit {
+    /// The defaults: a 10 s window, a decrease to 0.7 times, an increase of
+    /// 1 per step (a tenth of the window), at least 5 signals of one kind in
+    /// the window before any counts.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::InFlightLimit;
+    /// assert_eq!(InFlightLimit::new(), InFlightLimit::default());
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How far back the signals and the calls in flight they came with are
+    /// looked at; a step is a tenth of it. Between 10 ms and a week.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_circuit_breaker::{Breaker, ConfigError, InFlightLimit};
+    /// let err = Breaker::builder()
+    ///     .in_flight_limit(InFlightLimit::new().window(Duration::ZERO))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, ConfigError::InFlightLimit(_)));
+    /// ```
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// What the limit is multiplied by when a signal counts, in `(0, 1)`.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, ConfigError, InFlightLimit};
+    /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().decrease(1.0)).build();
+    /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
+    /// ```
+    pub fn decrease(mut self, factor: f64) -> Self {
+        self.decrease = factor;
+        self
+    }
+
+    /// How much the limit grows per step without a counted signal; at
+    /// least 1.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, ConfigError, InFlightLimit};
+    /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().increase(0)).build();
+    /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
+    /// ```
+    pub fn increase(mut self, step: u32) -> Self {
+        self.increase = step;
+        self
+    }
+
+    /// The fewest signals of one kind in the window before any counts; at
+    /// least 1.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, ConfigError, InFlightLimit};
+    /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().min_signals(0)).build();
+    /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
+    /// ```
+    pub fn min_signals(mut self, n: u32) -> Self {
+        self.min_signals = n;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        if self.window < Duration::from_millis(10) || self.window > super::MAX_DURATION {
+            return Err("the window must be between 10 ms and a week");
+        }
+        if !(self.decrease > 0.0 && self.decrease < 1.0) {
+            return Err("the decrease must be in (0, 1)");
+        }
+        if self.increase == 0 {
+            return Err("the increase must be at least 1");
+        }
+        if self.min_signals == 0 {
+            return Err("min_signals must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// An overload signal a call's end carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    None,
+    /// The attempt timed out.
+    Timeout,
+    /// 429.
+    Throttled,
+    /// 503.
+    Unavailable,
+}
+
+impl Signal {
+    fn index(self) -> Option<usize> {
+        match self {
+            Signal::None => None,
+            Signal::Timeout => Some(0),
+            Signal::Throttled => Some(1),
+            Signal::Unavailable => Some(2),
+        }
+    }
+}
+
+/// In-flight counts are binned exactly below 32, then in eighths of each
+/// doubling.
+const BINS: usize = 128;
+
+fn bin(f: u64) -> usize {
+    if f < 32 {
+        return f as usize;
+    }
+    let log = 63 - f.leading_zeros() as usize;
+    let sub = ((f >> (log - 3)) & 7) as usize;
+    (32 + (log - 5) * 8 + sub).min(BINS - 1)
+}
+
+/// What the window says of one kind of signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Its share grows with the calls in flight.
+    Grows,
+    /// It does not, or there are too few signals to tell.
+    No,
+    /// Signals enough, but every call came with about the same calls in
+    /// flight (a saturated upstream holds them there): only a lower limit
+    /// can tell.
+    Unknown,
+}
+
+/// The limit and the ramp of one breaker.
+pub(crate) struct Limiter {
+    /// The AIMD limit is on (else only the ramp is).
+    aimd: bool,
+    window_ns: u64,
+    step_ns: u64,
+    decrease: f64,
+    increase: u64,
+    min_signals: u64,
+    ramp_ns: u64,
+    /// The current limit; `u64::MAX` for none.
+    limit: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    watch: Option<Box<Watch>>,
+    ramp: Option<Ramp>,
+}
+
+struct Ramp {
+    start: u64,
+    end: u64,
+    /// The shares of the calls so far, less the calls admitted: a call is
+    /// admitted when it reaches 1, so the admitted share follows the
+    /// ramp's share of the moment.
+    owed: f64,
+}
+
+/// The window of a watch, in two halves.
+struct Watch {
+    /// The current half's number (`now / half`).
+    half: u64,
+    calls: [[u32; BINS]; 2],
+    signals: [[[u32; BINS]; 3]; 2],
+    /// The last signal of any kind, counted or not.
+    last_signal: u64,
+    /// The last signal that counted.
+    last_counted: u64,
+    /// The last change of the limit.
+    last_change: u64,
+    /// The most calls in flight the limit fell from.
+    peak: u64,
+    /// A trial decrease made to tell (see [`Judged::Unknown`]): when, and
+    /// the limit before it, restored if no signal counts within a window.
+    probe: Option<(u64, u64)>,
+}
+
+/// What a guarded closed admission decided.
+pub(super) enum Guarded {
+    /// Nothing to do: admit as usual.
+    Pass,
+    /// A watched call, with the calls in flight as it was admitted.
+    Watch(u32),
+    Reject(Rejection),
+}
+
+impl Limiter {
+    pub(crate) fn new(limit: Option<InFlightLimit>, ramp: Duration) -> Option<Self> {
+        if limit.is_none() && ramp.is_zero() {
+            return None;
+        }
+        let l = limit.unwrap_or_default();
+        let window_ns = nanos(l.window).max(2);
+        Some(Limiter {
+            aimd: limit.is_some(),
+            window_ns,
+            step_ns: (window_ns / 10).max(1),
+            decrease: l.decrease,
+            increase: u64::from(l.increase),
+            min_signals: u64::from(l.min_signals),
+            ramp_ns: nanos(ramp),
+            limit: AtomicU64::new(u64::MAX),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The current limit, `None` for unbounded.
+    pub(crate) fn current(&self) -> Option<u64> {
+        match self.limit.load(Ordering::Acquire) {
+            u64::MAX => None,
+            n => Some(n),
+        }
+    }
+
+    pub(crate) fn aimd(&self) -> bool {
+        self.aimd
+    }
+}
+
+impl Watch {
+    fn new(now: u64) -> Box<Self> {
+        Box::new(Watch {
+            half: 0,
+            calls: [[0; BINS]; 2],
+            signals: [[[0; BINS]; 3]; 2],
+            last_signal: now,
+            last_counted: 0,
+            last_change: now,
+            peak: 0,
+            probe: None,
+        })
+    }
+
+    fn roll(&mut self, now: u64, half_ns: u64) {
+        let h = now / half_ns;
+        if h == self.half {
+            return;
+        }
+        let gap = h.saturating_sub(self.half);
+        for k in 0..2u64 {
+            // A half is cleared when the window moves past it.
+            let slot = ((self.half + 1 + k) % 2) as usize;
+            if k < gap {
+                self.calls[slot] = [0; BINS];
+                self.signals[slot] = [[0; BINS]; 3];
+            }
+        }
+        self.half = h;
+    }
+
+    fn observe(&mut self, f: u64, signal: Signal) {
+        let slot = (self.half % 2) as usize;
+        let b = bin(f);
+        self.calls[slot][b] = self.calls[slot][b].saturating_add(1);
+        if let Some(k) = signal.index() {
+            self.signals[slot][k][b] = self.signals[slot][k][b].saturating_add(1);
+        }
+    }
+
+    /// Whether signals of kind `k` grow with the calls in flight over the
+    /// window.
+    #[cfg(test)]
+    fn load_dependent(&self, k: usize, min_signals: u64) -> bool {
+        self.judge(k, min_signals) == Judged::Grows
+    }
+
+    fn judge(&self, k: usize, min_signals: u64) -> Judged {
+        let mut calls = [0u64; BINS];
+        let mut sig = [0u64; BINS];
+        for h in 0..2 {
+            for b in 0..BINS {
+                calls[b] += u64::from(self.calls[h][b]);
+                sig[b] += u64::from(self.signals[h][k][b]);
+            }
+        }
+        let n: u64 = calls.iter().sum();
+        let s: u64 = sig.iter().sum();
+        if s < min_signals || n < 2 * min_signals {
+            return Judged::No;
+        }
+        // The median bin goes to whichever side leaves both non-empty.
+        let mut cum = 0;
+        let mut split = 0;
+        for (b, c) in calls.iter().enumerate() {
+            cum += c;
+            if cum * 2 >= n {
+                split = b;
+                break;
+            }
+        }
+        let side = |range: std::ops::Range<usize>| -> (u64, u64) {
+            (calls[range.clone()].iter().sum(), sig[range].iter().sum())
+        };
+        let (mut lo, mut hi) = (side(0..split + 1), side(split + 1..BINS));
+        if hi.0 == 0 {
+            (lo, hi) = (side(0..split), side(split..BINS));
+        }
+        let ((n1, s1), (n2, s2)) = (lo, hi);
+        if n1 == 0 || n2 == 0 {
+            return if s as f64 >= 0.15 * n as f64 {
+                Judged::Unknown
+            } else {
+                Judged::No
+            };
+        }
+        let (p1, p2) = (s1 as f64 / n1 as f64, s2 as f64 / n2 as f64);
+        let p = (s1 + s2) as f64 / (n1 + n2) as f64;
+        let se = (p * (1.0 - p) * (1.0 / n1 as f64 + 1.0 / n2 as f64)).sqrt();
+        let diff = p2 - p1;
+        if diff >= 0.15 && diff >= 3.0 * se {
+            Judged::Grows
+        } else {
+            Judged::No
+        }
+    }
+}
+
+impl Shared {
+    /// The closed path's guard flag: a watch or a ramp is on.
+    #[inline]
+    pub(super) fn is_guarded(&self) -> bool {
+        self.hot.guarded.load(Ordering::Acquire)
+    }
+
+    fn set_guarded(&self, inner: &Inner) {
+        let on = inner.watch.is_some() || inner.ramp.is_some();
+        if self.hot.guarded.load(Ordering::Relaxed) != on {
+            self.hot.guarded.store(on, Ordering::Release);
+        }
+    }
+
+    fn in_flight_now(&self) -> u64 {
+        self.counters.sum().in_flight
+    }
+
+    /// A closed admission while a watch or a ramp is on.
+    #[cold]
+    pub(super) fn admit_guarded(&self, fallback: bool) -> Guarded {
+        let Some(l) = &self.limiter else {
+            return Guarded::Pass;
+        };
+        let now = self.now();
+        let mut inner = lock(&l.inner);
+        if let Some(ramp) = &inner.ramp
+            && now >= ramp.end
+        {
+            inner.ramp = None;
+        }
+        if fallback {
+            let decided = match &mut inner.ramp {
+                Some(ramp) => {
+                    let share = (now - ramp.start) as f64 / (ramp.end - ramp.start) as f64;
+                    ramp.owed += share;
+                    if ramp.owed >= 1.0 {
+                        ramp.owed -= 1.0;
+                        Guarded::Pass
+                    } else {
+                        Guarded::Reject(Rejection::Ramp)
+                    }
+                }
+                None => Guarded::Pass,
+            };
+            self.set_guarded(&inner);
+            return decided;
+        }
+        let Some(watch) = &mut inner.watch else {
+            self.set_guarded(&inner);
+            return Guarded::Pass;
+        };
+        l.grow(watch, now);
+        if l.current().is_none() && now.saturating_sub(watch.last_signal) >= l.window_ns {
+            inner.watch = None;
+            self.set_guarded(&inner);
+            return Guarded::Pass;
+        }
+        drop(inner);
+        let f = self.in_flight_now();
+        if f >= l.limit.load(Ordering::Acquire) {
+            return Guarded::Reject(Rejection::InFlightLimit);
+        }
+        Guarded::Watch(f.min(u64::from(u32::MAX)) as u32)
+    }
+
+    /// A call of the current closed period ended: `watched` is the calls in
+    /// flight it was admitted with, if it was watched.
+    #[cold]
+    pub(super) fn limit_outcome(&self, generation: u32, watched: Option<u32>, signal: Signal) {
+        let Some(l) = &self.limiter else { return };
+        if !l.aimd || !self.is_current(State::Closed, generation) {
+            return;
+        }
+        let now = self.now();
+        let mut inner = lock(&l.inner);
+        if inner.watch.is_none() {
+            if signal == Signal::None {
+                return;
+            }
+            // The first signal: watch from now on.
+            inner.watch = Some(Watch::new(now));
+        }
+        let Some(watch) = inner.watch.as_deref_mut() else {
+            return;
+        };
+        watch.roll(now, (l.window_ns / 2).max(1));
+        if signal != Signal::None {
+            watch.last_signal = now;
+        }
+        if let Some(f) = watched {
+            watch.observe(u64::from(f), signal);
+        }
+        l.expire_probe(watch, now);
+        if let Some(k) = signal.index() {
+            let judged = watch.judge(k, l.min_signals);
+            let due = now.saturating_sub(watch.last_change) >= l.step_ns;
+            let trial = judged == Judged::Unknown && watch.probe.is_none() && due;
+            if judged == Judged::Grows {
+                watch.last_counted = now;
+                watch.probe = None;
+            }
+            if trial || (judged == Judged::Grows && (due || l.current().is_none())) {
+                let f = self.in_flight_now().max(1);
+                let before = l.limit.load(Ordering::Acquire);
+                let from = before.min(f);
+                // A trial falls less far: it only has to move the calls in
+                // flight out of the bins they were stuck in.
+                let factor = if trial {
+                    l.decrease.max(0.8)
+                } else {
+                    l.decrease
+                };
+                let to = ((from as f64 * factor) as u64).max(1);
+                if trial {
+                    watch.probe = Some((now, before));
+                }
+                watch.peak = watch.peak.max(from);
+                watch.last_change = now;
+                l.limit.store(to, Ordering::Release);
+            }
+        }
+        self.set_guarded(&inner);
+    }
+
+    /// Under a transition to `to` from `from` at `at`: a new period starts
+    /// with an unbounded limit, and a close from half-open with the ramp.
+    pub(super) fn limit_transition(&self, from: State, to: State, at: u64) {
+        let Some(l) = &self.limiter else { return };
+        let mut inner = lock(&l.inner);
+        inner.watch = None;
+        inner.ramp = None;
+        l.limit.store(u64::MAX, Ordering::Release);
+        if to == State::Closed && from == State::HalfOpen && l.ramp_ns > 0 {
+            inner.ramp = Some(Ramp {
+                start: at,
+                end: at.saturating_add(l.ramp_ns),
+                owed: 0.0,
+            });
+        }
+        self.set_guarded(&inner);
+    }
+
+    /// Admits a watched call.
+    #[inline]
+    pub(super) fn admit_watched(self: &Arc<Self>, generation: u64, f: u32) -> Permit {
+        Permit::new(self, generation, Kind::Watched, f, false)
+    }
+
+    /// Rejects a call the limit or the ramp refused.
+    #[cold]
+    pub(super) fn reject_guarded(
+        self: &Arc<Self>,
+        cause: Rejection,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
+        self.reject(cause, None, fallback)
+    }
+}
+
+impl Limiter {
+    /// Additive increase: one step per step without a counted signal; back
+    /// to unbounded above the peak.
+    fn grow(&self, watch: &mut Watch, now: u64) {
+        self.expire_probe(watch, now);
+        let Some(limit) = self.current() else { return };
+        let since = now.saturating_sub(watch.last_change.max(watch.last_counted));
+        let steps = since / self.step_ns;
+        if steps == 0 {
+            return;
+        }
+        let grown = limit.saturating_add(steps.saturating_mul(self.increase));
+        watch.last_change = now;
+        if grown > watch.peak {
+            self.limit.store(u64::MAX, Ordering::Release);
+        } else {
+            self.limit.store(grown, Ordering::Release);
+        }
+    }
+}
+
+impl Limiter {
+    /// A trial decrease that no counted signal confirmed within a window is
+    /// undone.
+    fn expire_probe(&self, watch: &mut Watch, now: u64) {
+        if let Some((at, before)) = watch.probe
+            && now.saturating_sub(at) >= self.window_ns
+        {
+            watch.probe = None;
+            if watch.last_counted < at {
+                self.limit.store(before, Ordering::Release);
+                watch.last_change = now;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_are_exact_then_logarithmic() {
+        assert_eq!(bin(0), 0);
+        assert_eq!(bin(31), 31);
+        assert_eq!(bin(32), 32);
+        assert_eq!(bin(48), 36);
+        assert_eq!(bin(64), 40);
+        assert_eq!(bin(240), 32 + 2 * 8 + 7);
+        assert_eq!(bin(u64::MAX), BINS - 1);
+    }
+
+    fn fill(w: &mut Watch, f: u64, calls: u32, signals: u32) {
+        for i in 0..calls {
+            let s = if i < signals {
+                Signal::Unavailable
+            } else {
+                Signal::None
+            };
+            w.observe(f, s);
+        }
+    }
+
+    #[test]
+    fn a_share_that_does_not_grow_with_load_does_not_count() {
+        let mut w = Watch::new(0);
+        // 35 % at every load.
+        for f in 1..20 {
+            fill(&mut w, f, 20, 7);
+        }
+        assert!(!w.load_dependent(2, 5));
+    }
+
+    #[test]
+    fn a_share_that_grows_with_load_counts() {
+        let mut w = Watch::new(0);
+        for f in 1..8 {
+            fill(&mut w, f, 10, 0);
+        }
+        for f in 8..16 {
+            fill(&mut w, f, 10, 6);
+        }
+        assert!(w.load_dependent(2, 5));
+        assert!(!w.load_dependent(0, 5), "each kind on its own");
+    }
+
+    #[test]
+    fn signals_at_one_level_of_load_cannot_be_told_apart() {
+        let mut w = Watch::new(0);
+        fill(&mut w, 240, 100, 40);
+        assert_eq!(w.judge(2, 5), Judged::Unknown);
+        // A lower limit tells: no signal at fewer calls in flight.
+        fill(&mut w, 192, 100, 0);
+        assert_eq!(w.judge(2, 5), Judged::Grows);
+        let mut quiet = Watch::new(0);
+        fill(&mut quiet, 240, 100, 5);
+        assert_eq!(
+            quiet.judge(2, 5),
+            Judged::No,
+            "a small share is no overload"
+        );
+    }
+
+    #[test]
+    fn a_half_the_window_moved_past_is_forgotten() {
+        let mut w = Watch::new(0);
+        fill(&mut w, 3, 10, 5);
+        w.roll(10, 10);
+        fill(&mut w, 4, 10, 0);
+        assert_eq!(
+            w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+            20
+        );
+        w.roll(20, 10);
+        assert_eq!(
+            w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+            10
+        );
+        w.roll(100, 10);
+        assert_eq!(
+            w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+            0
+        );
+    }
+}
