@@ -60,5 +60,8 @@ async fn main() {
             f.breakers_stored
         );
     }
-    println!("  diverged: {} over {} rounds", f.diverged, f.rounds);
+    println!(
+        "  diverged: {} over {} rounds ({} operator resets unconfirmed)",
+        f.diverged, f.rounds, f.unconfirmed
+    );
 }
