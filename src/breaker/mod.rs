@@ -44,6 +44,7 @@ mod changed;
 mod config;
 pub(crate) use config::MAX_DURATION;
 mod counters;
+mod graded;
 mod half_open;
 mod observe;
 mod outcome;
@@ -68,6 +69,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
+pub use self::graded::TripMode;
 // Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, Window};
@@ -76,7 +78,7 @@ pub(crate) use self::observe::{MakeObserver, Observe};
 pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
-pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
+pub use self::state::{Counters, Reason, Shed, Snapshot, State, Transition, WindowStats};
 #[cfg(feature = "redis")]
 pub(crate) use self::turns::Turn;
 pub(crate) use self::turns::Turns;
@@ -156,6 +158,9 @@ pub(crate) struct Shared {
     /// Calls in flight, tracked only when the slow-call rule is on.
     in_flight: Option<InFlight>,
     volume: Option<VolumeGuard>,
+    /// Graded admission, when a trip rule may fire and the trip mode is
+    /// graded.
+    graded: Option<graded::Graded>,
     counters: Striped,
     control: Mutex<Control>,
     name: Option<Arc<str>>,
@@ -268,6 +273,9 @@ impl Breaker {
                 volume: config
                     .volume_guard
                     .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),
+                graded: config.graded_window().map(|window| {
+                    graded::Graded::new(config.graded_k, nanos(window), config.seed)
+                }),
                 counters: Striped::new(config.counter_stripes, config.stripes_when_busy),
                 control: Mutex::new(Control {
                     reopens: 0,

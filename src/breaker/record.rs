@@ -48,7 +48,12 @@ impl Shared {
             }
             Kind::Closed | Kind::Tracked => {
                 let failed = match outcome {
-                    Outcome::Success => false,
+                    Outcome::Success => {
+                        if permit.graded {
+                            self.graded_accept(permit.generation);
+                        }
+                        false
+                    }
                     Outcome::Failure => true,
                     // Neutral everywhere: not in any window, and the streak
                     // of failures goes on.
@@ -222,7 +227,12 @@ impl Shared {
             None
         };
         if let Some(reason) = reason {
+            if self.graded.is_some() && !self.grade(generation, reason, stats, streak) {
+                return;
+            }
             self.trip(generation, reason, stats);
+        } else if self.load().is_graded() {
+            self.graded_settle(generation);
         }
     }
 

@@ -42,6 +42,11 @@ pub enum Rejection {
     /// [`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)). The
     /// circuit itself is closed.
     RateLimited,
+    /// A trip rule fired and graded admission turned this call (one
+    /// without a fallback) away, with the probability the upstream cannot
+    /// serve it (see [`Builder::trip_mode`](crate::Builder::trip_mode)).
+    /// The circuit itself is closed.
+    Graded,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -107,7 +112,7 @@ impl CircuitOpen {
             Rejection::Open | Rejection::Quota => State::Open,
             Rejection::HalfOpenFull => State::HalfOpen,
             Rejection::ForcedOpen => State::ForcedOpen,
-            Rejection::VolumeGuard | Rejection::RateLimited => State::Closed,
+            Rejection::VolumeGuard | Rejection::RateLimited | Rejection::Graded => State::Closed,
         }
     }
 
@@ -202,6 +207,7 @@ impl Rejection {
             Rejection::VolumeGuard => "volume_guard",
             Rejection::Quota => "quota",
             Rejection::RateLimited => "rate_limited",
+            Rejection::Graded => "graded",
         }
     }
 
@@ -214,6 +220,7 @@ impl Rejection {
             Rejection::VolumeGuard => "volume guard: call limit reached",
             Rejection::Quota => "open: the quota ran out",
             Rejection::RateLimited => "paced: the upstream's rate limit has not reset",
+            Rejection::Graded => "shedding: the upstream answers too few calls",
         }
     }
 

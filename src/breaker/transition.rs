@@ -173,6 +173,7 @@ impl Shared {
                 }
                 _ => None,
             },
+            shed: self.shed(word),
         };
         drop(ctl);
         self.emit(events);

@@ -10,6 +10,7 @@ mod controls;
 mod durations;
 mod failover;
 mod fallback_marker;
+mod graded;
 mod grpc;
 mod half_open_pacing;
 mod health_half_open;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Config, ConfigError, Window};
-use crate::breaker::{Breaker, Transition};
+use crate::breaker::{Breaker, Transition, TripMode};
 
 /// Builds a [`Breaker`] (or, through
 /// [`CircuitBreakerLayer::builder`](crate::CircuitBreakerLayer::builder), a
@@ -365,6 +365,82 @@ impl<T: Build> Builder<T> {
     /// ```
     pub fn pace_rate_limits(mut self, on: bool) -> Self {
         self.config.pace = on;
+        self
+    }
+
+    /// What a trip rule that fires does. [`TripMode::Graded`]: a call with a fallback (see [`HasFallback`](crate::HasFallback))
+    /// is rejected outright and opens the circuit, as before; a call without
+    /// one meets graded admission, rejected with probability
+    /// `max(0, (requests − K·accepts) / (requests + 1))` over the graded
+    /// window (see [`graded_k`](Self::graded_k) and
+    /// [`graded_window`](Self::graded_window)), with its own reason
+    /// [`Rejection::Graded`](crate::Rejection::Graded), while the state stays
+    /// [`State::Closed`](crate::State::Closed) and
+    /// [`Snapshot::shed`](crate::Snapshot::shed) shows what it sheds.
+    /// Grading ends once the rules no longer fire and the window would
+    /// reject nothing; the circuit opens for every call once the window's
+    /// accepts are (nearly) zero: fewer than 1 in 100 requests, with at
+    /// least 10 requests in it. [`TripMode::Open`], the default for now, is
+    /// all-or-nothing opening for every call.
+    ///
+    /// The counts are this process's own: with the Redis backend, the open
+    /// circuit is shared but graded admission is local to each replica.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, Outcome, Rejection, State, TripMode};
+    ///
+    /// let graded = Breaker::builder().consecutive_failures(2).trip_mode(TripMode::Graded).build().unwrap();
+    /// let open = Breaker::builder().consecutive_failures(2).build().unwrap();
+    /// for b in [&graded, &open] {
+    ///     b.admit().unwrap().record(Outcome::Failure);
+    ///     b.admit().unwrap().record(Outcome::Failure);
+    /// }
+    /// assert_eq!(graded.state(), State::Closed, "grading, not open");
+    /// assert_eq!(open.admit().unwrap_err().reason(), Rejection::Open);
+    /// // A call with a fallback opens the grading circuit and goes elsewhere.
+    /// assert_eq!(graded.admit_with_fallback().unwrap_err().reason(), Rejection::Open);
+    /// assert_eq!(graded.state(), State::Open);
+    /// ```
+    pub fn trip_mode(mut self, mode: TripMode) -> Self {
+        self.config.trip_mode = mode;
+        self
+    }
+
+    /// Graded admission's `K`: how many requests per accept the upstream is
+    /// sent before calls are shed. With failures that do not depend on load
+    /// and a success share `s`, nearly every call is admitted when `K·s` is
+    /// well above 1, and calls are shed to a trickle when it is below.
+    /// Between 2.5 and 10 (exclusive); `build()` refuses anything else with
+    /// [`ConfigError::GradedK`](crate::ConfigError::GradedK). Default 3
+    /// (see the table in `scenarios/README.md`, which chose it).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::{Breaker, ConfigError};
+    ///
+    /// assert!(Breaker::builder().graded_k(4.0).build().is_ok());
+    /// assert_eq!(Breaker::builder().graded_k(2.0).build().unwrap_err(), ConfigError::GradedK(2.0));
+    /// assert!(Breaker::builder().graded_k(10.0).build().is_err());
+    /// ```
+    pub fn graded_k(mut self, k: f64) -> Self {
+        self.config.graded_k = k;
+        self
+    }
+
+    /// The window graded admission counts requests and accepts over, for
+    /// a breaker whose rules have no time window of their own (a count
+    /// window, or `consecutive_failures` alone); with a time window, its
+    /// span. Default 30 s; zero is a
+    /// [`ConfigError::ZeroGradedWindow`](crate::ConfigError::ZeroGradedWindow).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// assert!(Breaker::builder().graded_window(Duration::from_secs(10)).build().is_ok());
+    /// assert!(Breaker::builder().graded_window(Duration::ZERO).build().is_err());
+    /// ```
+    pub fn graded_window(mut self, window: Duration) -> Self {
+        self.config.graded_window = window;
         self
     }
 

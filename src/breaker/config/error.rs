@@ -97,6 +97,10 @@ pub enum ConfigError {
     KeyBounds,
     /// A health prober's settings are unusable.
     HealthProbe(&'static str),
+    /// Graded admission's `K` is outside `[2.5, 10)` (or not a number).
+    GradedK(f64),
+    /// Graded admission's own window is zero.
+    ZeroGradedWindow,
 }
 
 impl fmt::Display for ConfigError {
@@ -168,6 +172,10 @@ impl fmt::Display for ConfigError {
             ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
             ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
+            ConfigError::GradedK(k) => {
+                write!(f, "graded admission's K must be in [2.5, 10), got {k}")
+            }
+            ConfigError::ZeroGradedWindow => f.write_str("graded window must be greater than zero"),
         }
     }
 }
