@@ -387,7 +387,7 @@ pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 2;
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
 /// Graded admission's `K`, by default (see `Builder::graded_k`).
-pub(crate) const DEFAULT_GRADED_K: f64 = 3.0;
+pub(crate) const DEFAULT_GRADED_K: f64 = 4.0;
 pub(crate) const MIN_GRADED_K: f64 = 2.5;
 pub(crate) const MAX_GRADED_K: f64 = 10.0;
 /// Graded admission's own window, by default.
