@@ -40,7 +40,7 @@ use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::testing::{AttemptLog, ScriptedBody, ScriptedUpstream};
 use tower_circuit_breaker::{
     BoxError, Breaker, Build, Builder, CircuitBreaker, CircuitBreakerLayer, CircuitOpen, State,
-    Transition,
+    Transition, TripMode,
 };
 
 use crate::figures::{Figures, Recovery};
@@ -347,6 +347,7 @@ fn run_stack(
         .start_paused(true)
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    ALL_OR_NOTHING.set(kind == StackKind::BreakerOpen);
     runtime.block_on(async move {
         let sim = Arc::new(Sim::new(Arc::clone(&scenario), &arrivals)?);
         let log = TransitionLog::default();
@@ -359,13 +360,18 @@ fn run_stack(
         let keyed = scenario.breaker.keyed_by.is_some();
         let requests = match kind {
             StackKind::NoBreaker => drive(vec![no_breaker(&sim)?], &sim, &arrivals).await?,
-            StackKind::Breaker | StackKind::BreakerIndependent if keyed => {
+            StackKind::Breaker | StackKind::BreakerOpen | StackKind::BreakerIndependent
+                if keyed =>
+            {
                 let stacks: Result<Vec<_>, String> = (0..replicas)
                     .map(|r| keyed_breaker(&sim, &log, r))
                     .collect();
                 drive(stacks?, &sim, &arrivals).await?
             }
-            StackKind::Breaker | StackKind::BreakerIndependent | StackKind::GlobalBreaker => {
+            StackKind::Breaker
+            | StackKind::BreakerOpen
+            | StackKind::BreakerIndependent
+            | StackKind::GlobalBreaker => {
                 let stacks: Result<Vec<_>, String> =
                     (0..replicas).map(|r| breaker(&sim, &log, r)).collect();
                 drive(stacks?, &sim, &arrivals).await?
@@ -530,8 +536,20 @@ pub fn breaker_builder(
     builder.on_transition(move |t: &Transition| lock(&log).push((t.at, Arc::clone(&label), t.to)))
 }
 
+thread_local! {
+    /// The stack this thread builds opens all or nothing (`breaker-open`);
+    /// every other stack grades.
+    static ALL_OR_NOTHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Breaker settings on any builder (one breaker, or a keyed set).
 fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
+    let mut builder = builder;
+    if let Some(&k) = crate::scenario::GRADED_K.get()
+        && !ALL_OR_NOTHING.get()
+    {
+        builder = builder.trip_mode(TripMode::Graded).graded_k(k);
+    }
     let mut builder = builder
         .open_duration(b.open)
         .max_open_duration(b.open_max)

@@ -15,7 +15,10 @@
 //!
 //! - `no-breaker`: total timeout -> retry -> attempt timeout -> primary;
 //! - `breaker`: total timeout -> retry -> circuit breaker -> attempt timeout
-//!   -> primary, built by `tower_circuit_breaker::stack`;
+//!   -> primary, built by `tower_circuit_breaker::stack`; with
+//!   `--graded-k K`, every breaker grades (`TripMode::Graded` with that `K`)
+//! - `breaker-open` (with `--graded-k` only): the breaker stack opening all
+//!   or nothing (`TripMode::Open`, the crate's default), for the comparison;
 //! - `naive-failover` (more than one upstream): no breaker; each request
 //!   tries the upstreams in order until one answers;
 //! - `failover` (more than one upstream): each upstream behind its own
@@ -56,7 +59,7 @@ mod sweep;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: outage_replay [--json] [--seeds N] [--svg OUT.svg] [--sweep [--grid KEY=V1,V2 ...] [--objective ORDER]] [SCENARIO.toml]";
+const USAGE: &str = "usage: outage_replay [--json] [--seeds N] [--graded-k K] [--svg OUT.svg] [--sweep [--grid KEY=V1,V2 ...] [--objective ORDER]] [SCENARIO.toml]";
 
 fn main() -> ExitCode {
     let mut json = false;
@@ -95,6 +98,15 @@ fn main() -> ExitCode {
                 }
                 None => {
                     eprintln!("error: --grid needs KEY=V1,V2,...\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            Some("--graded-k") => match args.next().and_then(|a| a.to_str()?.parse().ok()) {
+                Some(k) => {
+                    let _ = scenario::GRADED_K.set(k);
+                }
+                None => {
+                    eprintln!("error: --graded-k needs a number in [2.5, 10)\n{USAGE}");
                     return ExitCode::from(2);
                 }
             },

@@ -103,6 +103,9 @@ impl Scenario {
     /// The stacks this scenario replays.
     pub fn stacks(&self) -> Vec<StackKind> {
         let mut kinds = vec![StackKind::NoBreaker, StackKind::Breaker];
+        if GRADED_K.get().is_some() {
+            kinds.push(StackKind::BreakerOpen);
+        }
         if self.breaker.keyed_by.is_some() {
             kinds.push(StackKind::GlobalBreaker);
         }
@@ -154,13 +157,22 @@ impl Scenario {
     }
 }
 
+/// With `--graded-k K`: every breaker but `breaker-open`'s grades with this
+/// `K`; without it, every breaker has the crate's default trip mode
+/// (all or nothing) and there is no `breaker-open` stack.
+pub static GRADED_K: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
 /// The stacks a replay can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackKind {
     /// total timeout -> retry -> attempt timeout -> primary.
     NoBreaker,
-    /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary.
+    /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary;
+    /// with `--graded-k`, with graded admission (`TripMode::Graded`).
     Breaker,
+    /// With `--graded-k`: the breaker stack opening all or nothing
+    /// (`TripMode::Open`), for the comparison.
+    BreakerOpen,
     /// total timeout -> retry -> try each upstream in order (attempt timeout each).
     NaiveFailover,
     /// total timeout -> retry -> failover -> per upstream: breaker -> attempt timeout.
@@ -186,6 +198,7 @@ impl StackKind {
         match self {
             StackKind::NoBreaker => "no-breaker",
             StackKind::Breaker => "breaker",
+            StackKind::BreakerOpen => "breaker-open",
             StackKind::NaiveFailover => "naive-failover",
             StackKind::Failover => "failover",
             StackKind::GlobalBreaker => "global-breaker",

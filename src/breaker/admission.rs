@@ -43,6 +43,7 @@ impl Shared {
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
         match word.state() {
+            State::Closed if word.is_graded() => self.admit_graded(word, fallback),
             State::Closed => self.admit_closed(word.generation(), fallback),
             State::Disabled => Ok(Permit::new(
                 self,

@@ -40,9 +40,10 @@ pub(crate) enum Counter {
     ListenerPanics,
     QuotaRejected,
     Paced,
+    GradedRejected,
 }
 
-const COUNTERS: usize = 18;
+const COUNTERS: usize = 19;
 
 /// One stripe fills its own cache lines, a whole number of 128-byte pairs
 /// (adjacent-line prefetch makes 128 bytes the unit of false sharing on
@@ -240,6 +241,7 @@ impl Striped {
             listener_panics: get(Counter::ListenerPanics),
             quota_rejected: get(Counter::QuotaRejected),
             paced: get(Counter::Paced),
+            graded_rejected: get(Counter::GradedRejected),
         }
     }
 }

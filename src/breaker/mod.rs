@@ -44,6 +44,7 @@ mod changed;
 mod config;
 pub(crate) use config::MAX_DURATION;
 mod counters;
+mod graded;
 mod half_open;
 mod limit;
 mod observe;
@@ -70,6 +71,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
+pub use self::graded::TripMode;
 // Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, Window};
@@ -80,7 +82,7 @@ pub(crate) use self::observe::{MakeObserver, Observe};
 pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
-pub use self::state::{Counters, Reason, Snapshot, State, Transition, WindowStats};
+pub use self::state::{Counters, Reason, Shed, Snapshot, State, Transition, WindowStats};
 #[cfg(feature = "redis")]
 pub(crate) use self::turns::Turn;
 pub(crate) use self::turns::Turns;
@@ -166,6 +168,9 @@ pub(crate) struct Shared {
     volume: Option<VolumeGuard>,
     /// The in-flight limit and the ramp after half-open, if either is on.
     limiter: Option<Limiter>,
+    /// Graded admission, when a trip rule may fire and the trip mode is
+    /// graded.
+    graded: Option<graded::Graded>,
     counters: Striped,
     control: Mutex<Control>,
     name: Option<Arc<str>>,
@@ -282,6 +287,9 @@ impl Breaker {
                     .volume_guard
                     .map(|(limit, period)| VolumeGuard::new(limit, nanos(period))),
                 limiter: Limiter::new(config.in_flight_limit, config.ramp),
+                graded: config.graded_window().map(|window| {
+                    graded::Graded::new(config.graded_k, nanos(window), config.seed)
+                }),
                 counters: Striped::new(config.counter_stripes, config.stripes_when_busy),
                 control: Mutex::new(Control {
                     reopens: 0,

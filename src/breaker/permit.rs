@@ -56,6 +56,8 @@ pub(super) struct Ticket {
     /// The call has somewhere else to go if refused (see
     /// [`HasFallback`](crate::HasFallback)).
     pub(super) fallback: bool,
+    /// Admitted by graded admission: its success is an accept.
+    pub(super) graded: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -118,6 +120,7 @@ impl Permit {
                 kind,
                 signal: Signal::None,
                 fallback,
+                graded: false,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -157,6 +160,12 @@ impl Permit {
     /// ```
     pub fn is_probe(&self) -> bool {
         self.ticket.kind == Kind::Probe
+    }
+
+    /// Marks a call admitted by graded admission.
+    #[inline]
+    pub(super) fn set_graded(&mut self) {
+        self.ticket.graded = true;
     }
 
     /// Whether the call was admitted as one with a fallback. Known on every
@@ -320,6 +329,7 @@ impl Permit {
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
         let plain_success = outcome == Outcome::Success
+            && !self.ticket.graded
             && (self.ticket.kind == Kind::Closed
                 || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
         if !plain_success {

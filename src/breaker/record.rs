@@ -59,7 +59,12 @@ impl Shared {
                     self.limit_outcome(permit.generation, watched, signal);
                 }
                 let failed = match outcome {
-                    Outcome::Success => false,
+                    Outcome::Success => {
+                        if permit.graded {
+                            self.graded_accept(permit.generation);
+                        }
+                        false
+                    }
                     Outcome::Failure => true,
                     // Neutral everywhere: not in any window, and the streak
                     // of failures goes on.
@@ -240,7 +245,12 @@ impl Shared {
             None
         };
         if let Some(reason) = reason {
+            if self.graded.is_some() && !self.grade(generation, reason, stats, streak) {
+                return;
+            }
             self.trip(generation, reason, stats);
+        } else if self.load().is_graded() {
+            self.graded_settle(generation);
         }
     }
 

@@ -52,6 +52,11 @@ pub enum Rejection {
     /// [`Builder::ramp`](crate::Builder::ramp)); this one goes to its
     /// fallback.
     Ramp,
+    /// A trip rule fired and graded admission turned this call (one
+    /// without a fallback) away, with the probability the upstream cannot
+    /// serve it (see [`Builder::trip_mode`](crate::Builder::trip_mode)).
+    /// The circuit itself is closed.
+    Graded,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -120,7 +125,8 @@ impl CircuitOpen {
             Rejection::VolumeGuard
             | Rejection::RateLimited
             | Rejection::InFlightLimit
-            | Rejection::Ramp => State::Closed,
+            | Rejection::Ramp
+            | Rejection::Graded => State::Closed,
         }
     }
 
@@ -217,6 +223,7 @@ impl Rejection {
             Rejection::RateLimited => "rate_limited",
             Rejection::InFlightLimit => "in_flight_limit",
             Rejection::Ramp => "ramp",
+            Rejection::Graded => "graded",
         }
     }
 
@@ -231,6 +238,7 @@ impl Rejection {
             Rejection::RateLimited => "paced: the upstream's rate limit has not reset",
             Rejection::InFlightLimit => "in-flight limit reached: the upstream signals overload",
             Rejection::Ramp => "ramping up after half-open; this call goes to its fallback",
+            Rejection::Graded => "shedding: the upstream answers too few calls",
         }
     }
 

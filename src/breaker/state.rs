@@ -67,7 +67,7 @@ impl fmt::Display for State {
     }
 }
 
-const TAG_BITS: u32 = 3;
+const TAG_BITS: u32 = 4;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 /// The tag of a state open because the account's quota ran out.
 const QUOTA_OPEN: u64 = 5;
@@ -75,6 +75,8 @@ const QUOTA_OPEN: u64 = 5;
 const PROBES_OUT: u64 = 6;
 /// The tag of an open state that lets one last-resort call through.
 const LAST_RESORT: u64 = 7;
+/// The tag of a closed state whose trip rule fired: graded admission.
+const GRADED: u64 = 8;
 
 /// The state and its generation packed into one word, so that one atomic load
 /// tells a caller both what to do and which period its outcome belongs to.
@@ -106,6 +108,18 @@ impl Packed {
         Packed((generation << TAG_BITS) | LAST_RESORT)
     }
 
+    /// Closed, with a trip rule fired: calls without a fallback meet graded
+    /// admission, calls with one open the circuit.
+    pub(crate) const fn graded(generation: u64) -> Self {
+        Packed((generation << TAG_BITS) | GRADED)
+    }
+
+    /// Whether this is [`graded`](Self::graded).
+    #[inline]
+    pub(crate) const fn is_graded(self) -> bool {
+        self.0 & TAG_MASK == GRADED
+    }
+
     /// Whether this is [`last_resort`](Self::last_resort).
     #[inline]
     pub(crate) const fn is_last_resort(self) -> bool {
@@ -122,6 +136,7 @@ impl Packed {
         match self.0 & TAG_MASK {
             PROBES_OUT => State::HalfOpen,
             QUOTA_OPEN | LAST_RESORT => State::Open,
+            GRADED => State::Closed,
             tag => State::from_tag(tag),
         }
     }
@@ -338,6 +353,9 @@ pub struct Counters {
     /// Calls turned away (or that would have been) by pacing, until a known
     /// rate limit resets (also counted in `rejected` or `would_reject`).
     pub paced: u64,
+    /// Calls without a fallback turned away (or that would have been) by
+    /// graded admission (also counted in `rejected` or `would_reject`).
+    pub graded_rejected: u64,
 }
 
 /// A point-in-time view of a breaker.
@@ -368,6 +386,61 @@ pub struct Snapshot {
     /// [`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)): the
     /// time until the known rate limit resets.
     pub paced_for: Option<Duration>,
+    /// While a trip rule has fired and graded admission sheds calls without
+    /// a fallback (the state says [`State::Closed`]): its window's counts.
+    pub shed: Option<Shed>,
+}
+
+/// What graded admission sheds (see
+/// [`Builder::trip_mode`](crate::Builder::trip_mode)): its window's counts
+/// and the probability the next call without a fallback is rejected.
+///
+/// ```
+/// use tower_circuit_breaker::{Breaker, Outcome, TripMode};
+///
+/// let breaker = Breaker::builder()
+///     .consecutive_failures(3)
+///     .trip_mode(TripMode::Graded)
+///     .seed(7)
+///     .build()
+///     .unwrap();
+/// for _ in 0..3 {
+///     breaker.admit().unwrap().record(Outcome::Failure);
+/// }
+/// let shed = breaker.snapshot().shed.expect("the rule fired: grading");
+/// assert_eq!((shed.requests, shed.accepts), (3, 0));
+/// assert!(shed.probability > 0.7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Shed {
+    /// Calls without a fallback over the window, rejected ones included
+    /// (seeded with the calls the trip rule saw).
+    pub requests: u64,
+    /// Those of them that succeeded.
+    pub accepts: u64,
+    /// Those of them graded admission rejected.
+    pub rejected: u64,
+    /// `max(0, (requests − K·accepts) / (requests + 1))`.
+    pub probability: f64,
+}
+
+impl Shed {
+    /// The share of the window's calls that were rejected.
+    ///
+    /// ```
+    /// # use tower_circuit_breaker::{Breaker, Outcome, TripMode};
+    /// # let breaker = Breaker::builder().consecutive_failures(3).trip_mode(TripMode::Graded).build().unwrap();
+    /// # for _ in 0..3 { breaker.admit().unwrap().record(Outcome::Failure); }
+    /// assert_eq!(breaker.snapshot().shed.unwrap().share(), 0.0);
+    /// ```
+    pub fn share(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.rejected as f64 / self.requests as f64
+        }
+    }
 }
 
 #[cfg(test)]

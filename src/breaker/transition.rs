@@ -175,6 +175,7 @@ impl Shared {
                 }
                 _ => None,
             },
+            shed: self.shed(word),
         };
         drop(ctl);
         self.emit(events);

@@ -11,6 +11,7 @@ mod durations;
 mod failover;
 mod failover_last_resort_keys;
 mod fallback_marker;
+mod graded;
 mod grpc;
 mod half_open_pacing;
 mod health_half_open;

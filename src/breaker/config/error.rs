@@ -105,6 +105,10 @@ pub enum ConfigError {
     HealthProbe(&'static str),
     /// A keyed set's cap on open keys is not a share in `(0, 1]`.
     MaxOpenShare(f64),
+    /// Graded admission's `K` is outside `[2.5, 10)` (or not a number).
+    GradedK(f64),
+    /// Graded admission's own window is zero.
+    ZeroGradedWindow,
 }
 
 impl fmt::Display for ConfigError {
@@ -184,6 +188,10 @@ impl fmt::Display for ConfigError {
                 "the share of keys that may be open must be in (0, 1], got {share}"
             ),
             ConfigError::InFlightLimit(why) => write!(f, "in-flight limit: {why}"),
+            ConfigError::GradedK(k) => {
+                write!(f, "graded admission's K must be in [2.5, 10), got {k}")
+            }
+            ConfigError::ZeroGradedWindow => f.write_str("graded window must be greater than zero"),
         }
     }
 }

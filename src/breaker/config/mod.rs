@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::graded::TripMode;
 use super::limit::InFlightLimit;
 use super::observe::Observer;
 use super::state::Transition;
@@ -68,6 +69,9 @@ pub(crate) struct Config {
     /// The ramp after half-open; zero for none.
     pub(crate) ramp: Duration,
     pub(crate) seed: Option<u64>,
+    pub(crate) trip_mode: TripMode,
+    pub(crate) graded_k: f64,
+    pub(crate) graded_window: Duration,
     pub(crate) counter_stripes: usize,
     /// Owned counter stripes only once the breaker is busy (keyed breakers).
     pub(crate) stripes_when_busy: bool,
@@ -104,6 +108,9 @@ impl fmt::Debug for Config {
             .field("max_rate_limit_wait", &self.max_rate_limit_wait)
             .field("in_flight_limit", &self.in_flight_limit)
             .field("ramp", &self.ramp)
+            .field("trip_mode", &self.trip_mode)
+            .field("graded_k", &self.graded_k)
+            .field("graded_window", &self.graded_window)
             .field("listeners", &self.listeners.len())
             .field("observer", &self.observer.is_some())
             .finish()
@@ -135,6 +142,9 @@ impl Default for Config {
             in_flight_limit: Some(InFlightLimit::default()),
             ramp: DEFAULT_RAMP,
             seed: None,
+            trip_mode: TripMode::Open,
+            graded_k: DEFAULT_GRADED_K,
+            graded_window: DEFAULT_GRADED_WINDOW,
             counter_stripes: 16,
             stripes_when_busy: false,
             listeners: Vec::new(),
@@ -222,6 +232,16 @@ impl Config {
         })
     }
 
+    /// The graded-admission window, when a trip rule may fire and the trip
+    /// mode is graded: a time window's span, otherwise its own setting.
+    pub(crate) fn graded_window(&self) -> Option<Duration> {
+        let rule = self.has_rate_rule() || self.consecutive_failures.is_some();
+        (rule && self.trip_mode == TripMode::Graded).then_some(match self.window {
+            Window::Time { span, .. } if self.has_rate_rule() => span,
+            _ => self.graded_window,
+        })
+    }
+
     pub(crate) fn has_rate_rule(&self) -> bool {
         !matches!(self.window, Window::None)
             && (self.failure_rate.is_some() || self.slow_call.is_some())
@@ -271,6 +291,15 @@ impl Config {
         }
         if let Some(limit) = &self.in_flight_limit {
             limit.validate().map_err(E::InFlightLimit)?;
+        }
+        if !(MIN_GRADED_K..MAX_GRADED_K).contains(&self.graded_k) {
+            return Err(E::GradedK(self.graded_k));
+        }
+        if self.graded_window.is_zero() {
+            return Err(E::ZeroGradedWindow);
+        }
+        if let Some(e) = too_long("graded_window", self.graded_window) {
+            return Err(e);
         }
         if self.open_max() < self.open {
             return Err(E::OpenMaxBelowOpen {
@@ -384,3 +413,9 @@ pub(crate) const DEFAULT_CAP_MULTIPLE: u32 = 2;
 pub(crate) const DEFAULT_RAMP: Duration = Duration::from_secs(10);
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
+/// Graded admission's `K`, by default (see `Builder::graded_k`).
+pub(crate) const DEFAULT_GRADED_K: f64 = 4.0;
+pub(crate) const MIN_GRADED_K: f64 = 2.5;
+pub(crate) const MAX_GRADED_K: f64 = 10.0;
+/// Graded admission's own window, by default.
+pub(crate) const DEFAULT_GRADED_WINDOW: Duration = Duration::from_secs(30);

@@ -1,0 +1,279 @@
+//! Graded admission: when a trip rule fires, a call without a fallback is
+//! refused only with the probability that the upstream cannot serve it.
+//!
+//! Client-side adaptive throttling (Google's SRE book; Envoy's
+//! `admission_control`): over a window of its own, each call without a
+//! fallback is rejected with probability
+//! `max(0, (requests − K·accepts) / (requests + 1))`, where `requests`
+//! counts rejected calls too and `accepts` are the calls that succeeded. A
+//! call with a fallback is rejected outright, as an open circuit would (and
+//! the circuit opens for it). An upstream whose accepts over the window are
+//! (nearly) zero — fewer than one in [`NEARLY_ZERO`] requests, once there
+//! are at least [`MIN_REQUESTS`] — opens the circuit for every call.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::counters::Counter;
+use super::permit::Permit;
+use super::rejection::{CircuitOpen, Rejection};
+use super::state::{Packed, Shed};
+use super::{Events, Reason, Shared, State, WindowStats};
+use crate::rng::Rng;
+use crate::sync::{lock, Mutex};
+
+/// How many buckets the graded window is cut into.
+const BUCKETS: usize = 10;
+/// Accepts below one in this many requests are (nearly) zero.
+pub(crate) const NEARLY_ZERO: u64 = 100;
+/// Requests the graded window must hold before its accepts can be called
+/// (nearly) zero.
+pub(crate) const MIN_REQUESTS: u64 = 10;
+
+/// How a trip rule that fires treats calls (see
+/// [`Builder::trip_mode`](crate::Builder::trip_mode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TripMode {
+    /// A call with a fallback is rejected outright; one without meets
+    /// graded admission.
+    Graded,
+    /// Every call is rejected while the circuit is open: all or nothing.
+    /// The default, for now.
+    #[default]
+    Open,
+}
+
+/// The graded window's counts, by time bucket.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bucket {
+    requests: u64,
+    accepts: u64,
+    rejected: u64,
+}
+
+/// The state of graded admission, under its own lock (taken only while a
+/// rule has fired, never on a closed circuit's path).
+pub(super) struct Graded {
+    inner: Mutex<Inner>,
+    rng: Rng,
+    /// The factor `K`.
+    k: f64,
+    bucket_ns: u64,
+}
+
+struct Inner {
+    buckets: [Bucket; BUCKETS],
+    /// The index (time / bucket_ns) of the newest bucket.
+    head: u64,
+    /// Why the rule fired and the window it saw, for the open circuit a
+    /// call with a fallback turns it into.
+    reason: Reason,
+    stats: WindowStats,
+}
+
+impl Graded {
+    pub(super) fn new(k: f64, window_ns: u64, seed: Option<u64>) -> Self {
+        Graded {
+            inner: Mutex::new(Inner {
+                buckets: [Bucket::default(); BUCKETS],
+                head: 0,
+                reason: Reason::FailureRate,
+                stats: WindowStats::default(),
+            }),
+            rng: seed.map_or_else(Rng::random, |s| Rng::new(s ^ 0x6a09_e667_f3bc_c908)),
+            k,
+            bucket_ns: (window_ns / BUCKETS as u64).max(1),
+        }
+    }
+
+    /// The rejection probability for counts `(requests, accepts)`.
+    fn probability(&self, requests: u64, accepts: u64) -> f64 {
+        let r = requests as f64;
+        ((r - self.k * accepts as f64) / (r + 1.0)).max(0.0)
+    }
+}
+
+impl Inner {
+    /// Moves the window to `now`, emptying the buckets it left behind.
+    fn advance(&mut self, now: u64, bucket_ns: u64) {
+        let index = now / bucket_ns;
+        if index <= self.head {
+            return;
+        }
+        let gone = (index - self.head).min(BUCKETS as u64);
+        for i in 1..=gone {
+            self.buckets[((self.head + i) % BUCKETS as u64) as usize] = Bucket::default();
+        }
+        self.head = index;
+    }
+
+    fn current(&mut self) -> &mut Bucket {
+        &mut self.buckets[(self.head % BUCKETS as u64) as usize]
+    }
+
+    fn sum(&self) -> Bucket {
+        self.buckets.iter().fold(Bucket::default(), |a, b| Bucket {
+            requests: a.requests + b.requests,
+            accepts: a.accepts + b.accepts,
+            rejected: a.rejected + b.rejected,
+        })
+    }
+}
+
+fn nearly_zero(sum: Bucket) -> bool {
+    sum.requests >= MIN_REQUESTS && sum.accepts.saturating_mul(NEARLY_ZERO) < sum.requests
+}
+
+impl Shared {
+    /// A trip rule fired on the closed circuit of `generation`: with
+    /// graded admission, starts grading (seeding its window with the calls
+    /// the rule saw) unless the upstream's accepts are (nearly) zero.
+    /// Returns whether it opens instead.
+    #[cold]
+    pub(super) fn grade(
+        &self,
+        generation: u32,
+        reason: Reason,
+        stats: WindowStats,
+        streak: u64,
+    ) -> bool {
+        let Some(graded) = &self.graded else {
+            return true;
+        };
+        let word = self.load();
+        if word.generation() as u32 != generation || word.state() != State::Closed {
+            return false;
+        }
+        let now = self.now();
+        let mut inner = lock(&graded.inner);
+        inner.advance(now, graded.bucket_ns);
+        if !word.is_graded() {
+            inner.buckets = [Bucket::default(); BUCKETS];
+            let requests = stats.calls.max(streak);
+            *inner.current() = Bucket {
+                requests,
+                accepts: stats.calls.saturating_sub(stats.failures),
+                rejected: 0,
+            };
+            inner.reason = reason;
+            inner.stats = stats;
+        }
+        if nearly_zero(inner.sum()) {
+            return true;
+        }
+        if !word.is_graded() {
+            let _ = self.hot.state.compare_exchange(
+                word.0,
+                Packed::graded(word.generation()).0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        false
+    }
+
+    /// While grading: a success of a graded call counts as an accept.
+    #[cold]
+    pub(super) fn graded_accept(&self, generation: u32) {
+        let Some(graded) = &self.graded else { return };
+        let word = self.load();
+        if !word.is_graded() || word.generation() as u32 != generation {
+            return;
+        }
+        let mut inner = lock(&graded.inner);
+        inner.advance(self.now(), graded.bucket_ns);
+        inner.current().accepts += 1;
+    }
+
+    /// While grading, the rules no longer fire: grading ends once the
+    /// window would reject nothing.
+    #[cold]
+    pub(super) fn graded_settle(&self, generation: u32) {
+        let Some(graded) = &self.graded else { return };
+        let word = self.load();
+        if !word.is_graded() || word.generation() as u32 != generation {
+            return;
+        }
+        let mut inner = lock(&graded.inner);
+        inner.advance(self.now(), graded.bucket_ns);
+        let sum = inner.sum();
+        if graded.probability(sum.requests, sum.accepts) == 0.0 {
+            let _ = self.hot.state.compare_exchange(
+                word.0,
+                Packed::new(State::Closed, word.generation()).0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// Admission while grading.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn admit_graded(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
+        let Some(graded) = &self.graded else {
+            return self.admit_closed(word.generation(), fallback);
+        };
+        let generation = word.generation();
+        let now = self.now();
+        let mut inner = lock(&graded.inner);
+        inner.advance(now, graded.bucket_ns);
+        let sum = inner.sum();
+        if fallback || nearly_zero(sum) {
+            // A call with somewhere else to go is refused outright: the
+            // circuit opens, as it would without grading.
+            let (reason, stats) = (inner.reason, inner.stats);
+            drop(inner);
+            self.open_graded(generation as u32, reason, stats);
+            return self.admit(fallback);
+        }
+        let p = graded.probability(sum.requests, sum.accepts);
+        inner.current().requests += 1;
+        if p > 0.0 && graded.rng.unit() < p {
+            inner.current().rejected += 1;
+            drop(inner);
+            self.counters.incr(Counter::GradedRejected);
+            return self.reject(Rejection::Graded, None, fallback);
+        }
+        drop(inner);
+        let mut permit = self.admit_closed(generation, fallback)?;
+        permit.set_graded();
+        Ok(permit)
+    }
+
+    /// Opens a grading circuit for every call.
+    #[cold]
+    fn open_graded(&self, generation: u32, reason: Reason, stats: WindowStats) {
+        let mut ctl = lock(&self.control);
+        if !self.is_current(State::Closed, generation) {
+            return;
+        }
+        ctl.tripped = stats;
+        let mut events = Events::default();
+        events.push(self.transition(&mut ctl, State::Open, reason, self.now()));
+        drop(ctl);
+        self.emit(events);
+    }
+
+    /// What grading sheds now, if it is on.
+    pub(super) fn shed(&self, word: Packed) -> Option<Shed> {
+        let graded = self.graded.as_ref()?;
+        if !word.is_graded() {
+            return None;
+        }
+        let mut inner = lock(&graded.inner);
+        inner.advance(self.now(), graded.bucket_ns);
+        let sum = inner.sum();
+        Some(Shed {
+            requests: sum.requests,
+            accepts: sum.accepts,
+            rejected: sum.rejected,
+            probability: graded.probability(sum.requests, sum.accepts),
+        })
+    }
+}

@@ -1,0 +1,153 @@
+//! Graded admission over real connections: a hyper-util client -> breaker
+//! -> hyper server on 127.0.0.1:0 that answers a fixed share of its calls.
+#![cfg(not(loom))]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_circuit_breaker::{
+    Breaker, CircuitBreaker, CircuitBreakerLayer, Rejection, State, TripMode,
+};
+
+/// A server whose `n`th call (from 0) is answered 200 when
+/// `n * ok % 100 < ok`, 503 otherwise: `ok` % of every 100 calls, spread.
+async fn upstream(ok: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicU64::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let h = h.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    let n = h.fetch_add(1, Ordering::SeqCst);
+                    let code = if n * ok % 100 < ok { 200 } else { 503 };
+                    async move {
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(code)
+                                .body(Full::new(Bytes::from_static(b"{}")))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+type Svc = CircuitBreaker<Client<HttpConnector, Empty<Bytes>>>;
+
+fn client(layer: CircuitBreakerLayer) -> Svc {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    ServiceBuilder::new().layer(layer).service(client)
+}
+
+/// One call 100 ms after the last; `Err` holds the rejection's reason.
+async fn call(svc: &mut Svc, addr: std::net::SocketAddr) -> Result<u16, Rejection> {
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let request = Request::get(format!("http://{addr}/v1/chat/completions"))
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    match svc.ready().await.unwrap().call(request).await {
+        Ok(res) => {
+            let status = res.status().as_u16();
+            res.into_body().collect().await.unwrap();
+            Ok(status)
+        }
+        Err(e) => Err(e.circuit_open().expect("only rejections fail").reason()),
+    }
+}
+
+fn layer(failure_rate: f64) -> (CircuitBreakerLayer, Breaker) {
+    let layer = CircuitBreakerLayer::builder()
+        .count_window(20)
+        .min_calls(20)
+        .failure_rate(failure_rate)
+        .trip_mode(TripMode::Graded)
+        .graded_k(3.0)
+        .seed(11)
+        .build()
+        .unwrap();
+    let breaker = layer.breaker().clone();
+    (layer, breaker)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_answering_58_percent_keeps_nearly_all_its_traffic() {
+    let (addr, hits) = upstream(58).await;
+    // A rule strict enough to fire on 42 % failures: all or nothing would
+    // open the circuit on this upstream.
+    let (layer, breaker) = layer(0.3);
+    let mut svc = client(layer);
+    let (mut rejected, mut graded_seen) = (0, false);
+    for _ in 0..1000 {
+        if call(&mut svc, addr).await.is_err() {
+            rejected += 1;
+        }
+        graded_seen |= breaker.snapshot().shed.is_some();
+    }
+    assert!(graded_seen, "the rule fired and graded admission took over");
+    assert!(rejected * 100 <= 5 * 1000, "{rejected} of 1000 rejected");
+    assert_eq!(hits.load(Ordering::SeqCst), 1000 - rejected);
+    assert_eq!(breaker.snapshot().counters.graded_rejected, rejected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_answering_5_percent_is_shed_to_a_trickle_within_one_window() {
+    let (addr, hits) = upstream(5).await;
+    let (layer, breaker) = layer(0.5);
+    let mut svc = client(layer);
+    // Until the rule fires.
+    let mut calls = 0;
+    while breaker.snapshot().shed.is_none() {
+        assert!(call(&mut svc, addr).await.is_ok());
+        calls += 1;
+        assert!(calls <= 20, "min_calls is 20");
+    }
+    let before = hits.load(Ordering::SeqCst);
+
+    // The next 50 calls, 5 s of the 30 s window: the share the snapshot
+    // says was shed is what this test counts.
+    let mut graded = 0;
+    for _ in 0..50 {
+        if call(&mut svc, addr).await == Err(Rejection::Graded) {
+            graded += 1;
+        }
+    }
+    let snap = breaker.snapshot();
+    let shed = snap.shed.expect("still grading");
+    assert_eq!(snap.counters.graded_rejected, graded);
+    assert_eq!(shed.rejected, graded);
+    // The window holds the 20 calls that fired the rule and these 50.
+    assert_eq!(shed.requests, 20 + 50);
+    assert_eq!(shed.share(), graded as f64 / 70.0);
+    assert!(graded >= 40, "only {graded} of 50 shed");
+
+    // The rest of the window: a trickle reaches the upstream, then none.
+    for _ in 0..250 {
+        let _ = call(&mut svc, addr).await;
+    }
+    let reached = hits.load(Ordering::SeqCst) - before;
+    assert!(
+        reached <= 300 / 10,
+        "{reached} of 300 calls reached the upstream"
+    );
+    assert_eq!(breaker.state(), State::Open, "accepts nearly zero: open");
+}
