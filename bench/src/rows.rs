@@ -742,15 +742,30 @@ pub fn keyed_service(set: KeyedBreakers) -> bench_service!(tower_circuit_breaker
     CircuitBreakerLayer::keyed(set, key).layer(upstream::<Infallible>(StatusCode::OK))
 }
 
-fn key_of<'a>(name: &'a &'static str) -> Option<Key<'a>> {
-    Some(Key::from(*name))
+/// A key name as the request: what [`Rotate`] hands the keyed layer.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyName(&'static str);
+
+/// A bare key name has no fallback.
+impl tower_circuit_breaker::Fallback for KeyName {
+    #[inline]
+    fn has_fallback(&self) -> bool {
+        false
+    }
+
+    #[inline]
+    fn mark_fallback(&mut self) {}
+}
+
+fn key_of(name: &KeyName) -> Option<Key<'_>> {
+    Some(Key::from(name.0))
 }
 
 /// The upstream behind `set`, the calls rotating over all [`KEYS`] keys:
 /// [`Rotate`] hands each call the next key name, borrowed.
 pub fn keyed_rotating(set: KeyedBreakers) -> bench_service!(tower_circuit_breaker::Error) {
     let layer = CircuitBreakerLayer::keyed(set, keyed::from_fn(key_of));
-    Rotate::new(layer.layer(upstream_for::<&'static str, Infallible>(StatusCode::OK)))
+    Rotate::new(layer.layer(upstream_for::<KeyName, Infallible>(StatusCode::OK)))
 }
 
 /// [`keyed_service`] with [`HOT_KEY`] tripped: every call rejected.
@@ -803,7 +818,7 @@ impl<S: Clone> Clone for Rotate<S> {
     }
 }
 
-impl<S: Service<&'static str>> Service<Request> for Rotate<S> {
+impl<S: Service<KeyName>> Service<Request> for Rotate<S> {
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
@@ -820,7 +835,7 @@ impl<S: Service<&'static str>> Service<Request> for Rotate<S> {
         if self.next == self.names.len() {
             self.next = 0;
         }
-        self.inner.call(name)
+        self.inner.call(KeyName(name))
     }
 }
 
