@@ -447,6 +447,8 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
         // Every call is slow: the threshold is a nanosecond, and the clock
         // (real, not modelled) moves on by more than that between any two
         // steps. The window (of 8, tracking 4 calls under loom) cannot trip.
+        // The slow-call rule watches calls with a fallback (the in-flight
+        // limit holds the others), so these calls have one.
         let b = base()
             .count_window(8)
             .min_calls(8)
@@ -467,10 +469,10 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
             .map(|_| {
                 let b = b.clone();
                 thread::spawn(move || {
-                    let mut first = b.admit().unwrap();
+                    let mut first = b.admit_with_fallback().unwrap();
                     // Sweeps (if it takes the sweep): the other thread's
                     // calls and `first` may be found crossed here.
-                    let second = b.admit().unwrap();
+                    let second = b.admit_with_fallback().unwrap();
                     // Takes its slot back, racing the other thread's sweep:
                     // crossed already, or judged slow now.
                     first.head_received();
@@ -482,7 +484,7 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
         let held: Vec<Permit> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         // No call missed: this admission finds the two still in flight
         // crossed, whoever swept last.
-        let last = b.admit().unwrap();
+        let last = b.admit_with_fallback().unwrap();
         let s = b.snapshot();
         assert_eq!(s.counters.slow, 4, "each call once: {:?}", s.counters);
         assert_eq!((s.window.calls, s.window.slow), (4, 4), "{:?}", s.window);
