@@ -53,6 +53,24 @@ async fn until_shared(attachments: &[Attachment]) {
     .expect("redis answers");
 }
 
+/// Each watcher's time from `start` to its replica rejecting; `what` names
+/// what must arrive within 5 s.
+async fn arrivals(
+    watchers: Vec<tokio::task::JoinHandle<Instant>>,
+    start: Instant,
+    what: &str,
+) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for w in watchers {
+        let at = timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .unwrap();
+        out.push(at.saturating_duration_since(start));
+    }
+    out
+}
+
 /// Waits until `breaker` rejects, on its transitions rather than by polling.
 async fn until_rejecting(breaker: Breaker) -> Instant {
     loop {
@@ -89,14 +107,7 @@ async fn single(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     }
     let start = Instant::now();
     breakers[0].admit().unwrap().record(Outcome::Failure);
-    let mut out = Vec::new();
-    for w in watchers {
-        let at = timeout(Duration::from_secs(5), w)
-            .await
-            .expect("the trip arrives")
-            .unwrap();
-        out.push(at.saturating_duration_since(start));
-    }
+    let out = arrivals(watchers, start, "the trip arrives").await;
     for a in attachments {
         a.detach().await;
     }
@@ -147,14 +158,7 @@ async fn summed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
         .admit()
         .unwrap()
         .record(Outcome::Failure);
-    let mut out = Vec::new();
-    for w in watchers {
-        let at = timeout(Duration::from_secs(5), w)
-            .await
-            .expect("the trip arrives")
-            .unwrap();
-        out.push(at.saturating_duration_since(start));
-    }
+    let out = arrivals(watchers, start, "the trip arrives").await;
     for a in attachments {
         a.detach().await;
     }
@@ -182,14 +186,7 @@ async fn forced(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
         .force_open_cluster("upstream")
         .await
         .expect("redis confirms the control");
-    let mut out = Vec::new();
-    for w in watchers {
-        let at = timeout(Duration::from_secs(5), w)
-            .await
-            .expect("the control arrives")
-            .unwrap();
-        out.push(at.saturating_duration_since(start));
-    }
+    let out = arrivals(watchers, start, "the control arrives").await;
     attachments[0]
         .reset_cluster("upstream")
         .await
@@ -226,14 +223,7 @@ async fn keyed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     }
     let start = Instant::now();
     sets[0].admit("gpt-4o/eu").unwrap().record(Outcome::Failure);
-    let mut out = Vec::new();
-    for w in watchers {
-        let at = timeout(Duration::from_secs(5), w)
-            .await
-            .expect("the trip arrives")
-            .unwrap();
-        out.push(at.saturating_duration_since(start));
-    }
+    let out = arrivals(watchers, start, "the trip arrives").await;
     for a in attachments {
         a.detach().await;
     }
@@ -374,7 +364,7 @@ async fn main() {
 
     for (what, mode) in [
         ("single breaker (trip sent on the transition)", 0),
-        ("keyed set (trip found by a state scan every 5 ms)", 1),
+        ("keyed set (trip sent when the set wakes its task on the transition)", 1),
         ("cluster-wide force open (from the call on one replica)", 2),
         ("summed window (no replica over the rule alone; from the failure that takes the sum over)", 3),
     ] {
