@@ -25,11 +25,18 @@ for root, _, names in os.walk(SRC):
             files[module_of(p)] = p
 
 
+# Names the lib root re-exports (`pub use crate::a::b::{C, D}`), so that
+# `crate::C` counts as an import of the module that defines it.
+ROOT = {}
+
+
 def resolve(parts):
     # The longest prefix of the path that is a module with a file.
     for i in range(len(parts), 0, -1):
         if tuple(parts[:i]) in files:
             return tuple(parts[:i])
+    if len(parts) == 1 and parts[0] in ROOT:
+        return ROOT[parts[0]]
     return ()
 
 
@@ -62,6 +69,13 @@ def strip_comments(text):
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return "\n".join(l.split("//")[0] for l in text.splitlines())
 
+
+lib = strip_comments(open(os.path.join(SRC, "lib.rs")).read())
+for m in re.finditer(r"\bpub use\s+crate::(.*?);", lib, re.S):
+    for parts in expand(m.group(1), []):
+        parts = [p.split(" as ")[0].strip() for p in parts]
+        if len(parts) > 1:
+            ROOT[parts[-1]] = resolve(parts[:-1])
 
 edges = {}
 for mod, path in files.items():
@@ -129,6 +143,23 @@ circles = sccs(graph)
 print(f"\n{len(circles)} import circle(s) among {len(files)} files")
 for c in circles:
     print("  circle: " + " <-> ".join(name(m) for m in c))
+if not circles:
+    # Without a circle every module has a floor: one above the highest
+    # module it imports (a module importing nothing is on floor 0), so no
+    # import runs from a lower floor to a higher one.
+    floor = {}
+
+    def floor_of(m):
+        if m not in floor:
+            floor[m] = 1 + max((floor_of(t) for t in graph.get(m, ()) if t in graph), default=-1)
+        return floor[m]
+
+    for m in graph:
+        floor_of(m)
+    top = max(floor.values(), default=0)
+    print(f"{top + 1} floors (a module's floor: one above the highest module it imports):")
+    for f in range(top + 1):
+        print(f"  {f:2}: " + ", ".join(sorted(name(m) for m in graph if floor[m] == f)))
 sizes = sorted(((sum(1 for _ in open(p)), os.path.relpath(p, os.path.join(SRC, ".."))) for p in files.values()), reverse=True)
 print("largest files: " + ", ".join(f"{p} {n}" for n, p in sizes[:5]))
 if "--check" in sys.argv and circles:

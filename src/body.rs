@@ -12,8 +12,8 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::classify::{ClassifyStream, NeverDefer};
+use crate::deadline::StreamElapsed;
 use crate::deadline::{StreamDeadline, StreamDeadlines};
-use crate::error::StreamElapsed;
 use crate::guard::{BodyGuard, Held};
 use crate::BoxError;
 

@@ -93,10 +93,11 @@
 //! # Ok(()) }
 //! ```
 
+use std::error::Error as StdError;
+use std::fmt;
 use std::time::Duration;
 
 use crate::breaker::{ConfigError, MAX_DURATION};
-pub use crate::error::StreamElapsed;
 
 /// Which stream deadline passed; see [`StreamElapsed::deadline`].
 ///
@@ -324,3 +325,63 @@ impl StreamDeadlines {
         Ok(())
     }
 }
+
+// === StreamElapsed ===
+
+/// A stream deadline passed (see [`StreamDeadlines`]):
+/// the first body frame did not come in time, the stream stalled, or it ran
+/// past its total time. The call is recorded as a
+/// [`Failure`](crate::Outcome::Failure).
+///
+/// It is the error of a body (or, for the first frame, of the response
+/// future) under stream deadlines; downcast it out of the [`BoxError`](crate::BoxError):
+///
+/// ```
+/// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
+/// use tower_circuit_breaker::BoxError;
+///
+/// fn stalled(err: &BoxError) -> bool {
+///     err.downcast_ref::<StreamElapsed>()
+///         .is_some_and(|e| e.deadline() == StreamDeadline::Stall)
+/// }
+/// # let _ = stalled;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamElapsed {
+    deadline: StreamDeadline,
+}
+
+impl StreamElapsed {
+    pub(crate) const fn new(deadline: StreamDeadline) -> Self {
+        StreamElapsed { deadline }
+    }
+
+    /// Which deadline passed.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
+    /// use tower_circuit_breaker::BoxError;
+    ///
+    /// fn first_token_late(err: &BoxError) -> bool {
+    ///     err.downcast_ref::<StreamElapsed>()
+    ///         .is_some_and(|e| e.deadline() == StreamDeadline::FirstFrame)
+    /// }
+    /// let other: BoxError = "connection reset".into();
+    /// assert!(!first_token_late(&other));
+    /// ```
+    pub fn deadline(&self) -> StreamDeadline {
+        self.deadline
+    }
+}
+
+impl fmt::Display for StreamElapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.deadline {
+            StreamDeadline::FirstFrame => "first body frame deadline elapsed",
+            StreamDeadline::Stall => "stream stalled",
+            StreamDeadline::Total => "stream deadline elapsed",
+        })
+    }
+}
+
+impl StdError for StreamElapsed {}

@@ -4,8 +4,10 @@ use std::error::Error as StdError;
 use std::fmt;
 
 pub use crate::breaker::{CircuitOpen, Rejection};
-pub use crate::deadline::StreamDeadline;
-use crate::{guard, BoxError};
+use crate::classify::ErrorRef;
+pub use crate::deadline::{StreamDeadline, StreamElapsed};
+use crate::guard::{self, AttemptError};
+use crate::BoxError;
 
 /// The error of a [`CircuitBreaker`](crate::CircuitBreaker) service: the
 /// circuit rejected the call, or the inner service failed.
@@ -288,62 +290,35 @@ impl CircuitOpen {
     }
 }
 
-// === StreamElapsed ===
+// === AttemptError ===
 
-/// A stream deadline passed (see [`StreamDeadlines`](crate::deadline::StreamDeadlines)):
-/// the first body frame did not come in time, the stream stalled, or it ran
-/// past its total time. The call is recorded as a
-/// [`Failure`](crate::Outcome::Failure).
-///
-/// It is the error of a body (or, for the first frame, of the response
-/// future) under stream deadlines; downcast it out of the [`BoxError`]:
-///
-/// ```
-/// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
-/// use tower_circuit_breaker::BoxError;
-///
-/// fn stalled(err: &BoxError) -> bool {
-///     err.downcast_ref::<StreamElapsed>()
-///         .is_some_and(|e| e.deadline() == StreamDeadline::Stall)
-/// }
-/// # let _ = stalled;
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamElapsed {
-    deadline: StreamDeadline,
-}
-
-impl StreamElapsed {
-    pub(crate) const fn new(deadline: StreamDeadline) -> Self {
-        StreamElapsed { deadline }
+impl AttemptError for Error {
+    fn circuit_open(&self) -> Option<&CircuitOpen> {
+        Error::circuit_open(self)
     }
 
-    /// Which deadline passed.
-    ///
-    /// ```
-    /// use tower_circuit_breaker::error::{StreamDeadline, StreamElapsed};
-    /// use tower_circuit_breaker::BoxError;
-    ///
-    /// fn first_token_late(err: &BoxError) -> bool {
-    ///     err.downcast_ref::<StreamElapsed>()
-    ///         .is_some_and(|e| e.deadline() == StreamDeadline::FirstFrame)
-    /// }
-    /// let other: BoxError = "connection reset".into();
-    /// assert!(!first_token_late(&other));
-    /// ```
-    pub fn deadline(&self) -> StreamDeadline {
-        self.deadline
+    fn as_error(&self) -> Option<ErrorRef<'_>> {
+        match self.is_circuit_open() {
+            true => None,
+            false => self.inner(),
+        }
     }
 }
 
-impl fmt::Display for StreamElapsed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.deadline {
-            StreamDeadline::FirstFrame => "first body frame deadline elapsed",
-            StreamDeadline::Stall => "stream stalled",
-            StreamDeadline::Total => "stream deadline elapsed",
-        })
+impl AttemptError for BoxError {
+    fn circuit_open(&self) -> Option<&CircuitOpen> {
+        CircuitOpen::find(&**self)
+    }
+
+    fn as_error(&self) -> Option<ErrorRef<'_>> {
+        // A boxed breaker error (what tower's timeout makes of it) is
+        // classified by what it holds, as the bare error would be.
+        if let Some(error) = self.downcast_ref::<Error>() {
+            return AttemptError::as_error(error);
+        }
+        match CircuitOpen::find(&**self) {
+            Some(_) => None,
+            None => Some(&**self),
+        }
     }
 }
-
-impl StdError for StreamElapsed {}

@@ -13,8 +13,8 @@ use tokio::time::{Instant, Sleep};
 use crate::body::{ResponseBody, TimedBody};
 use crate::breaker::CircuitOpen;
 use crate::classify::Classify;
+use crate::deadline::StreamElapsed;
 use crate::deadline::{StreamDeadline, StreamDeadlines};
-use crate::error::StreamElapsed;
 use crate::guard::{BodyGuard, Guard, Held};
 use crate::{BoxError, Error};
 

@@ -29,9 +29,13 @@ use crate::breaker::{CircuitOpen, Outcome, Permit, Signal};
 use crate::classify::{
     exhausted_reset, parse_retry_after, Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict,
 };
-use crate::error::StreamElapsed;
-use crate::retry::AttemptError;
-use crate::service::Select;
+use crate::deadline::StreamElapsed;
+
+mod attempt;
+mod select;
+
+pub use self::attempt::AttemptError;
+pub use self::select::Select;
 
 // === the rules ===
 

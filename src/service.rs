@@ -5,13 +5,12 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::body::{ResponseBody, TimedBody};
-use crate::breaker::{Breaker, ConfigError, Permit};
+use crate::breaker::{Breaker, ConfigError};
 use crate::classify::{Classify, HttpClassifier};
 use crate::deadline::StreamDeadlines;
-use crate::error::CircuitOpen;
-use crate::fallback::Fallback;
 use crate::future::{ResponseFuture, TimedResponseFuture};
 use crate::guard::Guard;
+pub use crate::guard::Select;
 use crate::{BoxError, Error};
 
 /// A service that asks a [`Breaker`] before every call and records how the
@@ -216,21 +215,5 @@ where
             ),
             Err(open) => TimedResponseFuture::rejected(open, self.deadlines),
         }
-    }
-}
-
-/// Chooses the breaker that admits a request: one [`Breaker`] for every
-/// request, or one per key with [`Keyed`](crate::keyed::Keyed). Both read
-/// the request's [`HasFallback`](crate::HasFallback) mark through
-/// [`Fallback`].
-pub trait Select<Request> {
-    /// Asks the request's breaker for a permit.
-    fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen>;
-}
-
-impl<Request: Fallback> Select<Request> for Breaker {
-    #[inline]
-    fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen> {
-        self.admit_marked(|| request.has_fallback())
     }
 }

@@ -30,20 +30,6 @@ pub(crate) const NEARLY_ZERO: u64 = 100;
 /// (nearly) zero.
 pub(crate) const MIN_REQUESTS: u64 = 10;
 
-/// How a trip rule that fires treats calls (see
-/// [`Builder::trip_mode`](crate::Builder::trip_mode)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum TripMode {
-    /// A call with a fallback is rejected outright; one without meets
-    /// graded admission.
-    Graded,
-    /// Every call is rejected while the circuit is open: all or nothing.
-    /// The default, for now.
-    #[default]
-    Open,
-}
-
 /// The graded window's counts, by time bucket.
 #[derive(Debug, Default, Clone, Copy)]
 struct Bucket {

@@ -71,11 +71,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
-pub use self::graded::TripMode;
 // Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
-pub use self::config::{Build, Builder, ConfigError, Window};
-pub use self::limit::InFlightLimit;
+pub use self::config::{Build, Builder, ConfigError, InFlightLimit, TripMode, Window};
 pub(crate) use self::limit::Signal;
 #[cfg_attr(not(feature = "metrics"), allow(unused_imports))]
 pub(crate) use self::observe::{MakeObserver, Observe};

@@ -4,7 +4,7 @@
 //! [`RetryPolicy`] retries what the upstream's health explains — a
 //! [`Failure`](Outcome::Failure) or a [`RateLimited`](Outcome::RateLimited)
 //! answer — and nothing else: never a bad request, never a
-//! [`CircuitOpen`] rejection. Backoff is exponential with full jitter, and a
+//! [`CircuitOpen`](crate::CircuitOpen) rejection. Backoff is exponential with full jitter, and a
 //! `Retry-After` under a cap is waited out exactly.
 //!
 //! A retry layer kept apart from its breaker has one known weakness: a call
@@ -60,8 +60,8 @@ mod watch;
 pub use self::backoff::Backoff;
 pub use self::budget::RetryBudget;
 pub use self::watch::{KeyedWatch, Watch};
+pub use crate::guard::AttemptError;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,109 +69,11 @@ use http::Response;
 use tower::retry::Policy;
 
 use crate::breaker::Breaker;
-use crate::classify::{Classify, ErrorRef, HttpClassifier};
-use crate::error::CircuitOpen;
+use crate::classify::{Classify, HttpClassifier};
 use crate::guard::{self, Judged};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::rng::Rng;
-use crate::{BoxError, Error, Outcome};
-
-// === AttemptError ===
-
-/// An error that [`RetryPolicy`] and [`Failover`](crate::failover::Failover)
-/// can look into: was it a [`CircuitOpen`] rejection, and if not, which
-/// error should the classifier see?
-///
-/// Implemented for this crate's [`Error`], for [`BoxError`] (what
-/// `tower::timeout` and most stacks return) and for [`Infallible`]. Both
-/// error impls find a rejection anywhere in the error's chain, so a breaker
-/// nested inside the service (a keyed set behind a global breaker, a library
-/// that carries its own) stops the retry and is skipped by the failover.
-///
-/// # Example
-///
-/// ```
-/// use tower_circuit_breaker::retry::AttemptError;
-/// use tower_circuit_breaker::{BoxError, Breaker};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let breaker = Breaker::builder().build().unwrap();
-/// breaker.force_open();
-/// let err: BoxError = breaker.admit().unwrap_err().into();
-/// assert!(err.circuit_open().is_some());
-/// assert!(err.as_error().is_none());
-///
-/// let err: BoxError = "connection reset".into();
-/// assert!(err.circuit_open().is_none());
-/// assert!(err.as_error().is_some());
-/// # }
-/// ```
-pub trait AttemptError {
-    /// The rejection, if a circuit rejected the call.
-    ///
-    /// ```
-    /// use tower_circuit_breaker::retry::AttemptError;
-    /// use tower_circuit_breaker::{BoxError, Breaker};
-    ///
-    /// let breaker = Breaker::builder().name("gpt").build().unwrap();
-    /// breaker.force_open();
-    /// let err: BoxError = breaker.admit().unwrap_err().into();
-    /// assert_eq!(AttemptError::circuit_open(&err).and_then(|open| open.key()), Some("gpt"));
-    /// ```
-    fn circuit_open(&self) -> Option<&CircuitOpen>;
-
-    /// The error to classify, if the call reached the inner service.
-    ///
-    /// ```
-    /// use tower_circuit_breaker::retry::AttemptError;
-    /// use tower_circuit_breaker::BoxError;
-    ///
-    /// let err: BoxError = std::io::Error::other("connection reset").into();
-    /// assert_eq!(err.as_error().unwrap().to_string(), "connection reset");
-    /// ```
-    fn as_error(&self) -> Option<ErrorRef<'_>>;
-}
-
-impl AttemptError for Error {
-    fn circuit_open(&self) -> Option<&CircuitOpen> {
-        Error::circuit_open(self)
-    }
-
-    fn as_error(&self) -> Option<ErrorRef<'_>> {
-        match self.is_circuit_open() {
-            true => None,
-            false => self.inner(),
-        }
-    }
-}
-
-impl AttemptError for BoxError {
-    fn circuit_open(&self) -> Option<&CircuitOpen> {
-        CircuitOpen::find(&**self)
-    }
-
-    fn as_error(&self) -> Option<ErrorRef<'_>> {
-        // A boxed breaker error (what tower's timeout makes of it) is
-        // classified by what it holds, as the bare error would be.
-        if let Some(error) = self.downcast_ref::<Error>() {
-            return AttemptError::as_error(error);
-        }
-        match CircuitOpen::find(&**self) {
-            Some(_) => None,
-            None => Some(&**self),
-        }
-    }
-}
-
-impl AttemptError for Infallible {
-    fn circuit_open(&self) -> Option<&CircuitOpen> {
-        match *self {}
-    }
-
-    fn as_error(&self) -> Option<ErrorRef<'_>> {
-        match *self {}
-    }
-}
+use crate::Outcome;
 
 // === RetryPolicy ===
 
@@ -185,7 +87,7 @@ impl AttemptError for Infallible {
 /// | [`RateLimited`](Outcome::RateLimited) with `Retry-After` > the cap | gives up: the 429 goes to the caller, who can read the header |
 /// | [`RateLimited`](Outcome::RateLimited) without `Retry-After` | backs off as for a failure |
 /// | [`Success`](Outcome::Success), [`Ignored`](Outcome::Ignored), [`QuotaExhausted`](Outcome::QuotaExhausted) | returns the answer |
-/// | a [`CircuitOpen`] rejection, by this breaker or one nested inside the service | returns it: never retried |
+/// | a [`CircuitOpen`](crate::CircuitOpen) rejection, by this breaker or one nested inside the service | returns it: never retried |
 ///
 /// When the classifier defers its verdict to the body (an
 /// [`LlmClassifier`](crate::classify::LlmClassifier) reading a stream or a 429's error body), the policy

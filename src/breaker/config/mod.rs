@@ -2,19 +2,19 @@
 
 mod builder;
 mod error;
+mod shedding;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::graded::TripMode;
-use super::limit::InFlightLimit;
 use super::observe::Observer;
 use super::state::Transition;
 
 pub(crate) use self::builder::sealed;
 pub use self::builder::{Build, Builder};
 pub use self::error::ConfigError;
+pub use self::shedding::{InFlightLimit, TripMode};
 
 /// Which calls the rate rules look at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
