@@ -97,7 +97,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::breaker::{ConfigError, MAX_DURATION};
+use crate::breaker::MAX_DURATION;
 
 /// Which stream deadline passed; see [`StreamElapsed::deadline`].
 ///
@@ -269,42 +269,38 @@ impl StreamDeadlines {
     }
 
     /// Refuses a zero deadline, a deadline longer than a week
-    /// ([`ConfigError::TooLong`]), and a first-frame or stall deadline longer
-    /// than the total stream time (it could never pass).
+    /// ([`DeadlineError::TooLong`]), and a first-frame or stall deadline
+    /// longer than the total stream time (it could never pass).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_circuit_breaker::deadline::StreamDeadlines;
-    /// use tower_circuit_breaker::ConfigError;
+    /// use tower_circuit_breaker::deadline::{DeadlineError, StreamDeadlines};
     ///
     /// let ok = StreamDeadlines::new().stall(Duration::from_secs(15)).total(Duration::from_secs(300));
     /// assert!(ok.validate().is_ok());
     ///
     /// // A stall deadline longer than the whole stream could never pass.
     /// let never = StreamDeadlines::new().stall(Duration::from_secs(600)).total(Duration::from_secs(300));
-    /// assert!(matches!(never.validate(), Err(ConfigError::StreamDeadline(_))));
+    /// assert_eq!(never.validate(), Err(DeadlineError::AboveTotal("stall")));
     ///
     /// // No deadline is longer than a week.
     /// let unbounded = StreamDeadlines::new().total(Duration::MAX);
-    /// assert!(matches!(unbounded.validate(), Err(ConfigError::TooLong { setting: "total", .. })));
+    /// assert!(matches!(unbounded.validate(), Err(DeadlineError::TooLong { setting: "total", .. })));
     /// ```
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let zero = [self.first_frame, self.stall, self.total]
-            .into_iter()
-            .flatten()
-            .any(|d| d.is_zero());
-        if zero {
-            return Err(ConfigError::StreamDeadline("a stream deadline is zero"));
-        }
-        // Each deadline becomes a moment on the clock when a request starts;
-        // bounded here, that moment always exists.
-        for (setting, d) in [
+    pub fn validate(&self) -> Result<(), DeadlineError> {
+        let all = [
             ("first_frame", self.first_frame),
             ("stall", self.stall),
             ("total", self.total),
-        ] {
+        ];
+        if let Some((setting, _)) = all.iter().find(|(_, d)| d.is_some_and(|d| d.is_zero())) {
+            return Err(DeadlineError::Zero(setting));
+        }
+        // Each deadline becomes a moment on the clock when a request starts;
+        // bounded here, that moment always exists.
+        for (setting, d) in all {
             if d.is_some_and(|d| d > MAX_DURATION) {
-                return Err(ConfigError::TooLong {
+                return Err(DeadlineError::TooLong {
                     setting,
                     max: MAX_DURATION,
                 });
@@ -312,19 +308,65 @@ impl StreamDeadlines {
         }
         if let Some(total) = self.total {
             if self.stall.is_some_and(|s| s > total) {
-                return Err(ConfigError::StreamDeadline(
-                    "the stall deadline is longer than the total stream time",
-                ));
+                return Err(DeadlineError::AboveTotal("stall"));
             }
             if self.first_frame.is_some_and(|f| f > total) {
-                return Err(ConfigError::StreamDeadline(
-                    "the first-frame deadline is longer than the total stream time",
-                ));
+                return Err(DeadlineError::AboveTotal("first_frame"));
             }
         }
         Ok(())
     }
 }
+
+// === DeadlineError ===
+
+/// Stream deadlines that cannot work, refused by
+/// [`StreamDeadlines::validate`] (and so by every `stream_deadlines` setter).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::deadline::{DeadlineError, StreamDeadlines};
+///
+/// let err = StreamDeadlines::new().stall(Duration::ZERO).validate().unwrap_err();
+/// assert_eq!(err, DeadlineError::Zero("stall"));
+/// assert_eq!(err.to_string(), "stream deadlines: the stall deadline is zero");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadlineError {
+    /// This deadline (`first_frame`, `stall` or `total`) is zero.
+    Zero(&'static str),
+    /// This deadline is longer than its upper bound, a week.
+    TooLong {
+        /// Which deadline.
+        setting: &'static str,
+        /// Its upper bound.
+        max: Duration,
+    },
+    /// This deadline (`first_frame` or `stall`) is longer than the total
+    /// stream time, so it could never pass.
+    AboveTotal(&'static str),
+}
+
+impl fmt::Display for DeadlineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeadlineError::Zero(setting) => {
+                write!(f, "stream deadlines: the {setting} deadline is zero")
+            }
+            DeadlineError::TooLong { setting, max } => write!(
+                f,
+                "stream deadlines: the {setting} deadline is longer than its upper bound {max:?}"
+            ),
+            DeadlineError::AboveTotal(setting) => write!(
+                f,
+                "stream deadlines: the {setting} deadline is longer than the total stream time"
+            ),
+        }
+    }
+}
+
+impl StdError for DeadlineError {}
 
 // === StreamElapsed ===
 

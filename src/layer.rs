@@ -2,7 +2,7 @@ use tower_layer::Layer;
 
 use crate::breaker::{sealed, Breaker, Build, Builder, ConfigError};
 use crate::classify::HttpClassifier;
-use crate::deadline::StreamDeadlines;
+use crate::deadline::{DeadlineError, StreamDeadlines};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::CircuitBreaker;
 
@@ -77,11 +77,11 @@ impl<C, P> CircuitBreakerLayer<C, P> {
     /// Keeps `deadlines` on every response body of the services it makes:
     /// the first frame, stalls and the total time (see
     /// [`deadline`](crate::deadline) for an example). Refuses deadlines that
-    /// cannot work with a [`ConfigError`].
+    /// cannot work with a [`DeadlineError`].
     pub fn stream_deadlines(
         self,
         deadlines: StreamDeadlines,
-    ) -> Result<CircuitBreakerLayer<C, P, StreamDeadlines>, ConfigError> {
+    ) -> Result<CircuitBreakerLayer<C, P, StreamDeadlines>, DeadlineError> {
         deadlines.validate()?;
         Ok(CircuitBreakerLayer {
             select: self.select,

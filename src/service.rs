@@ -5,9 +5,9 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::body::{ResponseBody, TimedBody};
-use crate::breaker::{Breaker, ConfigError};
+use crate::breaker::Breaker;
 use crate::classify::{Classify, HttpClassifier};
-use crate::deadline::StreamDeadlines;
+use crate::deadline::{DeadlineError, StreamDeadlines};
 use crate::future::{ResponseFuture, TimedResponseFuture};
 use crate::guard::Guard;
 pub use crate::guard::Select;
@@ -90,7 +90,7 @@ impl<S, C, P> CircuitBreaker<S, C, P> {
 
     /// Keeps `deadlines` on every response body: the first frame, stalls
     /// and the total time (see [`deadline`](crate::deadline)). Refuses
-    /// deadlines that cannot work with a [`ConfigError`].
+    /// deadlines that cannot work with a [`DeadlineError`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -108,7 +108,7 @@ impl<S, C, P> CircuitBreaker<S, C, P> {
     pub fn stream_deadlines(
         self,
         deadlines: StreamDeadlines,
-    ) -> Result<CircuitBreaker<S, C, P, StreamDeadlines>, ConfigError> {
+    ) -> Result<CircuitBreaker<S, C, P, StreamDeadlines>, DeadlineError> {
         deadlines.validate()?;
         Ok(CircuitBreaker::from_parts(
             self.inner,

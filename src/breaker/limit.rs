@@ -14,8 +14,9 @@
 //!   signal. A signal counts only while its rate grows with the calls in
 //!   flight: the calls of the window are split at the median of their
 //!   in-flight counts, and the share of signals among the busier half must
-//!   exceed the quieter half's by at least 0.15 and by three standard
-//!   errors (a two-proportion test). An upstream that hangs a share of its
+//!   exceed the quieter half's by at least 0.25 and by four standard
+//!   errors (a two-proportion test) to start the limit, by 0.15 and three
+//!   standard errors once it is down. An upstream that hangs a share of its
 //!   calls whatever the load shows the same share in both halves and is
 //!   left alone; a capacity-bound one answers 503 only above its capacity.
 //! - Each time it counts, at most once per step (a tenth of the window),
@@ -79,6 +80,19 @@ impl Signal {
         }
     }
 }
+
+/// How much larger the busier half's share of a signal must be than the
+/// quieter half's for the signal to count, in absolute terms and in
+/// standard errors of the difference: `(by, standard errors)`. Strict while
+/// the limit is unbounded, so that a mix of traffic whose failing part also
+/// holds calls in flight (hangs of one model among several), which
+/// correlates the two by a few points without any load dependence, does not
+/// start it; a capacity-bound upstream's share jumps from about 0 to most
+/// calls. Once the limit holds the calls in flight below it, their spread
+/// is narrower and so is the difference: the looser test keeps the limit
+/// where the overload is.
+const TO_START: (f64, f64) = (0.25, 4.0);
+const TO_GO_ON: (f64, f64) = (0.15, 3.0);
 
 /// In-flight counts are binned exactly below 32, then in eighths of each
 /// doubling.
@@ -241,10 +255,11 @@ impl Watch {
     /// window.
     #[cfg(test)]
     fn load_dependent(&self, k: usize, min_signals: u64) -> bool {
-        self.judge(k, min_signals) == Judged::Grows
+        self.judge(k, min_signals, false) == Judged::Grows
     }
 
-    fn judge(&self, k: usize, min_signals: u64) -> Judged {
+    /// `limited`: the limit is already down (see [`TO_GO_ON`]).
+    fn judge(&self, k: usize, min_signals: u64, limited: bool) -> Judged {
         let mut calls = [0u64; BINS];
         let mut sig = [0u64; BINS];
         for h in 0..2 {
@@ -287,7 +302,8 @@ impl Watch {
         let p = (s1 + s2) as f64 / (n1 + n2) as f64;
         let se = (p * (1.0 - p) * (1.0 / n1 as f64 + 1.0 / n2 as f64)).sqrt();
         let diff = p2 - p1;
-        if diff >= 0.15 && diff >= 3.0 * se {
+        let (by, z) = if limited { TO_GO_ON } else { TO_START };
+        if diff >= by && diff >= z * se {
             Judged::Grows
         } else {
             Judged::No
@@ -390,7 +406,7 @@ impl Shared {
         }
         l.expire_probe(watch, now);
         if let Some(k) = signal.index() {
-            let judged = watch.judge(k, l.min_signals);
+            let judged = watch.judge(k, l.min_signals, l.current().is_some());
             let due = now.saturating_sub(watch.last_change) >= l.step_ns;
             let trial = judged == Judged::Unknown && watch.probe.is_none() && due;
             if judged == Judged::Grows {
@@ -529,6 +545,22 @@ mod tests {
     }
 
     #[test]
+    fn a_few_points_more_under_load_keep_a_limit_down_but_do_not_start_it() {
+        // 30 % of the quieter calls, 50 % of the busier: what a failing
+        // model among healthy ones, whose hangs hold calls in flight, can
+        // show without any load dependence.
+        let mut w = Watch::new(0);
+        for f in 1..9 {
+            fill(&mut w, f, 40, 12);
+        }
+        for f in 9..17 {
+            fill(&mut w, f, 40, 20);
+        }
+        assert_eq!(w.judge(2, 5, false), Judged::No, "not enough to start");
+        assert_eq!(w.judge(2, 5, true), Judged::Grows, "enough to go on");
+    }
+
+    #[test]
     fn a_share_that_grows_with_load_counts() {
         let mut w = Watch::new(0);
         for f in 1..8 {
@@ -545,14 +577,14 @@ mod tests {
     fn signals_at_one_level_of_load_cannot_be_told_apart() {
         let mut w = Watch::new(0);
         fill(&mut w, 240, 100, 40);
-        assert_eq!(w.judge(2, 5), Judged::Unknown);
+        assert_eq!(w.judge(2, 5, false), Judged::Unknown);
         // A lower limit tells: no signal at fewer calls in flight.
         fill(&mut w, 192, 100, 0);
-        assert_eq!(w.judge(2, 5), Judged::Grows);
+        assert_eq!(w.judge(2, 5, false), Judged::Grows);
         let mut quiet = Watch::new(0);
         fill(&mut quiet, 240, 100, 5);
         assert_eq!(
-            quiet.judge(2, 5),
+            quiet.judge(2, 5, false),
             Judged::No,
             "a small share is no overload"
         );

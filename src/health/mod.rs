@@ -87,7 +87,7 @@ use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::breaker::{Breaker, ConfigError, Outcome, State, MAX_DURATION};
+use crate::breaker::{Breaker, Outcome, State, MAX_DURATION};
 use crate::classify::{Classify, ClassifyStream, Verdict};
 use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
@@ -148,20 +148,71 @@ impl<S, C, F> fmt::Debug for HealthProbe<S, C, F> {
     }
 }
 
-/// Settings of a [`HealthProbe`]. `build()` refuses a zero interval or
-/// timeout, and one longer than a week ([`ConfigError::TooLong`]).
+/// Health probe settings that cannot work, refused by
+/// [`HealthProbeBuilder::build`].
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_circuit_breaker::health::HealthProbe;
-/// use tower_circuit_breaker::ConfigError;
+/// use tower_circuit_breaker::health::{HealthProbe, HealthProbeError};
+///
+/// let err = HealthProbe::builder(Duration::from_secs(5)).jitter(1.5).build((), (), ()).unwrap_err();
+/// assert_eq!(err, HealthProbeError::Jitter(1.5));
+/// assert_eq!(err.to_string(), "health probe: jitter must be in [0, 1), got 1.5");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum HealthProbeError {
+    /// The interval between probes is zero.
+    ZeroInterval,
+    /// The probe timeout is zero.
+    ZeroTimeout,
+    /// The interval or the timeout is longer than its upper bound, a week.
+    TooLong {
+        /// Which setting.
+        setting: &'static str,
+        /// Its upper bound.
+        max: Duration,
+    },
+    /// The jitter fraction is outside `[0, 1)`.
+    Jitter(f64),
+    /// `max_in_flight` is zero, so no probe could ever be sent.
+    ZeroMaxInFlight,
+}
+
+impl fmt::Display for HealthProbeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HealthProbeError::ZeroInterval => f.write_str("health probe: the interval is zero"),
+            HealthProbeError::ZeroTimeout => f.write_str("health probe: the probe timeout is zero"),
+            HealthProbeError::TooLong { setting, max } => {
+                write!(
+                    f,
+                    "health probe: {setting} is longer than its upper bound {max:?}"
+                )
+            }
+            HealthProbeError::Jitter(j) => {
+                write!(f, "health probe: jitter must be in [0, 1), got {j}")
+            }
+            HealthProbeError::ZeroMaxInFlight => f.write_str("health probe: max_in_flight is zero"),
+        }
+    }
+}
+
+impl std::error::Error for HealthProbeError {}
+
+/// Settings of a [`HealthProbe`]. `build()` refuses a zero interval or
+/// timeout, and one longer than a week ([`HealthProbeError::TooLong`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::health::{HealthProbe, HealthProbeError};
 ///
 /// let bad = HealthProbe::builder(Duration::ZERO)
 ///     .build((), (), ())
 ///     .unwrap_err();
-/// assert!(matches!(bad, ConfigError::HealthProbe(_)));
+/// assert_eq!(bad, HealthProbeError::ZeroInterval);
 /// let unbounded = HealthProbe::builder(Duration::MAX).build((), (), ()).unwrap_err();
-/// assert!(matches!(unbounded, ConfigError::TooLong { .. }));
+/// assert!(matches!(unbounded, HealthProbeError::TooLong { .. }));
 /// ```
 #[derive(Debug, Clone)]
 pub struct HealthProbeBuilder {
@@ -262,7 +313,7 @@ impl HealthProbeBuilder {
     }
 
     /// Whether the settings are usable, as [`build`](Self::build) checks.
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self) -> Result<(), HealthProbeError> {
         self.clone().build((), (), ()).map(drop)
     }
 
@@ -300,13 +351,13 @@ impl HealthProbeBuilder {
         service: S,
         classifier: C,
         make_request: F,
-    ) -> Result<HealthProbe<S, C, F>, ConfigError> {
+    ) -> Result<HealthProbe<S, C, F>, HealthProbeError> {
         let timeout = self.timeout.unwrap_or(self.interval);
         if self.interval.is_zero() {
-            return Err(ConfigError::HealthProbe("the interval is zero"));
+            return Err(HealthProbeError::ZeroInterval);
         }
         if timeout.is_zero() {
-            return Err(ConfigError::HealthProbe("the probe timeout is zero"));
+            return Err(HealthProbeError::ZeroTimeout);
         }
         // The next probe is a moment on the clock: bounded, it exists.
         for (setting, d) in [
@@ -314,17 +365,17 @@ impl HealthProbeBuilder {
             ("health probe timeout", timeout),
         ] {
             if d > MAX_DURATION {
-                return Err(ConfigError::TooLong {
+                return Err(HealthProbeError::TooLong {
                     setting,
                     max: MAX_DURATION,
                 });
             }
         }
         if !(0.0..1.0).contains(&self.jitter) {
-            return Err(ConfigError::HealthProbe("jitter is outside [0, 1)"));
+            return Err(HealthProbeError::Jitter(self.jitter));
         }
         if self.max_in_flight == 0 {
-            return Err(ConfigError::HealthProbe("max_in_flight is zero"));
+            return Err(HealthProbeError::ZeroMaxInFlight);
         }
         Ok(HealthProbe {
             service,

@@ -4,8 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::ConfigError;
-
 /// A budget of retries: at most `percent` % of the first attempts seen over
 /// a sliding 10 s window (ten 1 s slots), plus `min_per_sec` retries a
 /// second that need no first attempts (none by default). The shape of
@@ -23,7 +21,7 @@ use crate::breaker::ConfigError;
 /// percentage into a whole number of retries per first attempt's share
 /// (30 % becomes one retry per 3 deposits, 33 %; 40 % becomes 50 %), and
 /// panics on settings out of range where this crate returns a
-/// [`ConfigError`]. Cheap to clone; clones share the budget.
+/// [`RetryBudgetError`]. Cheap to clone; clones share the budget.
 ///
 /// ```
 /// use tower_circuit_breaker::retry::RetryBudget;
@@ -61,6 +59,37 @@ struct Ring {
     since: tokio::time::Instant,
 }
 
+/// A retry budget that cannot work, refused by [`RetryBudget::new`].
+///
+/// ```
+/// use tower_circuit_breaker::retry::{RetryBudget, RetryBudgetError};
+///
+/// let err = RetryBudget::new(-5.0).unwrap_err();
+/// assert_eq!(err, RetryBudgetError::Percent(-5.0));
+/// assert_eq!(err.to_string(), "retry budget: the percentage must be within 0..=1000, got -5");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum RetryBudgetError {
+    /// The percentage is not within `0..=1000` (or not a number).
+    Percent(f64),
+}
+
+impl std::fmt::Display for RetryBudgetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryBudgetError::Percent(p) => {
+                write!(
+                    f,
+                    "retry budget: the percentage must be within 0..=1000, got {p}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RetryBudgetError {}
+
 const SLOTS: usize = 10;
 const SLOT: Duration = Duration::from_secs(1);
 
@@ -68,17 +97,15 @@ impl RetryBudget {
     /// Retries at most `percent` % of first attempts over the last 10 s
     /// (`20.0` for 20 %), with no minimum. `percent` must be within
     /// `0..=1000`.
-    pub fn new(percent: f64) -> Result<Self, ConfigError> {
+    pub fn new(percent: f64) -> Result<Self, RetryBudgetError> {
         RetryBudget::with_min_per_sec(percent, 0)
     }
 
     /// [`new`](Self::new), plus `min_per_sec` retries a second that need no
     /// first attempts.
-    pub fn with_min_per_sec(percent: f64, min_per_sec: u32) -> Result<Self, ConfigError> {
+    pub fn with_min_per_sec(percent: f64, min_per_sec: u32) -> Result<Self, RetryBudgetError> {
         if !(0.0..=1000.0).contains(&percent) {
-            return Err(ConfigError::RetryBudget(
-                "the percentage is not within 0..=1000",
-            ));
+            return Err(RetryBudgetError::Percent(percent));
         }
         Ok(RetryBudget {
             shared: Arc::new(BudgetState {

@@ -58,7 +58,7 @@ mod budget;
 mod watch;
 
 pub use self::backoff::Backoff;
-pub use self::budget::RetryBudget;
+pub use self::budget::{RetryBudget, RetryBudgetError};
 pub use self::watch::{KeyedWatch, Watch};
 pub use crate::guard::AttemptError;
 
@@ -228,7 +228,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// ```
     /// use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
     ///
-    /// # fn main() -> Result<(), tower_circuit_breaker::ConfigError> {
+    /// # fn main() -> Result<(), tower_circuit_breaker::retry::RetryBudgetError> {
     /// let policy = RetryPolicy::new().budget(RetryBudget::new(20.0)?);
     /// # let _ = policy; Ok(()) }
     /// ```

@@ -203,9 +203,8 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     /// ```
     /// use std::time::Duration;
     /// use bytes::Bytes;
-    /// use tower_circuit_breaker::health::{anthropic_messages_request, HealthProbe};
+    /// use tower_circuit_breaker::health::{anthropic_messages_request, HealthProbe, HealthProbeError};
     /// use tower_circuit_breaker::stack::{Stack, StackError};
-    /// use tower_circuit_breaker::ConfigError;
     ///
     /// let request = anthropic_messages_request::<Bytes>(
     ///     "https://api.anthropic.com/v1",
@@ -224,7 +223,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     ///     })
     ///     .build()
     ///     .unwrap_err();
-    /// assert!(matches!(err, StackError::Breaker(ConfigError::HealthProbe(_))));
+    /// assert_eq!(err, StackError::HealthProbe(HealthProbeError::ZeroInterval));
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
     pub fn health_probe(

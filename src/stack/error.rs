@@ -3,6 +3,8 @@
 use std::fmt;
 
 use crate::breaker::ConfigError;
+use crate::deadline::DeadlineError;
+use crate::health::HealthProbeError;
 
 /// Why [`StackBuilder::build`](super::StackBuilder::build) refused.
 ///
@@ -21,6 +23,10 @@ use crate::breaker::ConfigError;
 pub enum StackError {
     /// The breaker's own settings are invalid.
     Breaker(ConfigError),
+    /// The stream deadlines are invalid on their own.
+    Deadline(DeadlineError),
+    /// The health probe's settings are invalid on their own.
+    HealthProbe(HealthProbeError),
     /// Each piece is valid, but they do not fit together.
     Misfit(&'static str),
 }
@@ -29,6 +35,8 @@ impl fmt::Display for StackError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StackError::Breaker(e) => fmt::Display::fmt(e, f),
+            StackError::Deadline(e) => fmt::Display::fmt(e, f),
+            StackError::HealthProbe(e) => fmt::Display::fmt(e, f),
             StackError::Misfit(why) => write!(f, "stack does not fit: {why}"),
         }
     }
@@ -38,6 +46,8 @@ impl std::error::Error for StackError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StackError::Breaker(e) => Some(e),
+            StackError::Deadline(e) => Some(e),
+            StackError::HealthProbe(e) => Some(e),
             StackError::Misfit(_) => None,
         }
     }
@@ -46,5 +56,17 @@ impl std::error::Error for StackError {
 impl From<ConfigError> for StackError {
     fn from(e: ConfigError) -> Self {
         StackError::Breaker(e)
+    }
+}
+
+impl From<DeadlineError> for StackError {
+    fn from(e: DeadlineError) -> Self {
+        StackError::Deadline(e)
+    }
+}
+
+impl From<HealthProbeError> for StackError {
+    fn from(e: HealthProbeError) -> Self {
+        StackError::HealthProbe(e)
     }
 }

@@ -11,14 +11,12 @@ use http::{Request, Response};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
-use tower_circuit_breaker::deadline::StreamDeadlines;
+use tower_circuit_breaker::deadline::{DeadlineError, StreamDeadlines};
 use tower_circuit_breaker::failover::{AllOpen, Failover};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::stack::StackError;
-use tower_circuit_breaker::{
-    Breaker, CircuitBreaker, ConfigError, Outcome, Reason, Rejection, State,
-};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome, Reason, Rejection, State};
 
 fn wait(secs: u64) -> Outcome {
     Outcome::RateLimited {
@@ -320,7 +318,7 @@ async fn a_retry_budget_refills_as_the_window_slides() {
     assert!(budget.withdraw());
     assert!(matches!(
         RetryBudget::new(1001.0),
-        Err(ConfigError::RetryBudget(_))
+        Err(tower_circuit_breaker::retry::RetryBudgetError::Percent(_))
     ));
 }
 
@@ -345,13 +343,13 @@ fn the_stack_refuses_stream_deadlines_that_cannot_work() {
     ));
     assert!(matches!(
         stack().stream_deadlines(stall(0)).build(),
-        Err(StackError::Breaker(ConfigError::StreamDeadline(_)))
+        Err(StackError::Deadline(DeadlineError::Zero("stall")))
     ));
     assert!(matches!(
         stack()
             .stream_deadlines(stall(20).total(Duration::from_secs(10)))
             .build(),
-        Err(StackError::Breaker(ConfigError::StreamDeadline(_)))
+        Err(StackError::Deadline(DeadlineError::AboveTotal("stall")))
     ));
     // The probe deadline longer than the attempt timeout, as before.
     assert!(matches!(

@@ -277,16 +277,20 @@ async fn rate_limits_errors_and_panicking_factories_are_not_heals() {
     assert_eq!(breaker.state(), State::Open);
     assert_eq!(breaker.snapshot().counters.health_probe_failures, 2);
 
-    for bad in [
-        HealthProbe::builder(Duration::ZERO).build((), (), ()),
-        HealthProbe::builder(Duration::from_secs(1))
-            .timeout(Duration::ZERO)
-            .build((), (), ()),
+    use tower_circuit_breaker::health::HealthProbeError;
+    for (bad, why) in [
+        (
+            HealthProbe::builder(Duration::ZERO).build((), (), ()),
+            HealthProbeError::ZeroInterval,
+        ),
+        (
+            HealthProbe::builder(Duration::from_secs(1))
+                .timeout(Duration::ZERO)
+                .build((), (), ()),
+            HealthProbeError::ZeroTimeout,
+        ),
     ] {
-        assert!(matches!(
-            bad.unwrap_err(),
-            tower_circuit_breaker::ConfigError::HealthProbe(_)
-        ));
+        assert_eq!(bad.unwrap_err(), why);
     }
 }
 

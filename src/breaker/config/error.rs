@@ -43,12 +43,6 @@ pub enum ConfigError {
     /// [`max_rate_limit_wait`](crate::Builder::max_rate_limit_wait) is
     /// zero, so no announced wait could ever hold.
     ZeroRateLimitWait,
-    /// Stream deadlines that cannot work (see
-    /// [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate)).
-    StreamDeadline(&'static str),
-    /// A retry budget that cannot work (see
-    /// [`RetryBudget`](crate::retry::RetryBudget)).
-    RetryBudget(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -101,8 +95,6 @@ pub enum ConfigError {
     VolumeGuard,
     /// Keyed breakers with room for no key, or a zero idle timeout.
     KeyBounds,
-    /// A health prober's settings are unusable.
-    HealthProbe(&'static str),
     /// A keyed set's cap on open keys is not a share in `(0, 1]`.
     MaxOpenShare(f64),
     /// Graded admission's `K` is outside `[2.5, 10)` (or not a number).
@@ -180,9 +172,6 @@ impl fmt::Display for ConfigError {
             ConfigError::KeyBounds => {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
-            ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
-            ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
-            ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
             ConfigError::MaxOpenShare(share) => write!(
                 f,
                 "the share of keys that may be open must be in (0, 1], got {share}"
