@@ -1,0 +1,101 @@
+use super::*;
+
+#[test]
+fn bins_are_exact_then_logarithmic() {
+    assert_eq!(bin(0), 0);
+    assert_eq!(bin(31), 31);
+    assert_eq!(bin(32), 32);
+    assert_eq!(bin(48), 36);
+    assert_eq!(bin(64), 40);
+    assert_eq!(bin(240), 32 + 2 * 8 + 7);
+    assert_eq!(bin(u64::MAX), BINS - 1);
+}
+
+fn fill(w: &mut Watch, f: u64, calls: u32, signals: u32) {
+    for i in 0..calls {
+        let s = if i < signals {
+            Signal::Unavailable
+        } else {
+            Signal::None
+        };
+        w.observe(f, s);
+    }
+}
+
+#[test]
+fn a_share_that_does_not_grow_with_load_does_not_count() {
+    let mut w = Watch::new(0);
+    // 35 % at every load.
+    for f in 1..20 {
+        fill(&mut w, f, 20, 7);
+    }
+    assert!(!w.load_dependent(2, 5));
+}
+
+#[test]
+fn a_few_points_more_under_load_keep_a_limit_down_but_do_not_start_it() {
+    // 30 % of the quieter calls, 50 % of the busier: what a failing
+    // model among healthy ones, whose hangs hold calls in flight, can
+    // show without any load dependence.
+    let mut w = Watch::new(0);
+    for f in 1..9 {
+        fill(&mut w, f, 40, 12);
+    }
+    for f in 9..17 {
+        fill(&mut w, f, 40, 20);
+    }
+    assert_eq!(w.judge(2, 5, false), Judged::No, "not enough to start");
+    assert_eq!(w.judge(2, 5, true), Judged::Grows, "enough to go on");
+}
+
+#[test]
+fn a_share_that_grows_with_load_counts() {
+    let mut w = Watch::new(0);
+    for f in 1..8 {
+        fill(&mut w, f, 10, 0);
+    }
+    for f in 8..16 {
+        fill(&mut w, f, 10, 6);
+    }
+    assert!(w.load_dependent(2, 5));
+    assert!(!w.load_dependent(0, 5), "each kind on its own");
+}
+
+#[test]
+fn signals_at_one_level_of_load_cannot_be_told_apart() {
+    let mut w = Watch::new(0);
+    fill(&mut w, 240, 100, 40);
+    assert_eq!(w.judge(2, 5, false), Judged::Unknown);
+    // A lower limit tells: no signal at fewer calls in flight.
+    fill(&mut w, 192, 100, 0);
+    assert_eq!(w.judge(2, 5, false), Judged::Grows);
+    let mut quiet = Watch::new(0);
+    fill(&mut quiet, 240, 100, 5);
+    assert_eq!(
+        quiet.judge(2, 5, false),
+        Judged::No,
+        "a small share is no overload"
+    );
+}
+
+#[test]
+fn a_half_the_window_moved_past_is_forgotten() {
+    let mut w = Watch::new(0);
+    fill(&mut w, 3, 10, 5);
+    w.roll(10, 10);
+    fill(&mut w, 4, 10, 0);
+    assert_eq!(
+        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+        20
+    );
+    w.roll(20, 10);
+    assert_eq!(
+        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+        10
+    );
+    w.roll(100, 10);
+    assert_eq!(
+        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
+        0
+    );
+}
