@@ -79,8 +79,13 @@ use crate::rng::Rng;
 use crate::Fallback;
 
 mod future;
+mod hedge;
+mod latency;
 
 pub use self::future::ResponseFuture;
+use self::hedge::Hedging;
+pub use self::hedge::{Hedge, HedgeError};
+pub use self::latency::Latency;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -149,6 +154,7 @@ pub struct Failover<S, Req, C = HttpClassifier> {
     jitter: (Duration, Duration),
     rng: Rng,
     all_open: AllOpen,
+    hedge: Option<Arc<Hedging>>,
 }
 
 /// What a [`Failover`] does when every upstream rejected the call.
@@ -314,6 +320,7 @@ impl<S, Req> Failover<S, Req> {
             jitter: (Duration::from_millis(50), Duration::from_millis(200)),
             rng: Rng::random(),
             all_open: AllOpen::FailFast,
+            hedge: None,
         }
     }
 }
@@ -377,6 +384,9 @@ impl<S: Clone, Req, C> Failover<S, Req, C> {
     fn push(mut self, route: Route<S, Req>) -> Self {
         let mut routes = self.routes.to_vec();
         routes.push(route);
+        if let Some(hedging) = &mut self.hedge {
+            Arc::make_mut(hedging).grow(routes.len());
+        }
         self.routes = routes.into();
         self
     }
@@ -448,6 +458,53 @@ impl<S, Req, C> Failover<S, Req, C> {
         self
     }
 
+    /// Hedges slow first attempts by `policy`: a first attempt with no
+    /// response head after the policy's delay is sent again to the next
+    /// member whose circuit admits it, and the first head wins; see
+    /// [`Hedge`] for the rules (a budget of its own, never a retry, never to
+    /// an open circuit). With a retry outside, a caller's request becomes at
+    /// most `(1 + retry budget) × (1 + hedge budget)` attempts. The request
+    /// is cloned for the hedge; a request whose body is not `Clone` cannot
+    /// go through a failover, so is never hedged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::{Failover, Hedge};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// // Hedge after the primary's own p90 time to first byte, 1 s at first.
+    /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone())
+    ///     .fallback(upstream)
+    ///     .hedge(Hedge::at_percentile(90.0, Duration::from_secs(1)).unwrap());
+    /// assert!(failover.latency(0).is_some());
+    /// ```
+    pub fn hedge(mut self, policy: Hedge) -> Self {
+        self.hedge = Some(Arc::new(Hedging::new(policy, self.routes.len())));
+        self
+    }
+
+    /// Member `member`'s (from 0, the primary) recent time to first byte,
+    /// as the failover saw it; kept while hedging (see
+    /// [`hedge`](Self::hedge)), `None` otherwise.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::{Failover, Hedge};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let plain = Failover::<_, http::Request<String>>::new(upstream.clone());
+    /// assert!(plain.latency(0).is_none());
+    /// let hedged = plain.fallback(upstream).hedge(Hedge::after(Duration::from_secs(1)));
+    /// assert_eq!(hedged.latency(1).map(|l| l.samples()), Some(0));
+    /// ```
+    pub fn latency(&self, member: usize) -> Option<&Latency> {
+        self.hedge.as_deref()?.latency(member)
+    }
+
     /// Decides which answers fail over with `classifier` instead.
     ///
     /// ```
@@ -468,6 +525,7 @@ impl<S, Req, C> Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng,
             all_open: self.all_open,
+            hedge: self.hedge,
         }
     }
 
@@ -508,6 +566,7 @@ impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng.clone(),
             all_open: self.all_open.clone(),
+            hedge: self.hedge.clone(),
         }
     }
 }
@@ -548,6 +607,7 @@ where
             self.classifier.clone(),
             self.jitter,
             self.rng.clone(),
+            self.hedge.clone(),
         )
     }
 }

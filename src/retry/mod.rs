@@ -74,7 +74,7 @@ use crate::error::CircuitOpen;
 use crate::guard::{self, Judged};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::rng::Rng;
-use crate::{BoxError, Error, Outcome};
+use crate::{BoxError, Error, Fallback, Outcome};
 
 // === AttemptError ===
 
@@ -599,7 +599,7 @@ impl<C, W, Req, B, E> Policy<Req, Response<B>, E> for RetryPolicy<C, W>
 where
     C: Classify,
     W: Watch<Req>,
-    Req: Clone,
+    Req: Clone + Fallback,
     E: AttemptError,
 {
     type Future = Backoff;
@@ -625,6 +625,8 @@ where
             return None;
         }
         self.retries += 1;
+        // `req` is what the retry sends: a failover below never hedges it.
+        req.mark_retry();
         Some(Backoff::new(wait, self.watched(req)))
     }
 

@@ -1,0 +1,552 @@
+//! Hedging: a second attempt when the first is slow to start.
+//!
+//! With a [`Hedge`] policy ([`Failover::hedge`](super::Failover::hedge)), a
+//! request whose first attempt has no response head after the hedge's delay
+//! is sent again, to the next member of the failover whose circuit admits
+//! it. The first of the two to produce its head wins and is returned; the
+//! other is dropped, which cancels it: its breaker records the call as
+//! [`Ignored`](crate::Outcome::Ignored) (a lost race says nothing about the
+//! upstream's health), its connection is dropped, and its elapsed time is
+//! fed to that member's [`Latency`] as a censored sample, so an upstream that
+//! keeps losing still shows how slow it is.
+//!
+//! - **Delay**: fixed ([`Hedge::after`]), or a percentile of the waiting
+//!   member's own recent time to first byte ([`Hedge::at_percentile`]).
+//! - **Budget**: hedges are a share of first attempts over the last 10 s (a
+//!   [`RetryBudget`] of its own, 10 % by default). Past it, a slow first
+//!   attempt is simply waited for.
+//! - **Never a retry**: a request marked [`Retried`](crate::Retried) (every
+//!   retry a [`RetryPolicy`](crate::retry::RetryPolicy) sends) is not hedged;
+//!   put the retry outside the failover, as the [crate's order](crate::stack)
+//!   says. At worst a caller's request becomes
+//!   `(1 + retry budget) × (1 + hedge budget)` attempts (1.2 × 1.1 = 1.32 with
+//!   a 20 % retry budget and the default hedge budget).
+//! - **Never to an open circuit**: a hedge goes to the next member whose
+//!   circuit admits it; a member that rejects it (open, half-open with its
+//!   probes out, paced by a rate limit) was never sent anything and is
+//!   skipped, and the budget is given back when no member admits the hedge.
+//! - **Failures**: when one of the two fails (a 503, a timeout), the other
+//!   is waited for; when both fail, the failover goes on with the member
+//!   after them, as without hedging.
+//! - **Clone**: the request is cloned for the hedge. A request whose body is
+//!   not `Clone` (a one-shot stream) cannot go through a `Failover`, so it is
+//!   never hedged.
+//!
+//! Only the first attempt that reaches an upstream is hedged, once; the
+//! first frame is the response head. A streaming answer whose head comes at
+//! once and whose first token is late is not hedged (its first token is read
+//! by the breaker's body wrapper, above the failover's race).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceExt;
+//! use tower_circuit_breaker::failover::{Failover, Hedge};
+//! use tower_circuit_breaker::{Breaker, CircuitBreaker};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // The primary takes 5 s to answer; the fallback 100 ms.
+//! let slow = tower::service_fn(|_req: http::Request<String>| async {
+//!     tokio::time::sleep(Duration::from_secs(5)).await;
+//!     Ok::<_, std::convert::Infallible>(http::Response::new("slow".to_owned()))
+//! });
+//! let fast = tower::service_fn(|_req: http::Request<String>| async {
+//!     tokio::time::sleep(Duration::from_millis(100)).await;
+//!     Ok::<_, std::convert::Infallible>(http::Response::new("fast".to_owned()))
+//! });
+//! let primary = Breaker::builder().build().unwrap();
+//! let hedge = Hedge::after(Duration::from_millis(500)).budget_percent(100.0).unwrap();
+//! let failover = Failover::new(CircuitBreaker::new(slow, primary.clone()))
+//!     .fallback(CircuitBreaker::new(fast, Breaker::builder().build().unwrap()))
+//!     .hedge(hedge.clone());
+//!
+//! let started = tokio::time::Instant::now();
+//! let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+//! // Hedged at 500 ms, answered 100 ms later.
+//! assert_eq!(res.into_body(), "fast");
+//! assert_eq!(started.elapsed(), Duration::from_millis(600));
+//! assert_eq!(hedge.sent(), 1);
+//! // The primary's attempt was cancelled: ignored by its trip rules.
+//! assert_eq!(primary.snapshot().counters.failures, 0);
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower::util::{Oneshot, ServiceExt};
+use tower_service::Service;
+
+use super::future::{then, Then};
+use super::latency::Latency;
+use super::Route;
+use crate::classify::Classify;
+use crate::guard::{self, Judged};
+use crate::retry::{AttemptError, RetryBudget};
+use crate::Fallback;
+
+/// When and how often a [`Failover`](super::Failover) hedges; see the
+/// [module docs](self). Cheap to clone; clones share the budget and the
+/// counters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::failover::Hedge;
+///
+/// // Hedge after the primary's own p95 time to first byte (2 s until it
+/// // has samples), for at most 5 % of first attempts.
+/// let hedge = Hedge::at_percentile(95.0, Duration::from_secs(2))
+///     .unwrap()
+///     .budget_percent(5.0)
+///     .unwrap();
+/// assert_eq!(hedge.sent(), 0);
+/// assert!(Hedge::at_percentile(120.0, Duration::from_secs(2)).is_err());
+/// ```
+#[derive(Clone)]
+pub struct Hedge {
+    delay: Delay,
+    budget: RetryBudget,
+    sent: Arc<AtomicU64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Delay {
+    Fixed(Duration),
+    Percentile { percentile: f64, initial: Duration },
+}
+
+/// The default budget: hedges at most 10 % of first attempts.
+const DEFAULT_BUDGET_PERCENT: f64 = 10.0;
+
+impl Hedge {
+    /// Hedges a first attempt that has no response head after `delay`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    ///
+    /// let hedge = Hedge::after(Duration::from_millis(800));
+    /// # let _ = hedge;
+    /// ```
+    pub fn after(delay: Duration) -> Self {
+        Hedge::with_delay(Delay::Fixed(delay))
+    }
+
+    /// Hedges a first attempt that has no response head after `percentile`
+    /// (`0.0..=100.0` excluding 0; `95.0` for p95) of that member's recent
+    /// time to first byte ([`Latency`]), or after `initial` while the member
+    /// has fewer than [`Latency::MIN_SAMPLES`] samples.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    ///
+    /// assert!(Hedge::at_percentile(90.0, Duration::from_secs(1)).is_ok());
+    /// assert!(Hedge::at_percentile(0.0, Duration::from_secs(1)).is_err());
+    /// ```
+    pub fn at_percentile(percentile: f64, initial: Duration) -> Result<Self, HedgeError> {
+        if !(percentile > 0.0 && percentile <= 100.0) {
+            return Err(HedgeError("the percentile is not within (0, 100]"));
+        }
+        Ok(Hedge::with_delay(Delay::Percentile {
+            percentile,
+            initial,
+        }))
+    }
+
+    fn with_delay(delay: Delay) -> Self {
+        Hedge {
+            delay,
+            budget: RetryBudget::new(DEFAULT_BUDGET_PERCENT)
+                .expect("the default budget is within range"),
+            sent: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Hedges at most `percent` % of the first attempts over the last 10 s
+    /// (`0..=1000`; the default is 10 %).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    ///
+    /// assert!(Hedge::after(Duration::from_secs(1)).budget_percent(2.0).is_ok());
+    /// assert!(Hedge::after(Duration::from_secs(1)).budget_percent(-1.0).is_err());
+    /// ```
+    pub fn budget_percent(self, percent: f64) -> Result<Self, HedgeError> {
+        let budget = RetryBudget::new(percent)
+            .map_err(|_| HedgeError("the budget is not within 0..=1000 %"))?;
+        Ok(self.budget(budget))
+    }
+
+    /// Takes hedges from `budget` (the shape of a retry budget: a share of
+    /// first attempts, plus an optional floor a second). Give it a budget of
+    /// its own: a hedge is not a retry.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    /// use tower_circuit_breaker::retry::RetryBudget;
+    ///
+    /// let budget = RetryBudget::with_min_per_sec(5.0, 1).unwrap();
+    /// let hedge = Hedge::after(Duration::from_secs(1)).budget(budget);
+    /// # let _ = hedge;
+    /// ```
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// How many hedges were sent.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    ///
+    /// assert_eq!(Hedge::after(Duration::from_secs(1)).sent(), 0);
+    /// ```
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// How many hedges the budget refused.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Hedge;
+    ///
+    /// assert_eq!(Hedge::after(Duration::from_secs(1)).denied(), 0);
+    /// ```
+    pub fn denied(&self) -> u64 {
+        self.budget.denied()
+    }
+}
+
+impl fmt::Debug for Hedge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hedge")
+            .field("delay", &self.delay)
+            .field("budget", &self.budget)
+            .field("sent", &self.sent())
+            .finish()
+    }
+}
+
+/// A [`Hedge`] setting out of range.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::failover::Hedge;
+///
+/// let err = Hedge::at_percentile(f64::NAN, Duration::from_secs(1)).unwrap_err();
+/// assert_eq!(err.to_string(), "hedge: the percentile is not within (0, 100]");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HedgeError(&'static str);
+
+impl fmt::Display for HedgeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "hedge: {}", self.0)
+    }
+}
+
+impl std::error::Error for HedgeError {}
+
+// === the failover's hedging ===
+
+/// A failover's policy and one latency estimate per member.
+#[derive(Clone, Debug)]
+pub(super) struct Hedging {
+    policy: Hedge,
+    latency: Vec<Latency>,
+}
+
+impl Hedging {
+    pub(super) fn new(policy: Hedge, members: usize) -> Self {
+        Hedging {
+            policy,
+            latency: (0..members).map(|_| Latency::new()).collect(),
+        }
+    }
+
+    /// One more member.
+    pub(super) fn grow(&mut self, members: usize) {
+        self.latency.resize_with(members, Latency::new);
+    }
+
+    pub(super) fn latency(&self, member: usize) -> Option<&Latency> {
+        self.latency.get(member)
+    }
+
+    fn delay(&self, member: usize) -> Duration {
+        match self.policy.delay {
+            Delay::Fixed(delay) => delay,
+            Delay::Percentile {
+                percentile,
+                initial,
+            } => self
+                .latency(member)
+                .and_then(|l| l.percentile(percentile))
+                .unwrap_or(initial),
+        }
+    }
+
+    /// An attempt that finished and reached its upstream.
+    fn finished<B, E>(&self, member: usize, since: Instant, result: &Result<Response<B>, E>) {
+        if let Some(latency) = self.latency(member) {
+            match result {
+                Ok(_) => latency.record(since.elapsed()),
+                // A timeout, a reset: no head came in that time.
+                Err(_) => latency.record_censored(since.elapsed()),
+            }
+        }
+    }
+
+    /// An attempt dropped for the other's answer.
+    fn lost(&self, member: usize, since: Instant) {
+        if let Some(latency) = self.latency(member) {
+            latency.record_censored(since.elapsed());
+        }
+    }
+}
+
+/// What a race ended with.
+pub(super) struct Raced<T> {
+    pub(super) result: T,
+    /// The member to go on with, if the failover goes on.
+    pub(super) next: usize,
+    /// Whether the first attempt reached its upstream (else the race is
+    /// still to come, on the next member).
+    pub(super) sent: bool,
+}
+
+pin_project! {
+    /// A first attempt and, after the hedge's delay, a second one.
+    #[project = RaceProj]
+    pub(super) struct Race<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        first: Option<Oneshot<S, Req>>,
+        first_at: usize,
+        first_since: Instant,
+        #[pin]
+        second: Option<Oneshot<S, Req>>,
+        second_at: usize,
+        second_since: Instant,
+        // Not polled yet: a rejection on its first poll was never sent.
+        second_fresh: bool,
+        #[pin]
+        timer: Option<Sleep>,
+        sent: bool,
+        // The answer of the one that failed while the other runs.
+        failed: Option<Result<S::Response, S::Error>>,
+    }
+}
+
+impl<S: Service<Req>, Req> Race<S, Req> {
+    pub(super) fn new(hedging: &Hedging, member: usize, first: Oneshot<S, Req>) -> Self {
+        let now = Instant::now();
+        Race {
+            first: Some(first),
+            first_at: member,
+            first_since: now,
+            second: None,
+            second_at: member,
+            second_since: now,
+            second_fresh: false,
+            timer: Some(tokio::time::sleep(hedging.delay(member))),
+            sent: false,
+            failed: None,
+        }
+    }
+}
+
+/// Whether an answer ends the race: anything the failover would return.
+fn settles(judged: Judged) -> bool {
+    match judged {
+        Judged::Said(outcome) => matches!(then(outcome), Then::Return),
+        Judged::Rejected => false,
+        Judged::Opaque => true,
+    }
+}
+
+impl<S, Req, B> Race<S, Req>
+where
+    S: Service<Req, Response = Response<B>> + Clone,
+    S::Error: AttemptError,
+    Req: Clone + Fallback,
+{
+    pub(super) fn poll_race<C: Classify>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hedging: &Hedging,
+        routes: &[Route<S, Req>],
+        request: Option<&Req>,
+        classifier: &C,
+    ) -> Poll<Raced<Result<Response<B>, S::Error>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(first) = this.first.as_mut().as_pin_mut() {
+                let Poll::Ready(result) = first.poll(cx) else {
+                    if !*this.sent {
+                        // It reached its upstream: a first attempt, for the budget.
+                        *this.sent = true;
+                        hedging.policy.budget.deposit();
+                    }
+                    // Fall through to the hedge and its timer.
+                    return this.poll_second(cx, hedging, routes, request, classifier);
+                };
+                this.first.set(None);
+                this.timer.set(None);
+                let judged = guard::judge(classifier, &result);
+                if judged != Judged::Rejected {
+                    if !*this.sent {
+                        *this.sent = true;
+                        hedging.policy.budget.deposit();
+                    }
+                    hedging.finished(*this.first_at, *this.first_since, &result);
+                }
+                if this.second.is_none() || settles(judged) {
+                    if this.second.is_some() {
+                        this.second.set(None);
+                        hedging.lost(*this.second_at, *this.second_since);
+                    }
+                    return Poll::Ready(this.end(judged, result));
+                }
+                if judged != Judged::Rejected {
+                    *this.failed = Some(result);
+                }
+                continue;
+            }
+            // The first failed; the hedge runs on.
+            return this.poll_second(cx, hedging, routes, request, classifier);
+        }
+    }
+}
+
+impl<S, Req, B> RaceProj<'_, S, Req>
+where
+    S: Service<Req, Response = Response<B>> + Clone,
+    S::Error: AttemptError,
+    Req: Clone + Fallback,
+{
+    /// Polls the hedge, or its timer.
+    fn poll_second<C: Classify>(
+        &mut self,
+        cx: &mut Context<'_>,
+        hedging: &Hedging,
+        routes: &[Route<S, Req>],
+        request: Option<&Req>,
+        classifier: &C,
+    ) -> Poll<Raced<Result<Response<B>, S::Error>>> {
+        loop {
+            if let Some(second) = self.second.as_mut().as_pin_mut() {
+                let fresh = std::mem::take(self.second_fresh);
+                let Poll::Ready(result) = second.poll(cx) else {
+                    return Poll::Pending;
+                };
+                self.second.set(None);
+                let judged = guard::judge(classifier, &result);
+                if judged == Judged::Rejected {
+                    if fresh {
+                        // Never sent: the budget gets it back, and the
+                        // member after it may take the hedge.
+                        hedging.policy.budget.refund();
+                        hedging.policy.sent.fetch_sub(1, Ordering::Relaxed);
+                        let from = *self.second_at + 1;
+                        if self.first.is_some() && self.launch(hedging, routes, request, from) {
+                            continue;
+                        }
+                    }
+                } else {
+                    hedging.finished(*self.second_at, *self.second_since, &result);
+                }
+                if self.first.is_none() || settles(judged) {
+                    if self.first.is_some() {
+                        self.first.set(None);
+                        hedging.lost(*self.first_at, *self.first_since);
+                    }
+                    return Poll::Ready(self.end(judged, result));
+                }
+                if judged != Judged::Rejected {
+                    *self.failed = Some(result);
+                }
+                // Back to waiting for the first.
+                return Poll::Pending;
+            }
+            if self.first.is_none() {
+                return Poll::Pending;
+            }
+            let Some(timer) = self.timer.as_mut().as_pin_mut() else {
+                return Poll::Pending;
+            };
+            if timer.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.timer.set(None);
+            let from = *self.first_at + 1;
+            if !self.launch(hedging, routes, request, from) {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// The race's answer: `result`, or the failure kept from the other
+    /// attempt when `result` is a rejection.
+    fn end(
+        &mut self,
+        judged: Judged,
+        result: Result<Response<B>, S::Error>,
+    ) -> Raced<Result<Response<B>, S::Error>> {
+        let result = match (judged, self.failed.take()) {
+            (Judged::Rejected, Some(failed)) => failed,
+            _ => result,
+        };
+        Raced {
+            result,
+            next: (*self.first_at).max(*self.second_at) + 1,
+            sent: *self.sent,
+        }
+    }
+
+    /// Sends the hedge to member `from`, if the budget holds one.
+    fn launch(
+        &mut self,
+        hedging: &Hedging,
+        routes: &[Route<S, Req>],
+        request: Option<&Req>,
+        from: usize,
+    ) -> bool {
+        let (Some(route), Some(request)) = (routes.get(from), request) else {
+            return false;
+        };
+        if !hedging.policy.budget.withdraw() {
+            return false;
+        }
+        hedging.policy.sent.fetch_add(1, Ordering::Relaxed);
+        let mut request = request.clone();
+        if from + 1 < routes.len() {
+            request.mark_fallback();
+        }
+        if let Some(rewrite) = &route.rewrite {
+            rewrite(&mut request);
+        }
+        self.second
+            .set(Some(route.service.clone().oneshot(request)));
+        *self.second_at = from;
+        *self.second_since = Instant::now();
+        *self.second_fresh = true;
+        true
+    }
+}
