@@ -621,7 +621,10 @@ mod tests {
             .jitter(Duration::ZERO, Duration::ZERO)
             .hedge(hedge.clone());
         let start = Instant::now();
-        let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+        let res = failover
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200);
         // The primary failed at 300 ms, its hedge at 400 ms: the third
         // member was called then, once.
