@@ -63,7 +63,9 @@ pin_project! {
         // Until the first attempt that reaches an upstream is sent.
         hedge: Option<Arc<Hedging>>,
         #[pin]
-        state: Step<Oneshot<S, Req>, Race<S, Req>>,
+        // A race is boxed: a failover that does not hedge keeps its future
+        // the size it was (two attempts and a timer would double it).
+        state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
 }
 
@@ -176,7 +178,7 @@ where
                     let future = route.service.clone().oneshot(request);
                     match hedged {
                         Some(hedging) => {
-                            let race = Race::new(hedging, i, future);
+                            let race = Box::pin(Race::new(hedging, i, future));
                             this.state.set(Step::Racing { race });
                         }
                         None => this.state.set(Step::Calling { future }),
@@ -191,7 +193,7 @@ where
                         StepProj::Racing { race } => {
                             let hedging = this.hedge.as_deref().expect("a race has its hedging");
                             let request = this.request.as_ref();
-                            let raced = ready!(race.poll_race(
+                            let raced = ready!(race.get_mut().as_mut().poll_race(
                                 cx,
                                 hedging,
                                 this.routes,
