@@ -1,76 +1,4 @@
-//! Hedging: a second attempt when the first is slow to start.
-//!
-//! With a [`Hedge`] policy ([`Failover::hedge`](super::Failover::hedge)), a
-//! request whose first attempt has no response head after the hedge's delay
-//! is sent again, to the next member of the failover whose circuit admits
-//! it. The first of the two to produce its head wins and is returned; the
-//! other is dropped, which cancels it: its breaker records the call as
-//! [`Ignored`](crate::Outcome::Ignored) (a lost race says nothing about the
-//! upstream's health), its connection is dropped, and its elapsed time is
-//! fed to that member's [`Latency`] as a censored sample, so an upstream that
-//! keeps losing still shows how slow it is.
-//!
-//! - **Delay**: fixed ([`Hedge::after`]), or a percentile of the waiting
-//!   member's own recent time to first byte ([`Hedge::at_percentile`]).
-//! - **Budget**: hedges are a share of first attempts over the last 10 s (a
-//!   [`RetryBudget`] of its own, 10 % by default). Past it, a slow first
-//!   attempt is simply waited for.
-//! - **Never a retry**: a request marked [`Retried`](crate::Retried) (every
-//!   retry a [`RetryPolicy`](crate::retry::RetryPolicy) sends) is not hedged;
-//!   put the retry outside the failover, as the [crate's order](crate::stack)
-//!   says. At worst a caller's request becomes
-//!   `(1 + retry budget) × (1 + hedge budget)` attempts (1.2 × 1.1 = 1.32 with
-//!   a 20 % retry budget and the default hedge budget).
-//! - **Never to an open circuit**: a hedge goes to the next member whose
-//!   circuit admits it; a member that rejects it (open, half-open with its
-//!   probes out, paced by a rate limit) was never sent anything and is
-//!   skipped, and the budget is given back when no member admits the hedge.
-//! - **Failures**: when one of the two fails (a 503, a timeout), the other
-//!   is waited for; when both fail, the failover goes on with the member
-//!   after them, as without hedging.
-//! - **Clone**: the request is cloned for the hedge. A request whose body is
-//!   not `Clone` (a one-shot stream) cannot go through a `Failover`, so it is
-//!   never hedged.
-//!
-//! Only the first attempt that reaches an upstream is hedged, once; the
-//! first frame is the response head. A streaming answer whose head comes at
-//! once and whose first token is late is not hedged (its first token is read
-//! by the breaker's body wrapper, above the failover's race).
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower::ServiceExt;
-//! use tower_circuit_breaker::failover::{Failover, Hedge};
-//! use tower_circuit_breaker::{Breaker, CircuitBreaker};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-//! // The primary takes 5 s to answer; the fallback 100 ms.
-//! let slow = tower::service_fn(|_req: http::Request<String>| async {
-//!     tokio::time::sleep(Duration::from_secs(5)).await;
-//!     Ok::<_, std::convert::Infallible>(http::Response::new("slow".to_owned()))
-//! });
-//! let fast = tower::service_fn(|_req: http::Request<String>| async {
-//!     tokio::time::sleep(Duration::from_millis(100)).await;
-//!     Ok::<_, std::convert::Infallible>(http::Response::new("fast".to_owned()))
-//! });
-//! let primary = Breaker::builder().build().unwrap();
-//! let hedge = Hedge::after(Duration::from_millis(500)).budget_percent(100.0).unwrap();
-//! let failover = Failover::new(CircuitBreaker::new(slow, primary.clone()))
-//!     .fallback(CircuitBreaker::new(fast, Breaker::builder().build().unwrap()))
-//!     .hedge(hedge.clone());
-//!
-//! let started = tokio::time::Instant::now();
-//! let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
-//! // Hedged at 500 ms, answered 100 ms later.
-//! assert_eq!(res.into_body(), "fast");
-//! assert_eq!(started.elapsed(), Duration::from_millis(600));
-//! assert_eq!(hedge.sent(), 1);
-//! // The primary's attempt was cancelled: ignored by its trip rules.
-//! assert_eq!(primary.snapshot().counters.failures, 0);
-//! # }
-//! ```
+//! Hedging: a second attempt when the first is slow to start ([`Hedge`]).
 
 use std::fmt;
 use std::future::Future;
@@ -94,9 +22,81 @@ use crate::guard::{self, Judged};
 use crate::retry::{AttemptError, RetryBudget};
 use crate::Fallback;
 
-/// When and how often a [`Failover`](super::Failover) hedges; see the
-/// [module docs](self). Cheap to clone; clones share the budget and the
-/// counters.
+/// When and how often a [`Failover`](super::Failover) hedges. Cheap to
+/// clone; clones share the budget and the counters.
+///
+/// With a [`Hedge`] policy ([`Failover::hedge`](super::Failover::hedge)), a
+/// request whose first attempt has no response head after the hedge's delay
+/// is sent again, to the next member of the failover whose circuit admits
+/// it. The first of the two to produce its head wins and is returned; the
+/// other is dropped, which cancels it: its breaker records the call as
+/// [`Ignored`](crate::Outcome::Ignored) (a lost race says nothing about the
+/// upstream's health), its connection is dropped, and its elapsed time is
+/// fed to that member's [`Latency`] as a censored sample, so an upstream that
+/// keeps losing still shows how slow it is.
+///
+/// - **Delay**: fixed ([`Hedge::after`]), or a percentile of the waiting
+///   member's own recent time to first byte ([`Hedge::at_percentile`]).
+/// - **Budget**: hedges are a share of first attempts over the last 10 s (a
+///   [`RetryBudget`] of its own, 10 % by default). Past it, a slow first
+///   attempt is simply waited for.
+/// - **Never a retry**: a request marked [`Retried`](crate::Retried) (every
+///   retry a [`RetryPolicy`](crate::retry::RetryPolicy) sends) is not hedged;
+///   put the retry outside the failover, as the [crate's order](crate::stack)
+///   says. At worst a caller's request becomes
+///   `(1 + retry budget) × (1 + hedge budget)` attempts (1.2 × 1.1 = 1.32 with
+///   a 20 % retry budget and the default hedge budget).
+/// - **Never to an open circuit**: a hedge goes to the next member whose
+///   circuit admits it; a member that rejects it (open, half-open with its
+///   probes out, paced by a rate limit) was never sent anything and is
+///   skipped, and the budget is given back when no member admits the hedge.
+/// - **Failures**: when one of the two fails (a 503, a timeout), the other
+///   is waited for; when both fail, the failover goes on with the member
+///   after them, as without hedging.
+/// - **Clone**: the request is cloned for the hedge. A request whose body is
+///   not `Clone` (a one-shot stream) cannot go through a `Failover`, so it is
+///   never hedged.
+///
+/// Only the first attempt that reaches an upstream is hedged, once; the
+/// first frame is the response head. A streaming answer whose head comes at
+/// once and whose first token is late is not hedged (its first token is read
+/// by the breaker's body wrapper, above the failover's race).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// use tower_circuit_breaker::failover::{Failover, Hedge};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// // One client; the primary model takes 5 s to answer, the fallback 100 ms.
+/// let client = tower::service_fn(|req: http::Request<String>| async move {
+///     let fast = req.body() == "fast";
+///     let delay = Duration::from_millis(if fast { 100 } else { 5000 });
+///     tokio::time::sleep(delay).await;
+///     Ok::<_, std::convert::Infallible>(http::Response::new(req.into_body()))
+/// });
+/// let primary = Breaker::builder().build().unwrap();
+/// let hedge = Hedge::after(Duration::from_millis(500)).budget_percent(100.0).unwrap();
+/// let fallback = CircuitBreaker::new(client.clone(), Breaker::builder().build().unwrap());
+/// let failover = Failover::new(CircuitBreaker::new(client, primary.clone()))
+///     .fallback_with(fallback, |req: &mut http::Request<String>| *req.body_mut() = "fast".into())
+///     .hedge(hedge.clone());
+///
+/// let started = tokio::time::Instant::now();
+/// let res = failover.oneshot(http::Request::new("slow".to_owned())).await.unwrap();
+/// // Hedged at 500 ms, answered by the fallback 100 ms later.
+/// assert_eq!(res.status(), 200);
+/// assert_eq!(started.elapsed(), Duration::from_millis(600));
+/// assert_eq!(hedge.sent(), 1);
+/// // The primary's attempt was cancelled: ignored by its trip rules.
+/// assert_eq!(primary.snapshot().counters.failures, 0);
+/// # }
+/// ```
+///
+/// # Settings
 ///
 /// ```
 /// use std::time::Duration;

@@ -1,38 +1,40 @@
-//! A member's recent time to first byte: what a hedge waits for.
-//!
-//! [`Latency`] keeps the last [`Latency::WINDOW`] times to first byte of one
-//! member of a [`Failover`](super::Failover): exact samples (an answer's head
-//! came after that long) and censored ones (an attempt was given up, or lost
-//! a hedge, after that long: its head would have come later, if ever). Its
-//! percentiles are Kaplan–Meier estimates, so an upstream that loses every
-//! race still shows how slow it is instead of vanishing from its own
-//! figures.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_circuit_breaker::failover::Latency;
-//!
-//! let latency = Latency::new();
-//! for ms in 1..=20 {
-//!     latency.record(Duration::from_millis(ms * 10));
-//! }
-//! assert_eq!(latency.percentile(50.0), Some(Duration::from_millis(100)));
-//! // Twenty attempts given up after a second: half of all attempts take
-//! // longer than a second, so the median moves past the exact samples.
-//! for _ in 0..20 {
-//!     latency.record_censored(Duration::from_secs(1));
-//! }
-//! assert!(latency.percentile(50.0).unwrap() >= Duration::from_millis(200));
-//! ```
+//! A member's recent time to first byte ([`Latency`]).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// The recent time to first byte (or first frame) of one upstream; clones
-/// share the samples. See the [module docs](self).
+/// share the samples.
+///
+/// [`Latency`] keeps the last [`Latency::WINDOW`] times to first byte of one
+/// member of a [`Failover`](super::Failover): exact samples (an answer's head
+/// came after that long) and censored ones (an attempt was given up, or lost
+/// a hedge, after that long: its head would have come later, if ever). Its
+/// percentiles are Kaplan–Meier estimates, so an upstream that loses every
+/// race still shows how slow it is instead of vanishing from its own
+/// figures.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::failover::Latency;
+///
+/// let latency = Latency::new();
+/// for ms in 1..=20 {
+///     latency.record(Duration::from_millis(ms * 10));
+/// }
+/// assert_eq!(latency.percentile(50.0), Some(Duration::from_millis(100)));
+/// // Twenty attempts given up after a second: half of all attempts take
+/// // longer than a second, so the median moves past the exact samples.
+/// for _ in 0..20 {
+///     latency.record_censored(Duration::from_secs(1));
+/// }
+/// assert!(latency.percentile(50.0).unwrap() >= Duration::from_millis(200));
+/// ```
+///
+/// With too few samples there is no percentile:
 ///
 /// ```
 /// use std::time::Duration;
