@@ -13,7 +13,8 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
-use super::hedge::{Hedging, Race};
+use super::hedge::Hedging;
+use super::race::Race;
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;

@@ -18,6 +18,12 @@
 //! A "same client, other model" fallback is one line: the same service with
 //! a request rewrite, via [`Failover::fallback_with`].
 //!
+//! A slow start is not a failure, and does not move on by itself:
+//! [`Failover::hedge`] sends a first attempt that has no response head after
+//! a delay (fixed, or a percentile of that member's own recent time to first
+//! byte) to the next member whose circuit admits it as well, within a budget
+//! of its own, and keeps the first head; see [`Hedge`].
+//!
 //! Upstreams may be keyed: a [`CircuitBreaker`](crate::CircuitBreaker) over
 //! a keyed set, or a whole [`Stack::keyed`](crate::stack::Stack::keyed)
 //! stack. Such an upstream is skipped for a request whose key is open in it
@@ -81,6 +87,7 @@ use crate::Fallback;
 mod future;
 mod hedge;
 mod latency;
+mod race;
 
 pub use self::future::ResponseFuture;
 use self::hedge::Hedging;
@@ -456,53 +463,6 @@ impl<S, Req, C> Failover<S, Req, C> {
     pub fn when_all_open(mut self, policy: AllOpen) -> Self {
         self.all_open = policy;
         self
-    }
-
-    /// Hedges slow first attempts by `policy`: a first attempt with no
-    /// response head after the policy's delay is sent again to the next
-    /// member whose circuit admits it, and the first head wins; see
-    /// [`Hedge`] for the rules (a budget of its own, never a retry, never to
-    /// an open circuit). With a retry outside, a caller's request becomes at
-    /// most `(1 + retry budget) × (1 + hedge budget)` attempts. The request
-    /// is cloned for the hedge; a request whose body is not `Clone` cannot
-    /// go through a failover, so is never hedged.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_circuit_breaker::failover::{Failover, Hedge};
-    ///
-    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// });
-    /// // Hedge after the primary's own p90 time to first byte, 1 s at first.
-    /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone())
-    ///     .fallback(upstream)
-    ///     .hedge(Hedge::at_percentile(90.0, Duration::from_secs(1)).unwrap());
-    /// assert!(failover.latency(0).is_some());
-    /// ```
-    pub fn hedge(mut self, policy: Hedge) -> Self {
-        self.hedge = Some(Arc::new(Hedging::new(policy, self.routes.len())));
-        self
-    }
-
-    /// Member `member`'s (from 0, the primary) recent time to first byte,
-    /// as the failover saw it; kept while hedging (see
-    /// [`hedge`](Self::hedge)), `None` otherwise.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_circuit_breaker::failover::{Failover, Hedge};
-    ///
-    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// });
-    /// let plain = Failover::<_, http::Request<String>>::new(upstream.clone());
-    /// assert!(plain.latency(0).is_none());
-    /// let hedged = plain.fallback(upstream).hedge(Hedge::after(Duration::from_secs(1)));
-    /// assert_eq!(hedged.latency(1).map(|l| l.samples()), Some(0));
-    /// ```
-    pub fn latency(&self, member: usize) -> Option<&Latency> {
-        self.hedge.as_deref()?.latency(member)
     }
 
     /// Decides which answers fail over with `classifier` instead.
