@@ -86,6 +86,29 @@ use crate::retry::RetryBudget;
 /// # }
 /// ```
 ///
+/// # The same upstream
+///
+/// A hedge to the same upstream is the same member twice. It doubles the
+/// cost of a slow call to that one provider, so it pays where slowness is
+/// per request (a slow replica behind a load balancer, a long queue at one
+/// node) and not where the provider as a whole is slow, which a fallback to
+/// another one serves better.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::failover::{Failover, Hedge};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// let client = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let upstream = CircuitBreaker::new(client, Breaker::builder().build().unwrap());
+/// let hedged = Failover::<_, http::Request<String>>::new(upstream.clone())
+///     .fallback(upstream)
+///     .hedge(Hedge::after(Duration::from_secs(2)));
+/// assert_eq!(hedged.len(), 2);
+/// ```
+///
 /// # Settings
 ///
 /// ```
