@@ -63,9 +63,9 @@ pin_project! {
         rejected: Option<S::Error>,
         // Until the first attempt that reaches an upstream is sent.
         hedge: Option<Arc<Hedging>>,
-        #[pin]
         // A race is boxed: a failover that does not hedge keeps its future
         // the size it was (two attempts and a timer would double it).
+        #[pin]
         state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
 }
