@@ -16,7 +16,9 @@
 //! caller sees.
 //!
 //! Put the retry *outside* the breaker, so that every attempt is admitted and
-//! recorded (see [`stack`](crate::stack) for the whole order).
+//! recorded (see [`stack`](crate::stack) for the whole order). Every retry
+//! it sends carries the [`Retried`](crate::Retried) mark, so a
+//! [`Failover`](crate::failover::Failover) below never hedges it.
 //!
 //! # Example
 //!
