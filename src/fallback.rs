@@ -31,6 +31,23 @@
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HasFallback;
 
+/// A request extension: this request is a retry of an earlier attempt.
+/// [`RetryPolicy`](crate::retry::RetryPolicy) marks every retry it sends,
+/// and a [`Failover`](crate::failover::Failover) never
+/// [hedges](crate::failover::Hedge) a request that carries it, so retries and
+/// hedges do not multiply.
+///
+/// ```
+/// use tower_circuit_breaker::{Fallback, Retried};
+///
+/// let mut request = http::Request::new(());
+/// assert!(!request.is_retry());
+/// request.extensions_mut().insert(Retried);
+/// assert!(request.is_retry());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retried;
+
 /// A request that can say whether it has a fallback: implemented for
 /// [`http::Request`] by reading and writing the [`HasFallback`] extension
 /// (and, with their features, for `reqwest::Request` and async-openai's
@@ -52,6 +69,25 @@ pub trait Fallback {
 
     /// Marks the request as one with a fallback.
     fn mark_fallback(&mut self);
+
+    /// Whether the request is a retry (carries [`Retried`]). `false` unless
+    /// implemented: such a request may be hedged.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::Fallback;
+    ///
+    /// let mut request = http::Request::new(());
+    /// request.mark_retry();
+    /// assert!(request.is_retry());
+    /// ```
+    #[inline]
+    fn is_retry(&self) -> bool {
+        false
+    }
+
+    /// Marks the request as a retry; does nothing unless implemented.
+    #[inline]
+    fn mark_retry(&mut self) {}
 }
 
 impl<B> Fallback for http::Request<B> {
@@ -63,6 +99,16 @@ impl<B> Fallback for http::Request<B> {
     #[inline]
     fn mark_fallback(&mut self) {
         self.extensions_mut().insert(HasFallback);
+    }
+
+    #[inline]
+    fn is_retry(&self) -> bool {
+        self.extensions().get::<Retried>().is_some()
+    }
+
+    #[inline]
+    fn mark_retry(&mut self) {
+        self.extensions_mut().insert(Retried);
     }
 }
 

@@ -214,7 +214,7 @@ pub use crate::breaker::{
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error, Rejection};
 pub use crate::failover::Failover;
-pub use crate::fallback::{Fallback, HasFallback};
+pub use crate::fallback::{Fallback, HasFallback, Retried};
 pub use crate::layer::CircuitBreakerLayer;
 pub use crate::retry::RetryPolicy;
 pub use crate::service::{CircuitBreaker, Select};

@@ -125,6 +125,43 @@ fn check_night(replay: &Replay) {
     assert!(failover.succeeded > with.succeeded);
 }
 
+/// A primary whose time to first token has a heavy tail (p99 ≥ 10 × p50):
+/// hedging after its own p90 cuts the answered p99 to at most 40 % of the
+/// failover's for at most 10 % more cost, within the hedge budget (the
+/// fallback's attempts are the hedges), and no breaker opens.
+#[test]
+fn hedging_the_first_token_cuts_a_heavy_tail_for_little_more_cost() {
+    let replay = replayed("heavy-tail-first-token.toml");
+    assert_consistent(replay);
+    let (failover, hedged) = (&stack(replay, "failover").all, &stack(replay, "hedged").all);
+    let (f, h) = (
+        failover.answered_wait.unwrap(),
+        hedged.answered_wait.unwrap(),
+    );
+    assert!(f.p99_s >= 10.0 * f.p50_s, "not a heavy tail: {f:?}");
+    assert!(
+        h.p99_s <= 0.4 * f.p99_s,
+        "hedged p99 {} vs failover {}",
+        h.p99_s,
+        f.p99_s
+    );
+    assert!(
+        hedged.cost_usd <= 1.1 * failover.cost_usd,
+        "hedged ${} vs failover ${}",
+        hedged.cost_usd,
+        failover.cost_usd
+    );
+    assert_eq!(hedged.answered, failover.answered);
+    let hedges = hedged.attempts[1].1 as f64;
+    let budget = replay.setup.hedge.unwrap().budget_percent / 100.0;
+    assert!(
+        hedges <= (budget + 0.01) * hedged.requests as f64,
+        "{hedges} hedges"
+    );
+    assert!(hedges > 0.0);
+    assert!(stack(replay, "hedged").transitions.is_empty());
+}
+
 #[test]
 fn night_scenario_meets_its_bounds() {
     let replay = replayed("seed-000-night.toml");

@@ -32,7 +32,7 @@ use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::deadline::StreamDeadlines;
-use tower_circuit_breaker::failover::Failover;
+use tower_circuit_breaker::failover::{Failover, Hedge};
 use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
@@ -45,7 +45,9 @@ use tower_circuit_breaker::{
 
 use crate::figures::{Figures, Recovery};
 pub use crate::scenario::StackKind;
-use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig, REQUEST_ID};
+use crate::scenario::{
+    BreakerConfig, HedgeDelay, KeyedBy, Kind, Scenario, WindowConfig, REQUEST_ID,
+};
 
 /// Buckets of a time window (`window_s`).
 pub const TIME_BUCKETS: u32 = 20;
@@ -382,6 +384,7 @@ fn run_stack(
                     (0..replicas).map(|r| failover(&sim, &log, r)).collect();
                 drive(stacks?, &sim, &arrivals).await?
             }
+            StackKind::Hedged => drive(vec![hedged(&sim, &log)?], &sim, &arrivals).await?,
         };
 
         Ok(summarize(kind, &sim, requests, &log))
@@ -711,6 +714,35 @@ fn naive_failover(sim: &Arc<Sim>) -> Result<SimStack, String> {
 }
 
 fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
+    failover_hedging(sim, log, replica, None)
+}
+
+/// The `hedged` stack: the failover stack with the scenario's `[hedge]`
+/// policy (one per stack, made on the stack's paused clock).
+fn hedged(sim: &Arc<Sim>, log: &TransitionLog) -> Result<SimStack, String> {
+    let h = sim
+        .scenario
+        .hedge
+        .ok_or("the `hedged` stack needs a `[hedge]` section")?;
+    let policy = match h.delay {
+        HedgeDelay::Fixed(delay) => Hedge::after(delay),
+        HedgeDelay::Percentile {
+            percentile,
+            initial,
+        } => Hedge::at_percentile(percentile, initial).map_err(|e| e.to_string())?,
+    };
+    let policy = policy
+        .budget_percent(h.budget_percent)
+        .map_err(|e| e.to_string())?;
+    failover_hedging(sim, log, 0, Some(policy))
+}
+
+fn failover_hedging(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+    hedge: Option<Hedge>,
+) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let mut policy = retry_policy(scenario);
@@ -751,6 +783,9 @@ fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStac
                 failover = failover.fallback_with(route, move |req: &mut Request<String>| {
                     *req.body_mut() = chat_body(&model)
                 });
+            }
+            if let Some(hedge) = hedge.clone() {
+                failover = failover.hedge(hedge);
             }
             failover
         }};
@@ -905,6 +940,9 @@ fn summarize(
             *slot = Some(i);
         }
     }
+    if kind == StackKind::Hedged {
+        hedge_winners(&attempts, &mut last);
+    }
     for (r, i) in requests.iter().zip(last) {
         if let (Fate::Succeeded, Some(i)) = (r.fate, i) {
             attempts[i].answered = true;
@@ -949,6 +987,29 @@ fn summarize(
             .collect(),
         transitions,
         attempt_log: attempts,
+    }
+}
+
+/// In the `hedged` stack two attempts of a request overlap, and the one
+/// that answered is the one whose head came (the other was cancelled before
+/// its own), not always the last to start.
+fn hedge_winners(attempts: &[AttemptRecord], last: &mut [Option<usize>]) {
+    let head_came = |a: &AttemptRecord| a.kind.latency().is_some_and(|l| a.served && a.ran >= l);
+    let ends = |a: &AttemptRecord| a.t_s + a.ran.as_secs_f64();
+    // Per request, the attempt whose head came last (a fallback's answer
+    // after the primary's 503).
+    let mut heads: Vec<Option<usize>> = vec![None; last.len()];
+    for (i, a) in attempts.iter().enumerate() {
+        if let (true, Some(slot)) = (head_came(a), heads.get_mut(a.request))
+            && slot.is_none_or(|j| ends(&attempts[j]) <= ends(a))
+        {
+            *slot = Some(i);
+        }
+    }
+    for (slot, head) in last.iter_mut().zip(heads) {
+        if head.is_some() {
+            *slot = head;
+        }
     }
 }
 

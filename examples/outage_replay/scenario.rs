@@ -49,6 +49,25 @@ pub struct Scenario {
     pub replicas: u32,
     /// The `[sweep]` grid: breaker keys and the values to try.
     pub sweep: Vec<(String, Vec<String>)>,
+    /// The `[hedge]` section: the `hedged` stack's policy.
+    pub hedge: Option<HedgeConfig>,
+}
+
+/// When the `hedged` stack sends a second attempt (`[hedge]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HedgeConfig {
+    pub delay: HedgeDelay,
+    /// Hedges at most this percentage of first attempts over 10 s (`budget`).
+    pub budget_percent: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HedgeDelay {
+    /// `delay_ms`.
+    Fixed(Duration),
+    /// `percentile` of the member's own time to first byte, `initial_ms`
+    /// until it has samples.
+    Percentile { percentile: f64, initial: Duration },
 }
 
 /// A share of the traffic: which model it asks for, under which API key.
@@ -117,6 +136,9 @@ impl Scenario {
             if self.replicas > 1 {
                 kinds.push(StackKind::FailoverIndependent);
             }
+            if self.hedge.is_some() {
+                kinds.push(StackKind::Hedged);
+            }
         }
         kinds
     }
@@ -184,6 +206,8 @@ pub enum StackKind {
     BreakerIndependent,
     /// With `replicas`: the failover stack in every replica, unshared.
     FailoverIndependent,
+    /// With `[hedge]`: the failover stack, hedging slow first attempts.
+    Hedged,
 }
 
 impl StackKind {
@@ -204,6 +228,7 @@ impl StackKind {
             StackKind::GlobalBreaker => "global-breaker",
             StackKind::BreakerIndependent => "breaker-independent",
             StackKind::FailoverIndependent => "failover-independent",
+            StackKind::Hedged => "hedged",
         }
     }
 
@@ -216,7 +241,10 @@ impl StackKind {
     pub fn uses_fallbacks(self) -> bool {
         matches!(
             self,
-            StackKind::NaiveFailover | StackKind::Failover | StackKind::FailoverIndependent
+            StackKind::NaiveFailover
+                | StackKind::Failover
+                | StackKind::FailoverIndependent
+                | StackKind::Hedged
         )
     }
 
@@ -620,6 +648,16 @@ struct RawScenario {
     burst: Option<S<Vec<S<RawBurst>>>>,
     replicas: Option<S<u32>>,
     sweep: Option<S<RawGrid>>,
+    hedge: Option<S<RawHedge>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHedge {
+    delay_ms: Option<S<u64>>,
+    percentile: Option<S<f64>>,
+    initial_ms: Option<S<u64>>,
+    budget: S<f64>,
 }
 
 #[derive(Deserialize)]
@@ -1053,7 +1091,12 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         None => Vec::new(),
         Some(t) => sweep_grid(&src, t)?,
     };
+    let hedge = match &raw.hedge {
+        None => None,
+        Some(h) => Some(hedge(&src, h)?),
+    };
     Ok(Scenario {
+        hedge,
         traffic,
         rates,
         bursts,
@@ -1069,6 +1112,46 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         upstreams,
         billing,
         writeup,
+    })
+}
+
+/// `[hedge]`: `delay_ms`, or `percentile` (with `initial_ms`, default
+/// 1000), and `budget` (a percentage of first attempts).
+fn hedge(src: &Source<'_>, raw: &Spanned<RawHedge>) -> Result<HedgeConfig, ScenarioError> {
+    let h = raw.get_ref();
+    let delay = match (&h.delay_ms, &h.percentile) {
+        (Some(ms), None) => {
+            if h.initial_ms.is_some() {
+                return Err(src.at(raw, "`initial_ms` goes with `percentile`, not `delay_ms`"));
+            }
+            HedgeDelay::Fixed(Duration::from_millis(*ms.get_ref()))
+        }
+        (None, Some(p)) => {
+            let percentile = *p.get_ref();
+            if !(percentile > 0.0 && percentile <= 100.0) {
+                return Err(src.at(
+                    p,
+                    format!("`percentile` must be in (0, 100], got {percentile}"),
+                ));
+            }
+            let initial = h.initial_ms.as_ref().map_or(1000, |ms| *ms.get_ref());
+            HedgeDelay::Percentile {
+                percentile,
+                initial: Duration::from_millis(initial),
+            }
+        }
+        _ => return Err(src.at(raw, "`[hedge]` takes one of `delay_ms` and `percentile`")),
+    };
+    let budget_percent = *h.budget.get_ref();
+    if !(0.0..=1000.0).contains(&budget_percent) {
+        return Err(src.at(
+            &h.budget,
+            format!("`budget` is a percentage of first attempts, 0 to 1000, got {budget_percent}"),
+        ));
+    }
+    Ok(HedgeConfig {
+        delay,
+        budget_percent,
     })
 }
 

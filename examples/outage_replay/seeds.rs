@@ -126,7 +126,7 @@ impl Spread {
 /// from one seed's stack and how it is printed.
 type Pick = fn(&Replay, &StackRun) -> Option<f64>;
 
-const FIGURES: [(&str, Pick, &str); 13] = [
+const FIGURES: [(&str, Pick, &str); 15] = [
     ("user_error_rate", |_, s| s.all.user_error_rate, "%"),
     ("answered", |_, s| Some(s.all.answered as f64), "n"),
     ("answers_vs_no_breaker", |r, s| vs(r, s, Window::Whole), "x"),
@@ -172,6 +172,9 @@ const FIGURES: [(&str, Pick, &str); 13] = [
         "$",
     ),
     ("recovery_lag_s", |_, s| slowest_lag(s), "s"),
+    // Last, so that the documented tables above them stay as they were.
+    ("cost_usd", |_, s| Some(s.all.cost_usd), "$"),
+    ("amplification", |_, s| s.all.amplification, "x"),
 ];
 
 fn vs(replay: &Replay, s: &StackRun, w: Window) -> Option<f64> {

@@ -13,6 +13,8 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
+use super::hedge::Hedging;
+use super::race::Race;
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;
@@ -59,14 +61,18 @@ pin_project! {
         last: Option<Result<S::Response, S::Error>>,
         // The rejection that admits soonest.
         rejected: Option<S::Error>,
+        // Until the first attempt that reaches an upstream is sent.
+        hedge: Option<Arc<Hedging>>,
+        // A race is boxed: a failover that does not hedge keeps its future
+        // the size it was (two attempts and a timer would double it).
         #[pin]
-        state: Step<Oneshot<S, Req>>,
+        state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
 }
 
 pin_project! {
     #[project = StepProj]
-    enum Step<F> {
+    enum Step<F, R> {
         Start,
         Pausing {
             #[pin]
@@ -75,6 +81,10 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
+        },
+        Racing {
+            #[pin]
+            race: R,
         },
     }
 }
@@ -87,6 +97,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
+        hedge: Option<Arc<Hedging>>,
     ) -> Self {
         ResponseFuture {
             routes,
@@ -98,6 +109,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             rng,
             last: None,
             rejected: None,
+            hedge,
             state: Step::Start,
         }
     }
@@ -116,7 +128,7 @@ where
 }
 
 /// What to do after an attempt.
-enum Then {
+pub(super) enum Then {
     /// Return this answer.
     Return,
     /// The circuit was open: try the next upstream at once.
@@ -160,15 +172,45 @@ where
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
+                    let hedged = this
+                        .hedge
+                        .as_deref()
+                        .filter(|_| i + 1 < this.routes.len() && !request.is_retry());
                     let future = route.service.clone().oneshot(request);
-                    this.state.set(Step::Calling { future });
+                    match hedged {
+                        Some(hedging) => {
+                            let race = Box::pin(Race::new(hedging, i, future));
+                            this.state.set(Step::Racing { race });
+                        }
+                        None => this.state.set(Step::Calling { future }),
+                    }
                 }
                 StepProj::Pausing { sleep } => {
                     ready!(sleep.poll(cx));
                     this.state.set(Step::Start);
                 }
-                StepProj::Calling { future } => {
-                    let result = ready!(future.poll(cx));
+                StepProj::Calling { .. } | StepProj::Racing { .. } => {
+                    let result = match this.state.as_mut().project() {
+                        StepProj::Racing { race } => {
+                            let hedging = this.hedge.as_deref().expect("a race has its hedging");
+                            let request = this.request.as_ref();
+                            let raced = ready!(race.get_mut().as_mut().poll_race(
+                                cx,
+                                hedging,
+                                this.routes,
+                                request,
+                                &*this.classifier
+                            ));
+                            // Hedged once, on the first attempt that was sent.
+                            if raced.sent {
+                                *this.hedge = None;
+                            }
+                            *this.next = raced.next;
+                            raced.result
+                        }
+                        StepProj::Calling { future } => ready!(future.poll(cx)),
+                        _ => unreachable!("matched above"),
+                    };
                     let then = match guard::judge(&*this.classifier, &result) {
                         Judged::Said(outcome) => then(outcome),
                         Judged::Rejected => Then::Skip,
@@ -248,7 +290,7 @@ fn grant(circuits: &[LastResortCircuit]) -> Option<usize> {
     }
 }
 
-fn then(outcome: Outcome) -> Then {
+pub(super) fn then(outcome: Outcome) -> Then {
     match outcome {
         Outcome::Failure | Outcome::RateLimited { .. } | Outcome::QuotaExhausted => Then::Fallback,
         _ => Then::Return,

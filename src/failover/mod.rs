@@ -18,6 +18,12 @@
 //! A "same client, other model" fallback is one line: the same service with
 //! a request rewrite, via [`Failover::fallback_with`].
 //!
+//! A slow start is not a failure, and does not move on by itself:
+//! [`Failover::hedge`] sends a first attempt that has no response head after
+//! a delay (fixed, or a percentile of that member's own recent time to first
+//! byte) to the next member whose circuit admits it as well, within a budget
+//! of its own, and keeps the first head; see [`Hedge`].
+//!
 //! Upstreams may be keyed: a [`CircuitBreaker`](crate::CircuitBreaker) over
 //! a keyed set, or a whole [`Stack::keyed`](crate::stack::Stack::keyed)
 //! stack. Such an upstream is skipped for a request whose key is open in it
@@ -79,8 +85,14 @@ use crate::rng::Rng;
 use crate::Fallback;
 
 mod future;
+mod hedge;
+mod latency;
+mod race;
 
 pub use self::future::ResponseFuture;
+use self::hedge::Hedging;
+pub use self::hedge::{Hedge, HedgeError};
+pub use self::latency::Latency;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -149,6 +161,7 @@ pub struct Failover<S, Req, C = HttpClassifier> {
     jitter: (Duration, Duration),
     rng: Rng,
     all_open: AllOpen,
+    hedge: Option<Arc<Hedging>>,
 }
 
 /// What a [`Failover`] does when every upstream rejected the call.
@@ -314,6 +327,7 @@ impl<S, Req> Failover<S, Req> {
             jitter: (Duration::from_millis(50), Duration::from_millis(200)),
             rng: Rng::random(),
             all_open: AllOpen::FailFast,
+            hedge: None,
         }
     }
 }
@@ -377,6 +391,9 @@ impl<S: Clone, Req, C> Failover<S, Req, C> {
     fn push(mut self, route: Route<S, Req>) -> Self {
         let mut routes = self.routes.to_vec();
         routes.push(route);
+        if let Some(hedging) = &mut self.hedge {
+            Arc::make_mut(hedging).grow(routes.len());
+        }
         self.routes = routes.into();
         self
     }
@@ -468,6 +485,7 @@ impl<S, Req, C> Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng,
             all_open: self.all_open,
+            hedge: self.hedge,
         }
     }
 
@@ -508,6 +526,7 @@ impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng.clone(),
             all_open: self.all_open.clone(),
+            hedge: self.hedge.clone(),
         }
     }
 }
@@ -548,6 +567,7 @@ where
             self.classifier.clone(),
             self.jitter,
             self.rng.clone(),
+            self.hedge.clone(),
         )
     }
 }

@@ -148,6 +148,18 @@ impl RetryBudget {
         allowed
     }
 
+    /// Gives back a withdrawal that was not spent (a hedge that every
+    /// circuit rejected before it was sent).
+    pub(crate) fn refund(&self) {
+        let mut ring = self.ring();
+        if let Some(slot) = (0..SLOTS)
+            .map(|back| (ring.index + SLOTS - back) % SLOTS)
+            .find(|&i| ring.slots[i].1 > 0)
+        {
+            ring.slots[slot].1 -= 1;
+        }
+    }
+
     /// Retries refused so far.
     pub fn denied(&self) -> u64 {
         self.shared

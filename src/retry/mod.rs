@@ -16,7 +16,9 @@
 //! caller sees.
 //!
 //! Put the retry *outside* the breaker, so that every attempt is admitted and
-//! recorded (see [`stack`](crate::stack) for the whole order).
+//! recorded (see [`stack`](crate::stack) for the whole order). Every retry
+//! it sends carries the [`Retried`](crate::Retried) mark, so a
+//! [`Failover`](crate::failover::Failover) below never hedges it.
 //!
 //! # Example
 //!
@@ -73,7 +75,7 @@ use crate::classify::{Classify, HttpClassifier};
 use crate::guard::{self, Judged};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::rng::Rng;
-use crate::Outcome;
+use crate::{Fallback, Outcome};
 
 // === RetryPolicy ===
 
@@ -501,7 +503,7 @@ impl<C, W, Req, B, E> Policy<Req, Response<B>, E> for RetryPolicy<C, W>
 where
     C: Classify,
     W: Watch<Req>,
-    Req: Clone,
+    Req: Clone + Fallback,
     E: AttemptError,
 {
     type Future = Backoff;
@@ -527,6 +529,8 @@ where
             return None;
         }
         self.retries += 1;
+        // `req` is what the retry sends: a failover below never hedges it.
+        req.mark_retry();
         Some(Backoff::new(wait, self.watched(req)))
     }
 

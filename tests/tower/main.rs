@@ -16,6 +16,7 @@ mod grpc;
 mod half_open_pacing;
 mod health_half_open;
 mod health_half_open_real;
+mod hedge;
 mod keyed_open_cap;
 mod keyed_stack;
 mod limit;
