@@ -165,6 +165,7 @@ pub mod future;
 mod guard;
 pub mod health;
 pub mod keyed;
+pub mod kind;
 mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

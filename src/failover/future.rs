@@ -13,9 +13,14 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
+use tokio::time::Instant;
+
+use super::by_kind::Rules;
+use super::select::{Selection, Walk};
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;
+use crate::classify::ErrorKind;
 use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
@@ -59,6 +64,12 @@ pin_project! {
         last: Option<Result<S::Response, S::Error>>,
         // The rejection that admits soonest.
         rejected: Option<S::Error>,
+        // Fallback by error kind, and selection of the first member.
+        rules: Option<Arc<Rules>>,
+        selection: Option<Selection>,
+        walk: Walk,
+        // When the attempt under way started, with a selection.
+        started: Option<Instant>,
         #[pin]
         state: Step<Oneshot<S, Req>>,
     }
@@ -87,7 +98,12 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
+        rules: Option<Arc<Rules>>,
+        selection: Option<Selection>,
     ) -> Self {
+        let walk = selection
+            .as_ref()
+            .map_or_else(Walk::default, |s| Walk::starting_at(s.choose(&rng)));
         ResponseFuture {
             routes,
             request: Some(request),
@@ -98,6 +114,10 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             rng,
             last: None,
             rejected: None,
+            rules,
+            selection,
+            walk,
+            started: None,
             state: Step::Start,
         }
     }
@@ -146,9 +166,9 @@ where
                         let route = &this.routes[i - this.routes.len()];
                         (route, this.request.take())
                     } else if *this.next == this.routes.len() && this.last_resort.is_none() {
-                        (&this.routes[i], this.request.take())
+                        (&this.routes[this.walk.member(i)], this.request.take())
                     } else {
-                        (&this.routes[i], this.request.clone())
+                        (&this.routes[this.walk.member(i)], this.request.clone())
                     };
                     let mut request = request.take().expect("polled after completion");
                     // Every member but the last has one to go to; the last
@@ -160,6 +180,9 @@ where
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
+                    if this.selection.is_some() {
+                        *this.started = Some(Instant::now());
+                    }
                     let future = route.service.clone().oneshot(request);
                     this.state.set(Step::Calling { future });
                 }
@@ -169,7 +192,31 @@ where
                 }
                 StepProj::Calling { future } => {
                     let result = ready!(future.poll(cx));
-                    let then = match guard::judge(&*this.classifier, &result) {
+                    let judged = guard::judge(&*this.classifier, &result);
+                    let (position, members) = (*this.next - 1, this.routes.len());
+                    let member = match position.checked_sub(members) {
+                        Some(last_resort) => last_resort,
+                        None => this.walk.member(position),
+                    };
+                    if let (Some(selection), Some(at)) = (&*this.selection, this.started.take())
+                        && judged != Judged::Rejected
+                    {
+                        selection.record(member, at.elapsed());
+                    }
+                    if let Some(rules) = this.rules.as_deref()
+                        && position < members
+                        && let Ok(response) = &result
+                        && let Some(&kind) = response.extensions().get::<ErrorKind>()
+                        && let Some(to) = rules.target(kind, position, *this.walk, members)
+                    {
+                        // No pause: the member is not down, the request
+                        // belongs elsewhere.
+                        *this.last = Some(result);
+                        *this.next = to;
+                        this.state.set(Step::Start);
+                        continue;
+                    }
+                    let then = match judged {
                         Judged::Said(outcome) => then(outcome),
                         Judged::Rejected => Then::Skip,
                         Judged::Opaque => Then::Return,

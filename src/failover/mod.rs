@@ -78,9 +78,16 @@ use crate::retry::AttemptError;
 use crate::rng::Rng;
 use crate::Fallback;
 
+mod by_kind;
 mod future;
+mod select;
 
+pub use self::by_kind::{FallbackTo, RuleError};
 pub use self::future::ResponseFuture;
+pub use self::select::{Selection, DEFAULT_DECAY};
+
+use self::by_kind::Rules;
+use crate::classify::ErrorKind;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -149,6 +156,8 @@ pub struct Failover<S, Req, C = HttpClassifier> {
     jitter: (Duration, Duration),
     rng: Rng,
     all_open: AllOpen,
+    rules: Option<Arc<Rules>>,
+    selection: Option<Selection>,
 }
 
 /// What a [`Failover`] does when every upstream rejected the call.
@@ -314,6 +323,8 @@ impl<S, Req> Failover<S, Req> {
             jitter: (Duration::from_millis(50), Duration::from_millis(200)),
             rng: Rng::random(),
             all_open: AllOpen::FailFast,
+            rules: None,
+            selection: None,
         }
     }
 }
@@ -448,6 +459,81 @@ impl<S, Req, C> Failover<S, Req, C> {
         self
     }
 
+    /// Sends a request whose answer carried `kind` in its extensions (put
+    /// there by [`ReadKind`](crate::kind::ReadKind) around each member) on
+    /// to the member `to` names, with no pause: a context-length error to a
+    /// long-context member, a content-policy refusal to another provider,
+    /// an exhausted quota or a refused key to the next key
+    /// ([`FallbackTo::Next`]). One rule per kind; a later one replaces it.
+    ///
+    /// A rule is followed only forward in the walk (to a member not tried
+    /// yet in this call); the answer that triggered it is returned if every
+    /// member after it rejects the call. Kinds without a rule fail over (or
+    /// not) as they would without one. What the breakers record does not
+    /// change: the 400 that moved the request is still
+    /// [`Ignored`](crate::Outcome::Ignored). A member index the failover
+    /// does not have is a [`RuleError`].
+    ///
+    /// ```
+    /// use tower::ServiceExt;
+    /// use tower_circuit_breaker::classify::ErrorKind;
+    /// use tower_circuit_breaker::failover::{Failover, FallbackTo};
+    /// use tower_circuit_breaker::kind::ReadKind;
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let model = |status: u16, body: &'static str| {
+    ///     tower::service_fn(move |_req: http::Request<String>| async move {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::builder().status(status).body(body.to_owned()).unwrap())
+    ///     })
+    /// };
+    /// let long = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 215000 tokens > 200000 maximum"}}"#;
+    /// let (small, large) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// let failover = Failover::new(ReadKind::new(CircuitBreaker::new(model(400, long), small.clone())))
+    ///     .fallback(ReadKind::new(CircuitBreaker::new(model(200, "answer"), large)))
+    ///     .on_kind(ErrorKind::ContextLength, FallbackTo::Member(1))
+    ///     .unwrap();
+    /// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(res.status(), 200);
+    /// assert_eq!(small.snapshot().counters.failures, 0, "a 400 is no failure");
+    /// # }
+    /// ```
+    pub fn on_kind(mut self, kind: ErrorKind, to: FallbackTo) -> Result<Self, RuleError> {
+        let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
+        rules.set(kind, to, self.routes.len())?;
+        self.rules = Some(Arc::new(rules));
+        Ok(self)
+    }
+
+    /// Chooses the member tried first by `selection` (see [`Selection`])
+    /// instead of always the primary; the others follow in their order.
+    /// The selection must cover every member: a count that differs is a
+    /// [`SelectionError`].
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::{Failover, Selection};
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// let failover = Failover::new(CircuitBreaker::new(upstream.clone(), a.clone()))
+    ///     .fallback(CircuitBreaker::new(upstream, b.clone()));
+    /// assert!(failover.clone().select(Selection::cheapest([(a.clone(), 1.0), (b.clone(), 0.5)])).is_ok());
+    /// assert_eq!(failover.select(Selection::cheapest([(a, 1.0)])).unwrap_err().to_string(), "selection covers 1 members of a failover with 2");
+    /// ```
+    pub fn select(mut self, selection: Selection) -> Result<Self, SelectionError> {
+        if selection.len() != self.routes.len() {
+            return Err(SelectionError {
+                covers: selection.len(),
+                members: self.routes.len(),
+            });
+        }
+        self.selection = Some(selection);
+        Ok(self)
+    }
+
     /// Decides which answers fail over with `classifier` instead.
     ///
     /// ```
@@ -468,6 +554,8 @@ impl<S, Req, C> Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng,
             all_open: self.all_open,
+            rules: self.rules,
+            selection: self.selection,
         }
     }
 
@@ -500,6 +588,39 @@ impl<S, Req, C> Failover<S, Req, C> {
     }
 }
 
+/// A [`Selection`] given to [`Failover::select`] that does not cover
+/// exactly the failover's members.
+///
+/// ```
+/// use tower_circuit_breaker::failover::{Failover, Selection};
+/// use tower_circuit_breaker::Breaker;
+///
+/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let err = Failover::<_, http::Request<String>>::new(upstream)
+///     .select(Selection::peak_ewma([]))
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "selection covers 0 members of a failover with 1");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectionError {
+    covers: usize,
+    members: usize,
+}
+
+impl fmt::Display for SelectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "selection covers {} members of a failover with {}",
+            self.covers, self.members
+        )
+    }
+}
+
+impl std::error::Error for SelectionError {}
+
 impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
     fn clone(&self) -> Self {
         Failover {
@@ -508,6 +629,8 @@ impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
             jitter: self.jitter,
             rng: self.rng.clone(),
             all_open: self.all_open.clone(),
+            rules: self.rules.clone(),
+            selection: self.selection.clone(),
         }
     }
 }
@@ -548,6 +671,8 @@ where
             self.classifier.clone(),
             self.jitter,
             self.rng.clone(),
+            self.rules.clone(),
+            self.selection.clone(),
         )
     }
 }

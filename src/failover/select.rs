@@ -1,0 +1,412 @@
+//! Selection among equivalent members: which member a
+//! [`Failover`](super::Failover) tries first, by a peak-EWMA of time to
+//! first byte with two random choices, or by price.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::breaker::Breaker;
+use crate::rng::Rng;
+use crate::sync::{lock, Mutex};
+
+/// How a [`Failover`](super::Failover) chooses the member it tries first,
+/// among members that are equivalent (one model on several providers or
+/// regions); set with [`Failover::select`](super::Failover::select). The
+/// others follow in their order, as fallbacks. Without a selection the
+/// first member is always the primary.
+///
+/// The selection is given each member's breaker, in the order of the
+/// members, and reads their state without admitting: a member whose circuit
+/// is open (or forced open) or that holds calls back for a known rate limit
+/// is never chosen; a half-open one may be, so that it heals on real
+/// traffic. When no member may be chosen, the walk starts at the primary as
+/// without a selection.
+///
+/// - [`peak_ewma`](Selection::peak_ewma): of two members drawn at random,
+///   the one with the lower peak-EWMA of time to first byte (the head of
+///   the answer, or the error, of each attempt the failover makes). A
+///   sample above the estimate replaces it at once; one below pulls it down
+///   with weight `1 - e^(-Δt/decay)`. Between samples the estimate decays
+///   toward zero with the same constant, so a member that is not called
+///   (it was slow, or open) is tried again within a few decay times and
+///   its estimate learns what it is like now.
+/// - [`cheapest`](Selection::cheapest): the member with the lowest cost
+///   (the user's price per call, per token, any unit) that may be chosen;
+///   ties go to the earlier member.
+///
+/// Clones share the estimates: keep one to feed it samples the failover does
+/// not see ([`record_at_least`](Selection::record_at_least) for an attempt
+/// that was cancelled before its first byte, such as a hedge that lost).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// use tower_circuit_breaker::failover::{Failover, Selection};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let region = |name: &'static str| {
+///     tower::service_fn(move |_req: http::Request<String>| async move {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(name.to_owned()))
+///     })
+/// };
+/// let (east, west) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+/// let selection = Selection::peak_ewma([east.clone(), west.clone()]);
+/// // West was slow a moment ago.
+/// selection.record(0, Duration::from_millis(300));
+/// selection.record(1, Duration::from_secs(2));
+/// let failover = Failover::new(CircuitBreaker::new(region("east"), east))
+///     .fallback(CircuitBreaker::new(region("west"), west))
+///     .select(selection)
+///     .unwrap();
+/// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(res.into_body(), "east");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Selection(Arc<Inner>);
+
+struct Inner {
+    breakers: Box<[Breaker]>,
+    policy: Policy,
+}
+
+enum Policy {
+    PeakEwma {
+        estimates: Box<[Mutex<Estimate>]>,
+        decay_ns: f64,
+    },
+    Cheapest(Box<[f64]>),
+}
+
+/// A peak-EWMA of one member's time to first byte, in nanoseconds, as of
+/// `at` (none before the first sample).
+#[derive(Debug, Clone, Copy, Default)]
+struct Estimate {
+    ns: f64,
+    at: Option<Instant>,
+}
+
+/// The decay constant of [`Selection::peak_ewma`] unless set.
+pub const DEFAULT_DECAY: Duration = Duration::from_secs(10);
+
+impl Estimate {
+    /// The estimate at `now`, decayed toward zero since the last sample.
+    fn now(&self, now: Instant, decay_ns: f64) -> f64 {
+        match self.at {
+            None => 0.0,
+            Some(at) => self.ns * (-nanos(now.saturating_duration_since(at)) / decay_ns).exp(),
+        }
+    }
+
+    /// tower's `PeakEwma` rule: a sample above the (decayed) estimate
+    /// replaces it; one below is averaged in with the weight
+    /// `1 - e^(-Δt/decay)` of the time since the last sample.
+    fn sample(&mut self, sample_ns: f64, now: Instant, decay_ns: f64) {
+        self.ns = match self.at {
+            Some(at) if sample_ns <= self.now(now, decay_ns) => {
+                let d = (-nanos(now.saturating_duration_since(at)) / decay_ns).exp();
+                self.ns * d + sample_ns * (1.0 - d)
+            }
+            _ => sample_ns,
+        };
+        self.at = Some(now);
+    }
+
+    /// A censored sample: the attempt took at least `ns`.
+    fn at_least(&mut self, ns: f64, now: Instant, decay_ns: f64) {
+        if ns > self.now(now, decay_ns) {
+            self.ns = ns;
+            self.at = Some(now);
+        }
+    }
+}
+
+fn nanos(d: Duration) -> f64 {
+    d.as_nanos() as f64
+}
+
+impl Selection {
+    /// Two random choices on a peak-EWMA of time to first byte, over the
+    /// members whose breakers are `breakers` (in the order of the
+    /// members), with a decay of [`DEFAULT_DECAY`].
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap()]);
+    /// assert_eq!(selection.len(), 2);
+    /// assert_eq!(selection.estimate(0), None, "no sample yet");
+    /// ```
+    pub fn peak_ewma<I: IntoIterator<Item = Breaker>>(breakers: I) -> Self {
+        let breakers: Box<[Breaker]> = breakers.into_iter().collect();
+        let estimates = breakers
+            .iter()
+            .map(|_| Mutex::new(Estimate::default()))
+            .collect();
+        Selection(Arc::new(Inner {
+            breakers,
+            policy: Policy::PeakEwma {
+                estimates,
+                decay_ns: nanos(DEFAULT_DECAY),
+            },
+        }))
+    }
+
+    /// The cheapest member that may be chosen; `members` are each member's
+    /// breaker and cost, in the order of the members. A cost that is not a
+    /// number counts as the highest.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// // Dollars per million input tokens.
+    /// let selection = Selection::cheapest([(a, 2.5), (b, 1.1)]);
+    /// assert_eq!(selection.len(), 2);
+    /// ```
+    pub fn cheapest<I: IntoIterator<Item = (Breaker, f64)>>(members: I) -> Self {
+        let (breakers, costs): (Vec<Breaker>, Vec<f64>) = members
+            .into_iter()
+            .map(|(b, c)| (b, if c.is_nan() { f64::INFINITY } else { c }))
+            .unzip();
+        Selection(Arc::new(Inner {
+            breakers: breakers.into(),
+            policy: Policy::Cheapest(costs.into()),
+        }))
+    }
+
+    /// Sets the decay constant of a peak-EWMA selection (how fast old
+    /// samples and a member's absence are forgotten); a zero decay is taken
+    /// as a nanosecond. No effect on [`cheapest`](Selection::cheapest).
+    ///
+    /// Call it before the selection is shared: the estimates of a clone
+    /// made earlier keep their constant.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]).decay(Duration::from_secs(30));
+    /// # let _ = selection;
+    /// ```
+    pub fn decay(self, decay: Duration) -> Self {
+        let Inner { breakers, policy } = match Arc::try_unwrap(self.0) {
+            Ok(inner) => inner,
+            Err(shared) => return Selection(shared),
+        };
+        let policy = match policy {
+            Policy::PeakEwma { estimates, .. } => Policy::PeakEwma {
+                estimates,
+                decay_ns: nanos(decay).max(1.0),
+            },
+            cheapest => cheapest,
+        };
+        Selection(Arc::new(Inner { breakers, policy }))
+    }
+
+    /// How many members the selection covers.
+    pub fn len(&self) -> usize {
+        self.0.breakers.len()
+    }
+
+    /// Whether it covers no member.
+    pub fn is_empty(&self) -> bool {
+        self.0.breakers.is_empty()
+    }
+
+    /// Records that `member` took `ttfb` to its first byte (its answer's
+    /// head, or its error). The failover records every attempt it makes;
+    /// an index out of range is ignored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]);
+    /// selection.record(0, Duration::from_millis(400));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_millis(400)));
+    /// # }
+    /// ```
+    pub fn record(&self, member: usize, ttfb: Duration) {
+        if let Policy::PeakEwma {
+            estimates,
+            decay_ns,
+        } = &self.0.policy
+            && let Some(e) = estimates.get(member)
+        {
+            lock(e).sample(nanos(ttfb), Instant::now(), *decay_ns);
+        }
+    }
+
+    /// Records a censored sample: `member` had not given its first byte
+    /// after `elapsed` when its attempt was given up (a hedge that lost, a
+    /// caller that left). It raises the estimate to `elapsed` when that is
+    /// higher, and otherwise leaves it alone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]);
+    /// selection.record(0, Duration::from_millis(400));
+    /// selection.record_at_least(0, Duration::from_millis(100));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_millis(400)), "no news");
+    /// selection.record_at_least(0, Duration::from_secs(3));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_secs(3)));
+    /// # }
+    /// ```
+    pub fn record_at_least(&self, member: usize, elapsed: Duration) {
+        if let Policy::PeakEwma {
+            estimates,
+            decay_ns,
+        } = &self.0.policy
+            && let Some(e) = estimates.get(member)
+        {
+            lock(e).at_least(nanos(elapsed), Instant::now(), *decay_ns);
+        }
+    }
+
+    /// A peak-EWMA member's estimate now (decayed since its last sample);
+    /// `None` before its first sample, and for a cheapest selection.
+    pub fn estimate(&self, member: usize) -> Option<Duration> {
+        let Policy::PeakEwma {
+            estimates,
+            decay_ns,
+        } = &self.0.policy
+        else {
+            return None;
+        };
+        let e = *lock(estimates.get(member)?);
+        e.at?;
+        Some(Duration::from_nanos(e.now(Instant::now(), *decay_ns) as u64))
+    }
+
+    /// The member to try first.
+    pub(super) fn choose(&self, rng: &Rng) -> usize {
+        let breakers = &self.0.breakers;
+        let eligible = |i: usize| breakers[i].selectable();
+        match &self.0.policy {
+            Policy::Cheapest(costs) => (0..breakers.len())
+                .filter(|&i| eligible(i))
+                .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
+                .unwrap_or(0),
+            Policy::PeakEwma {
+                estimates,
+                decay_ns,
+            } => {
+                // Two distinct draws among the eligible, without a list:
+                // count them, then pick by rank.
+                let n = (0..breakers.len()).filter(|&i| eligible(i)).count();
+                let nth = |k: usize| (0..breakers.len()).filter(|&i| eligible(i)).nth(k);
+                let draw = |below: usize| ((rng.unit() * below as f64) as usize).min(below - 1);
+                let (a, b) = match n {
+                    0 => return 0,
+                    1 => return nth(0).unwrap_or(0),
+                    _ => {
+                        let a = draw(n);
+                        let b = (a + 1 + draw(n - 1)) % n;
+                        (nth(a).unwrap_or(0), nth(b).unwrap_or(0))
+                    }
+                };
+                let now = Instant::now();
+                let load = |i: usize| lock(&estimates[i]).now(now, *decay_ns);
+                if load(b) < load(a) {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = match self.0.policy {
+            Policy::PeakEwma { .. } => "peak_ewma",
+            Policy::Cheapest(_) => "cheapest",
+        };
+        f.debug_struct("Selection")
+            .field("policy", &policy)
+            .field("members", &self.0.breakers.len())
+            .finish()
+    }
+}
+
+/// The walk of one call: the chosen member first, then the others in their
+/// order.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Walk {
+    first: usize,
+}
+
+impl Walk {
+    pub(super) fn starting_at(first: usize) -> Self {
+        Walk { first }
+    }
+
+    /// The member at `position` of the walk.
+    pub(super) fn member(self, position: usize) -> usize {
+        match position {
+            0 => self.first,
+            p if p <= self.first => p - 1,
+            p => p,
+        }
+    }
+
+    /// The position of `member` in the walk.
+    pub(super) fn position(self, member: usize) -> usize {
+        match member {
+            m if m == self.first => 0,
+            m if m < self.first => m + 1,
+            m => m,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_puts_the_chosen_member_first_and_keeps_the_rest_in_order() {
+        let walk = Walk::starting_at(2);
+        let order: Vec<usize> = (0..4).map(|p| walk.member(p)).collect();
+        assert_eq!(order, [2, 0, 1, 3]);
+        for m in 0..4 {
+            assert_eq!(walk.member(walk.position(m)), m);
+        }
+        let plain = Walk::default();
+        assert_eq!(
+            (0..3).map(|p| plain.member(p)).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_estimate_jumps_to_a_peak_and_decays_without_samples() {
+        let decay = nanos(DEFAULT_DECAY);
+        let mut e = Estimate::default();
+        let t0 = Instant::now();
+        e.sample(1e9, t0, decay);
+        e.sample(3e9, t0, decay);
+        assert_eq!(e.now(t0, decay), 3e9, "a peak replaces the estimate");
+        let t1 = t0 + DEFAULT_DECAY;
+        e.sample(1e9, t1, decay);
+        let now = e.now(t1, decay);
+        assert!(now < 3e9 && now > 1e9, "{now}");
+        let later = t1 + DEFAULT_DECAY * 5;
+        assert!(e.now(later, decay) < 0.05e9, "an idle member is forgotten");
+    }
+}
