@@ -50,7 +50,8 @@ use crate::sync::{lock, Mutex};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let region = |name: &'static str| {
 ///     tower::service_fn(move |_req: http::Request<String>| async move {
-///         Ok::<_, std::convert::Infallible>(http::Response::new(name.to_owned()))
+///         let res = http::Response::builder().header("x-region", name).body(String::new());
+///         Ok::<_, std::convert::Infallible>(res.unwrap())
 ///     })
 /// };
 /// let (east, west) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
@@ -63,7 +64,7 @@ use crate::sync::{lock, Mutex};
 ///     .select(selection)
 ///     .unwrap();
 /// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
-/// assert_eq!(res.into_body(), "east");
+/// assert_eq!(res.headers()["x-region"], "east");
 /// # }
 /// ```
 #[derive(Clone)]

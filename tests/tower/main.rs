@@ -6,6 +6,7 @@
 mod support;
 
 mod axum_app;
+mod by_kind;
 mod controls;
 mod durations;
 mod failover;
