@@ -27,12 +27,13 @@ use crate::sync::{lock, Mutex};
 ///
 /// - [`peak_ewma`](Selection::peak_ewma): of two members drawn at random,
 ///   the one with the lower peak-EWMA of time to first byte (the head of
-///   the answer, or the error, of each attempt the failover makes). A
-///   sample above the estimate replaces it at once; one below pulls it down
-///   with weight `1 - e^(-Δt/decay)`. Between samples the estimate decays
-///   toward zero with the same constant, so a member that is not called
-///   (it was slow, or open) is tried again within a few decay times and
-///   its estimate learns what it is like now.
+///   the answer, or the error, of each attempt the failover makes), as
+///   tower's `PeakEwma` keeps it: a sample above the estimate replaces it
+///   at once; one below is averaged in with the weight `1 - e^(-Δt/decay)`
+///   of the time since the last sample. A member with no sample for a
+///   decay time (it was slow, or open) is stale: the next call goes to it,
+///   one call per decay time, and its answer replaces the old estimate, so
+///   a member that recovered is found within a decay time.
 /// - [`cheapest`](Selection::cheapest): the member with the lowest cost
 ///   (the user's price per call, per token, any unit) that may be chosen;
 ///   ties go to the earlier member.
@@ -89,39 +90,45 @@ enum Policy {
 struct Estimate {
     ns: f64,
     at: Option<Instant>,
+    // When a call was sent to learn what the member is like now, after its
+    // estimate went stale; its sample replaces the estimate.
+    probe: Option<Instant>,
 }
 
 /// The decay constant of [`Selection::peak_ewma`] unless set.
 pub const DEFAULT_DECAY: Duration = Duration::from_secs(10);
 
 impl Estimate {
-    /// The estimate at `now`, decayed toward zero since the last sample.
-    fn now(&self, now: Instant, decay_ns: f64) -> f64 {
-        match self.at {
-            None => 0.0,
-            Some(at) => self.ns * (-nanos(now.saturating_duration_since(at)) / decay_ns).exp(),
-        }
+    /// Whether the estimate is older than the decay time (or missing),
+    /// with no probe sent within that time.
+    fn stale(&self, now: Instant, decay_ns: f64) -> bool {
+        let old = |at: Option<Instant>| {
+            at.is_none_or(|at| nanos(now.saturating_duration_since(at)) >= decay_ns)
+        };
+        old(self.at) && old(self.probe)
     }
 
-    /// tower's `PeakEwma` rule: a sample above the (decayed) estimate
-    /// replaces it; one below is averaged in with the weight
-    /// `1 - e^(-Δt/decay)` of the time since the last sample.
+    /// tower's `PeakEwma` rule: a sample above the estimate replaces it; one
+    /// below is averaged in with the weight `1 - e^(-Δt/decay)` of the time
+    /// since the last sample. A probe's sample replaces a stale estimate.
     fn sample(&mut self, sample_ns: f64, now: Instant, decay_ns: f64) {
         self.ns = match self.at {
-            Some(at) if sample_ns <= self.now(now, decay_ns) => {
+            Some(at) if self.probe.is_none() && sample_ns <= self.ns => {
                 let d = (-nanos(now.saturating_duration_since(at)) / decay_ns).exp();
                 self.ns * d + sample_ns * (1.0 - d)
             }
             _ => sample_ns,
         };
         self.at = Some(now);
+        self.probe = None;
     }
 
     /// A censored sample: the attempt took at least `ns`.
-    fn at_least(&mut self, ns: f64, now: Instant, decay_ns: f64) {
-        if ns > self.now(now, decay_ns) {
+    fn at_least(&mut self, ns: f64, now: Instant) {
+        if self.at.is_none() || ns > self.ns {
             self.ns = ns;
             self.at = Some(now);
+            self.probe = None;
         }
     }
 }
@@ -183,8 +190,8 @@ impl Selection {
     }
 
     /// Sets the decay constant of a peak-EWMA selection (how fast old
-    /// samples and a member's absence are forgotten); a zero decay is taken
-    /// as a nanosecond. No effect on [`cheapest`](Selection::cheapest).
+    /// samples are forgotten, and how long a member goes unsampled before it
+    /// is probed); a zero decay is taken as a nanosecond. No effect on [`cheapest`](Selection::cheapest).
     ///
     /// Call it before the selection is shared: the estimates of a clone
     /// made earlier keep their constant.
@@ -268,29 +275,22 @@ impl Selection {
     /// # }
     /// ```
     pub fn record_at_least(&self, member: usize, elapsed: Duration) {
-        if let Policy::PeakEwma {
-            estimates,
-            decay_ns,
-        } = &self.0.policy
+        if let Policy::PeakEwma { estimates, .. } = &self.0.policy
             && let Some(e) = estimates.get(member)
         {
-            lock(e).at_least(nanos(elapsed), Instant::now(), *decay_ns);
+            lock(e).at_least(nanos(elapsed), Instant::now());
         }
     }
 
-    /// A peak-EWMA member's estimate now (decayed since its last sample);
-    /// `None` before its first sample, and for a cheapest selection.
+    /// A peak-EWMA member's estimate; `None` before its first sample, and
+    /// for a cheapest selection.
     pub fn estimate(&self, member: usize) -> Option<Duration> {
-        let Policy::PeakEwma {
-            estimates,
-            decay_ns,
-        } = &self.0.policy
-        else {
+        let Policy::PeakEwma { estimates, .. } = &self.0.policy else {
             return None;
         };
         let e = *lock(estimates.get(member)?);
         e.at?;
-        Some(Duration::from_nanos(e.now(Instant::now(), *decay_ns) as u64))
+        Some(Duration::from_nanos(e.ns as u64))
     }
 
     /// The member to try first.
@@ -306,6 +306,20 @@ impl Selection {
                 estimates,
                 decay_ns,
             } => {
+                let now = Instant::now();
+                // A member whose estimate is stale is probed first, once a
+                // decay time: it may have become the fastest while it was
+                // not called (slow, or open). The probe is claimed, so that
+                // one call learns it, not every call until the answer.
+                for (i, e) in estimates.iter().enumerate() {
+                    if eligible(i) {
+                        let mut e = lock(e);
+                        if e.stale(now, *decay_ns) {
+                            e.probe = Some(now);
+                            return i;
+                        }
+                    }
+                }
                 // Two distinct draws among the eligible, without a list:
                 // count them, then pick by rank.
                 let n = (0..breakers.len()).filter(|&i| eligible(i)).count();
@@ -320,8 +334,7 @@ impl Selection {
                         (nth(a).unwrap_or(0), nth(b).unwrap_or(0))
                     }
                 };
-                let now = Instant::now();
-                let load = |i: usize| lock(&estimates[i]).now(now, *decay_ns);
+                let load = |i: usize| lock(&estimates[i]).ns;
                 if load(b) < load(a) {
                     b
                 } else {
@@ -396,18 +409,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_estimate_jumps_to_a_peak_and_decays_without_samples() {
+    async fn an_estimate_jumps_to_a_peak_and_a_stale_one_is_probed_and_replaced() {
         let decay = nanos(DEFAULT_DECAY);
         let mut e = Estimate::default();
         let t0 = Instant::now();
+        assert!(e.stale(t0, decay), "no sample yet");
         e.sample(1e9, t0, decay);
         e.sample(3e9, t0, decay);
-        assert_eq!(e.now(t0, decay), 3e9, "a peak replaces the estimate");
-        let t1 = t0 + DEFAULT_DECAY;
+        assert_eq!(e.ns, 3e9, "a peak replaces the estimate");
+        let t1 = t0 + DEFAULT_DECAY / 2;
         e.sample(1e9, t1, decay);
-        let now = e.now(t1, decay);
-        assert!(now < 3e9 && now > 1e9, "{now}");
-        let later = t1 + DEFAULT_DECAY * 5;
-        assert!(e.now(later, decay) < 0.05e9, "an idle member is forgotten");
+        assert!(e.ns < 3e9 && e.ns > 1e9, "{}", e.ns);
+        assert!(!e.stale(t1, decay));
+        let t2 = t1 + DEFAULT_DECAY;
+        assert!(e.stale(t2, decay), "not sampled for a decay time");
+        e.probe = Some(t2);
+        assert!(!e.stale(t2, decay), "one probe at a time");
+        e.sample(0.1e9, t2, decay);
+        assert_eq!(e.ns, 0.1e9, "the probe's answer replaces a stale estimate");
+        e.at_least(0.05e9, t2);
+        assert_eq!(e.ns, 0.1e9);
+        e.at_least(2e9, t2);
+        assert_eq!(e.ns, 2e9);
     }
 }

@@ -77,7 +77,11 @@ fn breaker(name: &str) -> Breaker {
 type Member = ReadKind<CircuitBreaker<HttpClient, LlmClassifier>>;
 
 fn member(breaker: &Breaker) -> Member {
-    ReadKind::new(CircuitBreaker::with_classifier(http_client(), breaker.clone(), LlmClassifier::new()))
+    ReadKind::new(CircuitBreaker::with_classifier(
+        http_client(),
+        breaker.clone(),
+        LlmClassifier::new(),
+    ))
 }
 
 fn to(addr: SocketAddr) -> impl Fn(&mut Request<Empty<Bytes>>) + Send + Sync + 'static {
@@ -128,7 +132,12 @@ async fn setup() -> Setup {
 async fn a_context_length_400_goes_to_the_long_context_member_and_counts_as_no_failure() {
     let s = setup().await;
     for _ in 0..5 {
-        let res = s.failover.clone().oneshot(request(s.small, Some("x-long"))).await.unwrap();
+        let res = s
+            .failover
+            .clone()
+            .oneshot(request(s.small, Some("x-long")))
+            .await
+            .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(read_all(res.into_body()).await.unwrap(), "long-context");
     }
@@ -137,7 +146,11 @@ async fn a_context_length_400_goes_to_the_long_context_member_and_counts_as_no_f
         let c = b.snapshot().counters;
         assert_eq!(c.failures, 0, "{:?}", b.name());
     }
-    assert_eq!(s.breakers[0].snapshot().counters.ignored, 5, "the 400s are ignored");
+    assert_eq!(
+        s.breakers[0].snapshot().counters.ignored,
+        5,
+        "the 400s are ignored"
+    );
     assert_eq!(s.breakers[2].snapshot().counters.successes, 5);
 }
 
@@ -145,7 +158,12 @@ async fn a_context_length_400_goes_to_the_long_context_member_and_counts_as_no_f
 async fn a_content_refusal_goes_to_the_other_provider_and_trips_nothing() {
     let s = setup().await;
     for _ in 0..3 {
-        let res = s.failover.clone().oneshot(request(s.small, Some("x-unsafe"))).await.unwrap();
+        let res = s
+            .failover
+            .clone()
+            .oneshot(request(s.small, Some("x-unsafe")))
+            .await
+            .unwrap();
         assert_eq!(read_all(res.into_body()).await.unwrap(), "other-provider");
     }
     assert_eq!(s.hits.iter().map(Hits::get).collect::<Vec<_>>(), [3, 3, 0]);
@@ -156,15 +174,32 @@ async fn a_content_refusal_goes_to_the_other_provider_and_trips_nothing() {
 #[tokio::test]
 async fn a_plain_bad_request_is_returned_with_its_whole_body() {
     let s = setup().await;
-    let res = s.failover.clone().oneshot(request(s.small, Some("x-bad"))).await.unwrap();
+    let res = s
+        .failover
+        .clone()
+        .oneshot(request(s.small, Some("x-bad")))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(res.extensions().get::<ErrorKind>(), Some(&ErrorKind::BadRequest));
+    assert_eq!(
+        res.extensions().get::<ErrorKind>(),
+        Some(&ErrorKind::BadRequest)
+    );
     let body = read_all(res.into_body()).await.unwrap();
-    assert_eq!(body, big_bad_request().as_bytes(), "20 KiB, of which 4 were read for the kind");
+    assert_eq!(
+        body,
+        big_bad_request().as_bytes(),
+        "20 KiB, of which 4 were read for the kind"
+    );
     assert_eq!(s.hits.iter().map(Hits::get).collect::<Vec<_>>(), [1, 0, 0]);
 
     // A 200 passes with no kind and its body untouched.
-    let res = s.failover.clone().oneshot(request(s.small, None)).await.unwrap();
+    let res = s
+        .failover
+        .clone()
+        .oneshot(request(s.small, None))
+        .await
+        .unwrap();
     assert!(res.extensions().get::<ErrorKind>().is_none());
     assert_eq!(read_all(res.into_body()).await.unwrap(), "small");
 }

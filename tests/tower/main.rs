@@ -30,6 +30,7 @@ mod retry;
 mod retry_budget_rejections;
 mod scripted_outage;
 mod scripted_repeat;
+mod select;
 mod service;
 mod stack;
 mod stack_health;
