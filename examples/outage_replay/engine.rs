@@ -44,6 +44,12 @@ use tower_circuit_breaker::{
 };
 
 use crate::figures::{Figures, Recovery};
+
+#[path = "routing.rs"]
+mod routing;
+// `context_length_wave` is for tests/outage_replay.rs.
+#[allow(unused_imports)]
+pub use self::routing::{context_length_wave, table as routing_table};
 pub use crate::scenario::StackKind;
 use crate::scenario::{BreakerConfig, KeyedBy, Kind, Scenario, WindowConfig, REQUEST_ID};
 
@@ -102,6 +108,8 @@ pub struct StackRun {
     pub attempt_log: Vec<AttemptRecord>,
     /// Every request, in the order they arrived.
     pub requests: Vec<RequestRecord>,
+    /// The failures its breakers counted, for the `[failover]` stacks.
+    pub breaker_failures: Option<u64>,
 }
 
 /// What one stack did for one class of traffic, in each window.
@@ -381,6 +389,18 @@ fn run_stack(
                 let stacks: Result<Vec<_>, String> =
                     (0..replicas).map(|r| failover(&sim, &log, r)).collect();
                 drive(stacks?, &sim, &arrivals).await?
+            }
+            StackKind::FailoverSelect => {
+                drive(vec![routing::failover_select(&sim, &log)?], &sim, &arrivals).await?
+            }
+            StackKind::Oracle => drive(vec![routing::oracle(&sim, &log)?], &sim, &arrivals).await?,
+            StackKind::FailoverByKind => {
+                drive(
+                    vec![routing::failover_by_kind(&sim, &log)?],
+                    &sim,
+                    &arrivals,
+                )
+                .await?
             }
         };
 
@@ -949,6 +969,7 @@ fn summarize(
             .collect(),
         transitions,
         attempt_log: attempts,
+        breaker_failures: routing::breaker_failures(),
     }
 }
 

@@ -18,6 +18,14 @@
 //! A "same client, other model" fallback is one line: the same service with
 //! a request rewrite, via [`Failover::fallback_with`].
 //!
+//! Two opt-in policies change the walk. [`Failover::on_kind`] sends an
+//! answer on by what went wrong, read from its body by
+//! [`ReadKind`](crate::kind::ReadKind) around each member (a context-length
+//! 400 to a long-context member, a refusal to another provider, a refused key
+//! to the next key); [`Failover::select`] chooses the member tried first
+//! among equivalent ones ([`Selection`]: a peak-EWMA of time to first byte
+//! with two random choices, or the cheapest), never an open one.
+//!
 //! Upstreams may be keyed: a [`CircuitBreaker`](crate::CircuitBreaker) over
 //! a keyed set, or a whole [`Stack::keyed`](crate::stack::Stack::keyed)
 //! stack. Such an upstream is skipped for a request whose key is open in it
@@ -84,10 +92,9 @@ mod select;
 
 pub use self::by_kind::{FallbackTo, RuleError};
 pub use self::future::ResponseFuture;
-pub use self::select::{Selection, DEFAULT_DECAY};
+pub use self::select::{Selection, SelectionError, DEFAULT_DECAY};
 
 use self::by_kind::Rules;
-use crate::classify::ErrorKind;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -459,81 +466,6 @@ impl<S, Req, C> Failover<S, Req, C> {
         self
     }
 
-    /// Sends a request whose answer carried `kind` in its extensions (put
-    /// there by [`ReadKind`](crate::kind::ReadKind) around each member) on
-    /// to the member `to` names, with no pause: a context-length error to a
-    /// long-context member, a content-policy refusal to another provider,
-    /// an exhausted quota or a refused key to the next key
-    /// ([`FallbackTo::Next`]). One rule per kind; a later one replaces it.
-    ///
-    /// A rule is followed only forward in the walk (to a member not tried
-    /// yet in this call); the answer that triggered it is returned if every
-    /// member after it rejects the call. Kinds without a rule fail over (or
-    /// not) as they would without one. What the breakers record does not
-    /// change: the 400 that moved the request is still
-    /// [`Ignored`](crate::Outcome::Ignored). A member index the failover
-    /// does not have is a [`RuleError`].
-    ///
-    /// ```
-    /// use tower::ServiceExt;
-    /// use tower_circuit_breaker::classify::ErrorKind;
-    /// use tower_circuit_breaker::failover::{Failover, FallbackTo};
-    /// use tower_circuit_breaker::kind::ReadKind;
-    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// let model = |status: u16, body: &'static str| {
-    ///     tower::service_fn(move |_req: http::Request<String>| async move {
-    ///         Ok::<_, std::convert::Infallible>(http::Response::builder().status(status).body(body.to_owned()).unwrap())
-    ///     })
-    /// };
-    /// let long = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 215000 tokens > 200000 maximum"}}"#;
-    /// let (small, large) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
-    /// let failover = Failover::new(ReadKind::new(CircuitBreaker::new(model(400, long), small.clone())))
-    ///     .fallback(ReadKind::new(CircuitBreaker::new(model(200, "answer"), large)))
-    ///     .on_kind(ErrorKind::ContextLength, FallbackTo::Member(1))
-    ///     .unwrap();
-    /// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
-    /// assert_eq!(res.status(), 200);
-    /// assert_eq!(small.snapshot().counters.failures, 0, "a 400 is no failure");
-    /// # }
-    /// ```
-    pub fn on_kind(mut self, kind: ErrorKind, to: FallbackTo) -> Result<Self, RuleError> {
-        let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
-        rules.set(kind, to, self.routes.len())?;
-        self.rules = Some(Arc::new(rules));
-        Ok(self)
-    }
-
-    /// Chooses the member tried first by `selection` (see [`Selection`])
-    /// instead of always the primary; the others follow in their order.
-    /// The selection must cover every member: a count that differs is a
-    /// [`SelectionError`].
-    ///
-    /// ```
-    /// use tower_circuit_breaker::failover::{Failover, Selection};
-    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
-    ///
-    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// });
-    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
-    /// let failover = Failover::new(CircuitBreaker::new(upstream.clone(), a.clone()))
-    ///     .fallback(CircuitBreaker::new(upstream, b.clone()));
-    /// assert!(failover.clone().select(Selection::cheapest([(a.clone(), 1.0), (b.clone(), 0.5)])).is_ok());
-    /// assert_eq!(failover.select(Selection::cheapest([(a, 1.0)])).unwrap_err().to_string(), "selection covers 1 members of a failover with 2");
-    /// ```
-    pub fn select(mut self, selection: Selection) -> Result<Self, SelectionError> {
-        if selection.len() != self.routes.len() {
-            return Err(SelectionError {
-                covers: selection.len(),
-                members: self.routes.len(),
-            });
-        }
-        self.selection = Some(selection);
-        Ok(self)
-    }
-
     /// Decides which answers fail over with `classifier` instead.
     ///
     /// ```
@@ -587,39 +519,6 @@ impl<S, Req, C> Failover<S, Req, C> {
         false
     }
 }
-
-/// A [`Selection`] given to [`Failover::select`] that does not cover
-/// exactly the failover's members.
-///
-/// ```
-/// use tower_circuit_breaker::failover::{Failover, Selection};
-/// use tower_circuit_breaker::Breaker;
-///
-/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
-///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-/// });
-/// let err = Failover::<_, http::Request<String>>::new(upstream)
-///     .select(Selection::peak_ewma([]))
-///     .unwrap_err();
-/// assert_eq!(err.to_string(), "selection covers 0 members of a failover with 1");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SelectionError {
-    covers: usize,
-    members: usize,
-}
-
-impl fmt::Display for SelectionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "selection covers {} members of a failover with {}",
-            self.covers, self.members
-        )
-    }
-}
-
-impl std::error::Error for SelectionError {}
 
 impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
     fn clone(&self) -> Self {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Failover;
 use crate::breaker::Breaker;
 use crate::rng::Rng;
 use crate::sync::{lock, Mutex};
@@ -357,6 +358,70 @@ impl fmt::Debug for Selection {
             .finish()
     }
 }
+
+impl<S, Req, C> Failover<S, Req, C> {
+    /// Chooses the member tried first by `selection` (see [`Selection`])
+    /// instead of always the primary; the others follow in their order.
+    /// The selection must cover every member: a count that differs is a
+    /// [`SelectionError`].
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::{Failover, Selection};
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// let failover = Failover::new(CircuitBreaker::new(upstream.clone(), a.clone()))
+    ///     .fallback(CircuitBreaker::new(upstream, b.clone()));
+    /// assert!(failover.clone().select(Selection::cheapest([(a.clone(), 1.0), (b.clone(), 0.5)])).is_ok());
+    /// assert_eq!(failover.select(Selection::cheapest([(a, 1.0)])).unwrap_err().to_string(), "selection covers 1 members of a failover with 2");
+    /// ```
+    pub fn select(mut self, selection: Selection) -> Result<Self, SelectionError> {
+        if selection.len() != self.routes.len() {
+            return Err(SelectionError {
+                covers: selection.len(),
+                members: self.routes.len(),
+            });
+        }
+        self.selection = Some(selection);
+        Ok(self)
+    }
+}
+
+/// A [`Selection`] given to [`Failover::select`] that does not cover
+/// exactly the failover's members.
+///
+/// ```
+/// use tower_circuit_breaker::failover::{Failover, Selection};
+/// use tower_circuit_breaker::Breaker;
+///
+/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let err = Failover::<_, http::Request<String>>::new(upstream)
+///     .select(Selection::peak_ewma([]))
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "selection covers 0 members of a failover with 1");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectionError {
+    covers: usize,
+    members: usize,
+}
+
+impl fmt::Display for SelectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "selection covers {} members of a failover with {}",
+            self.covers, self.members
+        )
+    }
+}
+
+impl std::error::Error for SelectionError {}
 
 /// The walk of one call: the chosen member first, then the others in their
 /// order.

@@ -203,3 +203,76 @@ async fn a_plain_bad_request_is_returned_with_its_whole_body() {
     assert!(res.extensions().get::<ErrorKind>().is_none());
     assert_eq!(read_all(res.into_body()).await.unwrap(), "small");
 }
+
+// === the walk, over mocks ===
+
+type Mock = tower::util::BoxCloneSyncService<
+    Request<String>,
+    http::Response<String>,
+    std::convert::Infallible,
+>;
+
+/// A member that answers `status` with `body` and counts its calls.
+fn mock(status: u16, body: &'static str, hits: &Hits) -> ReadKind<CircuitBreaker<Mock>> {
+    let hits = hits.clone();
+    let svc = Mock::new(tower::service_fn(move |_req: Request<String>| {
+        hits.hit();
+        async move {
+            Ok(http::Response::builder()
+                .status(status)
+                .body(body.to_owned())
+                .unwrap())
+        }
+    }));
+    ReadKind::new(CircuitBreaker::new(svc, breaker("mock")))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_key_moves_to_the_next_key_only_with_a_rule() {
+    let (a, b) = (Hits::default(), Hits::default());
+    let keys = || {
+        Failover::new(mock(401, r#"{"error":{"code":"invalid_api_key"}}"#, &a))
+            .fallback(mock(200, "answer", &b))
+            .jitter(Duration::ZERO, Duration::ZERO)
+    };
+    let res = keys().oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::UNAUTHORIZED,
+        "no rule: the 401 is returned"
+    );
+    let res = keys()
+        .on_kind(ErrorKind::Auth, FallbackTo::Next)
+        .unwrap()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!((a.get(), b.get()), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rule_is_followed_only_forward_and_an_open_target_returns_the_answer() {
+    let (a, b) = (Hits::default(), Hits::default());
+    // The rule names the member that answered: not followed.
+    let backward = Failover::new(mock(400, TOO_LONG, &a))
+        .fallback(mock(200, "answer", &b))
+        .on_kind(ErrorKind::ContextLength, FallbackTo::Member(0))
+        .unwrap();
+    let res = backward.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(b.get(), 0);
+
+    // The long-context member is open: the caller gets the 400, with its
+    // body, not a rejection.
+    let long = mock(200, "answer", &b);
+    long.get_ref().breaker().force_open();
+    let failover = Failover::new(mock(400, TOO_LONG, &a))
+        .fallback(long)
+        .on_kind(ErrorKind::ContextLength, FallbackTo::Member(1))
+        .unwrap();
+    let res = failover.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(read_all(res.into_body()).await.unwrap(), TOO_LONG);
+    assert_eq!(b.get(), 0);
+}
