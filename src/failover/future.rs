@@ -98,8 +98,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
-        rules: Option<Arc<Rules>>,
-        selection: Option<Selection>,
+        (rules, selection): (Option<Arc<Rules>>, Option<Selection>),
     ) -> Self {
         let walk = selection
             .as_ref()

@@ -570,8 +570,7 @@ where
             self.classifier.clone(),
             self.jitter,
             self.rng.clone(),
-            self.rules.clone(),
-            self.selection.clone(),
+            (self.rules.clone(), self.selection.clone()),
         )
     }
 }

@@ -3,7 +3,8 @@
 //! answers, beside the outcome.
 //!
 //! The kind is read from the status and, for 400, 413, 422 and 429, from
-//! the first 4 KiB of the body (see [`LlmClassifier::error_kind`]), which
+//! the first 4 KiB of the body (see
+//! [`LlmClassifier::error_kind`](crate::classify::LlmClassifier::error_kind)), which
 //! the response future reads before it hands the answer back. The caller
 //! still gets the whole body, frame for frame: the frames read are held in
 //! [`KindBody`] and given back first. Any other answer, a 2xx above all,
