@@ -373,7 +373,7 @@ impl<S, Req, C> Failover<S, Req, C> {
     ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// });
     /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
-    /// let failover = Failover::new(CircuitBreaker::new(upstream.clone(), a.clone()))
+    /// let failover = Failover::<_, http::Request<String>>::new(CircuitBreaker::new(upstream.clone(), a.clone()))
     ///     .fallback(CircuitBreaker::new(upstream, b.clone()));
     /// assert!(failover.clone().select(Selection::cheapest([(a.clone(), 1.0), (b.clone(), 0.5)])).is_ok());
     /// assert_eq!(failover.select(Selection::cheapest([(a, 1.0)])).unwrap_err().to_string(), "selection covers 1 members of a failover with 2");
