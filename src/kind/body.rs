@@ -10,22 +10,22 @@ use pin_project_lite::pin_project;
 
 pin_project! {
     /// Response body of [`ReadKind`](super::ReadKind): the frames read to tell
-/// the kind, then the rest of the inner body, as the upstream sent them. A
-/// body error met while reading comes after the frames read before it.
-///
-/// ```
-/// use http_body_util::BodyExt;
-/// use tower::ServiceExt;
-/// use tower_circuit_breaker::kind::ReadKind;
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
-///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(400).body(String::from("bad")).unwrap())
-/// });
-/// let res = ReadKind::new(upstream).oneshot(http::Request::new(String::new())).await.unwrap();
-/// assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "bad");
-/// # }
-/// ```
+    /// the kind, then the rest of the inner body, as the upstream sent them. A
+    /// body error met while reading comes after the frames read before it.
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tower::ServiceExt;
+    /// use tower_circuit_breaker::kind::ReadKind;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(400).body(String::from("bad")).unwrap())
+    /// });
+    /// let res = ReadKind::new(upstream).oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "bad");
+    /// # }
+    /// ```
     pub struct KindBody<B: Body> {
         held: VecDeque<Frame<B::Data>>,
         error: Option<B::Error>,

@@ -10,6 +10,11 @@
 //! [`KindBody`] and given back first. Any other answer, a 2xx above all,
 //! passes through with its body unread.
 //!
+//! The read waits for 4 KiB, the end of the body, its trailers or its error
+//! (error bodies are a few hundred bytes and come with their head); a body
+//! that stalls holds its answer back as long, so keep a total timeout
+//! outside it.
+//!
 //! Nothing here changes what a breaker records: put `ReadKind` around a
 //! [`CircuitBreaker`](crate::CircuitBreaker) (or inside it), and a
 //! context-length 400 is still [`Ignored`](crate::Outcome::Ignored).
