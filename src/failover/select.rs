@@ -497,4 +497,42 @@ mod tests {
         e.at_least(2e9, t2);
         assert_eq!(e.ns, 2e9);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_and_paced_members_are_never_chosen_and_come_back() {
+        use crate::Outcome;
+        let b = || {
+            Breaker::builder()
+                .pace_rate_limits(true)
+                .consecutive_failures(1)
+                .build()
+                .unwrap()
+        };
+        let (cheap, dear) = (b(), b());
+        let selection = Selection::cheapest([(cheap.clone(), 1.0), (dear.clone(), 2.0)]);
+        let rng = Rng::new(7);
+        assert_eq!(selection.choose(&rng), 0);
+        // Paced for five seconds by a 429 that said so.
+        cheap.admit().unwrap().record(Outcome::RateLimited {
+            retry_after: Some(Duration::from_secs(5)),
+        });
+        assert_eq!(selection.choose(&rng), 1);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(selection.choose(&rng), 0, "the pacing is over");
+        cheap.admit().unwrap().record(Outcome::Failure);
+        assert_eq!(selection.choose(&rng), 1, "open");
+        assert_eq!(
+            cheap.snapshot().counters.rejected,
+            0,
+            "read without admitting"
+        );
+
+        // The peak-EWMA walks around them too, by its two choices.
+        let ewma = Selection::peak_ewma([cheap.clone(), dear.clone()]);
+        ewma.record(0, Duration::from_millis(1));
+        ewma.record(1, Duration::from_secs(1));
+        for _ in 0..20 {
+            assert_eq!(ewma.choose(&rng), 1);
+        }
+    }
 }
