@@ -139,6 +139,12 @@
 //!   percentage of first attempts over 10 s;
 //! - **every upstream open** ([`failover::AllOpen`]): fail fast with the
 //!   soonest retry time, or one last-resort call per open period;
+//! - **fallback by error kind** ([`kind::ReadKind`],
+//!   [`Failover::on_kind`](failover::Failover::on_kind)): a context-length
+//!   400 to a long-context member, a refusal to another provider, a refused
+//!   key to the next, read from bounded error bodies beside the outcome;
+//! - **selection** ([`failover::Selection`]): the member tried first among
+//!   equivalent ones, by a peak-EWMA of time to first byte or by price;
 //! - **quota gating** ([`Builder::quota_gate`]): an exhausted quota opens
 //!   that key's circuit until its reset, with [`Rejection::Quota`];
 //! - **pacing** ([`Builder::pace_rate_limits`]): a known rate limit makes
@@ -165,6 +171,7 @@ pub mod future;
 mod guard;
 pub mod health;
 pub mod keyed;
+pub mod kind;
 mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

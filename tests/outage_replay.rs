@@ -1039,7 +1039,7 @@ fn printed(args: &str) -> String {
         return if json {
             seeds::json(s) + "\n"
         } else {
-            seeds::table(s)
+            seeds::table(s) + &routing_over_seeds(name, n)
         };
     }
     if sweep {
@@ -1054,7 +1054,7 @@ fn printed(args: &str) -> String {
     if json {
         report::json(replay) + "\n"
     } else {
-        report::table(replay)
+        report::table(replay) + &engine::routing_table(std::slice::from_ref(replay))
     }
 }
 
@@ -1602,8 +1602,24 @@ fn over_seeds(name: &str, n: u32) -> &'static seeds::Seeds {
     (runs.entry((name.to_owned(), n)).or_insert_with(|| {
         let s = load(name);
         let replays = seeds::replay_seeds(&s, &s.stacks(), &seeds::sequence(s.seed, n)).unwrap();
+        routing_tables()
+            .lock()
+            .unwrap()
+            .insert((name.to_owned(), n), engine::routing_table(&replays));
         Box::leak(Box::new(seeds::summarize(&replays)))
     })) as _
+}
+
+/// The `[failover]` sections of the multi-seed runs, by scenario and count.
+fn routing_tables() -> &'static Mutex<HashMap<(String, u32), String>> {
+    static TABLES: OnceLock<Mutex<HashMap<(String, u32), String>>> = OnceLock::new();
+    TABLES.get_or_init(Default::default)
+}
+
+/// What a multi-seed run prints after its table: the `[failover]` section.
+fn routing_over_seeds(name: &str, n: u32) -> String {
+    over_seeds(name, n);
+    routing_tables().lock().unwrap()[&(name.to_owned(), n)].clone()
 }
 
 /// The multi-seed figures the documents quote, checked in their own step
@@ -2261,4 +2277,45 @@ fn seeds_replay_each_seed_and_summarize_medians_and_reclose_counts() {
         2.5
     );
     assert!(seeds::table(&s).contains("breaker: closed at the end in 0 of 3 seeds"));
+}
+
+// === the [failover] table: selection and fallback by error kind ===
+
+#[test]
+fn the_selection_answers_within_ten_percent_of_the_oracle_when_providers_swap() {
+    let replay = replayed("swapping-providers.toml");
+    let p50 = |name: &str| stack(replay, name).all.answered_wait.unwrap().p50_s;
+    let (select, oracle, ordered) = (p50("failover-select"), p50("oracle"), p50("failover"));
+    assert!(select <= oracle * 1.10, "select {select} oracle {oracle}");
+    assert!(
+        ordered > oracle * 1.2,
+        "ordered failover {ordered} does not follow the swaps"
+    );
+    for name in ["failover-select", "oracle"] {
+        let run = stack(replay, name);
+        assert_eq!(run.all.answered, run.all.requests, "{name}");
+        assert_eq!(run.breaker_failures, Some(0), "{name}");
+    }
+}
+
+#[test]
+fn the_context_length_wave_is_answered_by_the_long_context_member_and_trips_nothing() {
+    let replay = replayed("context-length-wave.toml");
+    let long = replay
+        .upstreams
+        .iter()
+        .position(|u| u == "long-context")
+        .unwrap();
+    for name in ["failover", "failover-by-kind"] {
+        let run = stack(replay, name);
+        let (n, answered) = engine::context_length_wave(run, long);
+        assert!(n > 100, "{name}: {n} context-length requests");
+        if name == "failover" {
+            assert_eq!(answered, 0, "ordered failover hands the 400 back");
+        } else {
+            assert_eq!(answered, n, "every one answered by the long-context member");
+            assert_eq!(run.breaker_failures, Some(0));
+            assert_eq!(run.all.answered, run.all.requests);
+        }
+    }
 }

@@ -44,6 +44,12 @@ use tower_circuit_breaker::{
 };
 
 use crate::figures::{Figures, Recovery};
+
+#[path = "routing.rs"]
+mod routing;
+// `context_length_wave` is for tests/outage_replay.rs.
+#[allow(unused_imports)]
+pub use self::routing::{context_length_wave, table as routing_table};
 pub use crate::scenario::StackKind;
 use crate::scenario::{
     BreakerConfig, HedgeDelay, KeyedBy, Kind, Scenario, WindowConfig, REQUEST_ID,
@@ -104,6 +110,8 @@ pub struct StackRun {
     pub attempt_log: Vec<AttemptRecord>,
     /// Every request, in the order they arrived.
     pub requests: Vec<RequestRecord>,
+    /// The failures its breakers counted, for the `[failover]` stacks.
+    pub breaker_failures: Option<u64>,
 }
 
 /// What one stack did for one class of traffic, in each window.
@@ -385,6 +393,18 @@ fn run_stack(
                 drive(stacks?, &sim, &arrivals).await?
             }
             StackKind::Hedged => drive(vec![hedged(&sim, &log)?], &sim, &arrivals).await?,
+            StackKind::FailoverSelect => {
+                drive(vec![routing::failover_select(&sim, &log)?], &sim, &arrivals).await?
+            }
+            StackKind::Oracle => drive(vec![routing::oracle(&sim, &log)?], &sim, &arrivals).await?,
+            StackKind::FailoverByKind => {
+                drive(
+                    vec![routing::failover_by_kind(&sim, &log)?],
+                    &sim,
+                    &arrivals,
+                )
+                .await?
+            }
         };
 
         Ok(summarize(kind, &sim, requests, &log))
@@ -987,6 +1007,7 @@ fn summarize(
             .collect(),
         transitions,
         attempt_log: attempts,
+        breaker_failures: routing::breaker_failures(),
     }
 }
 

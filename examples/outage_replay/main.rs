@@ -206,6 +206,7 @@ fn main() -> ExitCode {
                     println!("{}", seeds::json(&s));
                 } else {
                     print!("{}", seeds::table(&s));
+                    print!("{}", engine::routing_table(&runs));
                 }
                 ExitCode::SUCCESS
             }
@@ -226,6 +227,7 @@ fn main() -> ExitCode {
         println!("{}", report::json(&replay));
     } else {
         print!("{}", report::table(&replay));
+        print!("{}", engine::routing_table(std::slice::from_ref(&replay)));
     }
     if let Some(path) = svg {
         if let Err(e) = std::fs::write(&path, report::svg(&replay)) {

@@ -51,6 +51,8 @@ pub struct Scenario {
     pub sweep: Vec<(String, Vec<String>)>,
     /// The `[hedge]` section: the `hedged` stack's policy.
     pub hedge: Option<HedgeConfig>,
+    /// The `[failover]` table: selection and fallback by error kind.
+    pub routing: Routing,
 }
 
 /// When the `hedged` stack sends a second attempt (`[hedge]`).
@@ -68,6 +70,32 @@ pub enum HedgeDelay {
     /// `percentile` of the member's own time to first byte, `initial_ms`
     /// until it has samples.
     Percentile { percentile: f64, initial: Duration },
+}
+
+/// How the `failover-select` stack chooses the member it tries first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectPolicy {
+    PeakEwma,
+    Cheapest,
+}
+
+/// The `[failover]` table: with `select`, the `failover-select` and
+/// `oracle` stacks; with a rule, the `failover-by-kind` stack.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub select: Option<SelectPolicy>,
+    /// The peak-EWMA's decay (`decay_s`); `None`: the crate's default.
+    pub decay: Option<Duration>,
+    /// `on_context_length` and `on_content_policy`: the upstream each kind
+    /// is sent on to.
+    pub on_context_length: Option<usize>,
+    pub on_content_policy: Option<usize>,
+}
+
+impl Routing {
+    pub fn has_rules(&self) -> bool {
+        self.on_context_length.is_some() || self.on_content_policy.is_some()
+    }
 }
 
 /// A share of the traffic: which model it asks for, under which API key.
@@ -140,6 +168,19 @@ impl Scenario {
                 kinds.push(StackKind::Hedged);
             }
         }
+        kinds.extend(self.routing_stacks());
+        kinds
+    }
+
+    /// The stacks of the `[failover]` table.
+    pub fn routing_stacks(&self) -> Vec<StackKind> {
+        let mut kinds = Vec::new();
+        if self.routing.select.is_some() {
+            kinds.extend([StackKind::FailoverSelect, StackKind::Oracle]);
+        }
+        if self.routing.has_rules() {
+            kinds.push(StackKind::FailoverByKind);
+        }
         kinds
     }
 
@@ -208,6 +249,15 @@ pub enum StackKind {
     FailoverIndependent,
     /// With `[hedge]`: the failover stack, hedging slow first attempts.
     Hedged,
+    /// With `[failover] select`: the failover stack, its first member chosen
+    /// by the selection.
+    FailoverSelect,
+    /// With `[failover] select`: each request to the upstream whose script
+    /// is the faster at that moment, behind its breaker (replay only).
+    Oracle,
+    /// With a `[failover]` rule: the failover stack with the rule table,
+    /// each member reading the kind of its error answers.
+    FailoverByKind,
 }
 
 impl StackKind {
@@ -229,6 +279,9 @@ impl StackKind {
             StackKind::BreakerIndependent => "breaker-independent",
             StackKind::FailoverIndependent => "failover-independent",
             StackKind::Hedged => "hedged",
+            StackKind::FailoverSelect => "failover-select",
+            StackKind::Oracle => "oracle",
+            StackKind::FailoverByKind => "failover-by-kind",
         }
     }
 
@@ -245,6 +298,9 @@ impl StackKind {
                 | StackKind::Failover
                 | StackKind::FailoverIndependent
                 | StackKind::Hedged
+                | StackKind::FailoverSelect
+                | StackKind::Oracle
+                | StackKind::FailoverByKind
         )
     }
 
@@ -649,6 +705,7 @@ struct RawScenario {
     replicas: Option<S<u32>>,
     sweep: Option<S<RawGrid>>,
     hedge: Option<S<RawHedge>>,
+    failover: Option<S<RawFailover>>,
 }
 
 #[derive(Deserialize)]
@@ -658,6 +715,15 @@ struct RawHedge {
     percentile: Option<S<f64>>,
     initial_ms: Option<S<u64>>,
     budget: S<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFailover {
+    select: Option<S<String>>,
+    decay_s: Option<S<f64>>,
+    on_context_length: Option<S<String>>,
+    on_content_policy: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -1095,6 +1161,10 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         None => None,
         Some(h) => Some(hedge(&src, h)?),
     };
+    let routing = match &raw.failover {
+        None => Routing::default(),
+        Some(f) => routing(&src, f, &upstreams)?,
+    };
     Ok(Scenario {
         hedge,
         traffic,
@@ -1102,6 +1172,7 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         bursts,
         replicas,
         sweep,
+        routing,
         name,
         seed: *raw.seed.get_ref(),
         duration,
@@ -1152,6 +1223,63 @@ fn hedge(src: &Source<'_>, raw: &Spanned<RawHedge>) -> Result<HedgeConfig, Scena
     Ok(HedgeConfig {
         delay,
         budget_percent,
+    })
+}
+
+fn routing(
+    src: &Source<'_>,
+    spanned: &S<RawFailover>,
+    upstreams: &[Upstream],
+) -> Result<Routing, ScenarioError> {
+    let raw = spanned.get_ref();
+    if upstreams.len() < 2 {
+        return Err(src.at(spanned, "`[failover]` needs more than one upstream"));
+    }
+    let select = match &raw.select {
+        None => None,
+        Some(v) => Some(match v.get_ref().as_str() {
+            "peak_ewma" => SelectPolicy::PeakEwma,
+            "cheapest" => SelectPolicy::Cheapest,
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`select` {other:?} is not one of \"peak_ewma\", \"cheapest\""),
+                ))
+            }
+        }),
+    };
+    let decay = match &raw.decay_s {
+        None => None,
+        Some(v) => {
+            if select != Some(SelectPolicy::PeakEwma) {
+                return Err(src.at(v, "`decay_s` is a key of `select = \"peak_ewma\"`"));
+            }
+            positive(src, v, "decay_s")?;
+            Some(seconds(src, v, "decay_s")?)
+        }
+    };
+    let member = |v: &Option<S<String>>, key: &str| match v {
+        None => Ok(None),
+        Some(name) => match upstreams.iter().position(|u| &u.name == name.get_ref()) {
+            Some(0) => Err(src.at(
+                name,
+                format!("`{key}`: the primary cannot be its own fallback"),
+            )),
+            Some(i) => Ok(Some(i)),
+            None => Err(src.at(
+                name,
+                format!(
+                    "`{key}`: {:?} is not an upstream of this scenario",
+                    name.get_ref()
+                ),
+            )),
+        },
+    };
+    Ok(Routing {
+        select,
+        decay,
+        on_context_length: member(&raw.on_context_length, "on_context_length")?,
+        on_content_policy: member(&raw.on_content_policy, "on_content_policy")?,
     })
 }
 
@@ -1765,7 +1893,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
     const LAT: [&str; 3] = ["latency_ms", "latency_sigma", "latency_to_ms"];
     let (allowed, needed): (&[&str], &[&str]) = match kind_name {
         "ok" => (&[LAT[0], LAT[1], LAT[2], "stream_ms"], &["latency_ms"]),
-        "reset" | "content_filter" => (&LAT, &["latency_ms"]),
+        "reset" | "content_filter" | "context_length" => (&LAT, &["latency_ms"]),
         "status" => (
             &[LAT[0], LAT[1], LAT[2], "code", "retry_after_s"],
             &["latency_ms", "code"],
@@ -1784,7 +1912,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
                 &raw.kind,
                 format!(
                     "`kind` {other:?} is not one of \"ok\", \"status\", \"hang\", \"reset\", \
-                     \"sse_error\", \"content_filter\", \"stall\""
+                     \"sse_error\", \"content_filter\", \"context_length\", \"stall\""
                 ),
             ))
         }
@@ -1835,6 +1963,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
         },
         "reset" => Kind::Reset { latency },
         "content_filter" => Kind::ContentFilter { latency },
+        "context_length" => Kind::ContextLength { latency },
         "hang" => Kind::Hang,
         "sse_error" => Kind::SseError {
             latency,

@@ -1,6 +1,8 @@
 //! `LlmClassifier` on arbitrary status codes, rate-limit headers and 429/400
 //! error bodies: never a panic, the documented status table, waits within a
-//! week, and a 429 body judged the same however it is chunked.
+//! week, a 429 body judged the same however it is chunked, and the kind of
+//! an error answer (`LlmClassifier::error_kind`, and `ReadKind` around the
+//! breaker: the kind in the extensions, the body handed on whole).
 #![no_main]
 
 use std::time::Duration;
@@ -8,7 +10,9 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use http::StatusCode;
 use libfuzzer_sys::fuzz_target;
-use tower_circuit_breaker::classify::{Classify, ClassifyStream, LlmClassifier, Verdict};
+use tower_circuit_breaker::classify::{
+    Classify, ClassifyStream, ErrorKind, LlmClassifier, Verdict,
+};
 use tower_circuit_breaker::Outcome;
 use tower_circuit_breaker_fuzz::{
     drive, headers, kind, recorded, split, Exchange, RawHeader, Step,
@@ -36,6 +40,12 @@ enum Body {
         status: String,
         retry_delay: String,
     },
+    /// Gemini's error shape with a message of the fuzz's (a context-length
+    /// or safety message, an invalid key).
+    GeminiMessage {
+        message: String,
+        status: String,
+    },
 }
 
 impl Body {
@@ -54,6 +64,10 @@ impl Body {
             .into_bytes(),
             Body::Gemini { code, status, retry_delay } => format!(
                 r#"{{"error":{{"code":{code},"message":"Resource has been exhausted","status":"{status}","details":[{{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"{retry_delay}"}}]}}}}"#
+            )
+            .into_bytes(),
+            Body::GeminiMessage { message, status } => format!(
+                r#"{{"error":{{"code":400,"message":"{message}","status":"{status}"}}}}"#
             )
             .into_bytes(),
         }
@@ -92,6 +106,58 @@ fn body_outcome(llm: LlmClassifier, h: &http::HeaderMap, chunks: &[&[u8]]) -> Ou
         }
     }
     s.on_end()
+}
+
+/// The kind `ReadKind` puts on an answer of `status` whose body comes in
+/// `chunks`, and the body the caller then reads.
+fn read_kind(status: StatusCode, chunks: &[&[u8]]) -> (Option<ErrorKind>, Vec<u8>) {
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    use http_body::{Body as _, Frame};
+    use tower_circuit_breaker::kind::ReadKind;
+    use tower_service::Service;
+
+    struct Chunks(std::collections::VecDeque<bytes::Bytes>);
+    impl http_body::Body for Chunks {
+        type Data = bytes::Bytes;
+        type Error = Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<bytes::Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+    }
+    let body = Chunks(chunks.iter().map(|c| bytes::Bytes::copy_from_slice(c)).collect());
+    let response = http::Response::builder().status(status).body(body).unwrap();
+    struct Once(Option<http::Response<Chunks>>);
+    impl Service<()> for Once {
+        type Response = http::Response<Chunks>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: ()) -> Self::Future {
+            std::future::ready(Ok(self.0.take().expect("one call")))
+        }
+    }
+    let mut svc = ReadKind::new(Once(Some(response)));
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Ok(res)) = pin!(svc.call(())).poll(&mut cx) else {
+        panic!("a body that is always ready is read at once");
+    };
+    let kind = res.extensions().get::<ErrorKind>().copied();
+    let mut body = pin!(res.into_body());
+    let mut out = Vec::new();
+    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
+        if let Ok(data) = frame.unwrap().into_data() {
+            out.extend_from_slice(&data);
+        }
+    }
+    (kind, out)
 }
 
 fuzz_target!(|input: Input| {
@@ -167,6 +233,33 @@ fuzz_target!(|input: Input| {
             String::from_utf8_lossy(&body)
         );
     }
+    // The kind of an error answer: never a panic, the status table, only
+    // the first 4 KiB read.
+    let kind = LlmClassifier::error_kind(status, &body);
+    match status.as_u16() {
+        401 | 403 => assert_eq!(kind, Some(ErrorKind::Auth)),
+        402 => assert_eq!(kind, Some(ErrorKind::QuotaExhausted)),
+        400 | 413 | 422 => assert!(kind.is_some()),
+        429 => assert!(matches!(kind, None | Some(ErrorKind::QuotaExhausted)), "{kind:?}"),
+        _ => assert_eq!(kind, None),
+    }
+    if body.len() >= 4096 {
+        let mut longer = body.clone();
+        longer.extend_from_slice(b" prompt is too long; API_KEY_INVALID");
+        assert_eq!(LlmClassifier::error_kind(status, &longer), kind);
+    }
+    if input.body.says_quota() && body.len() < 1024 {
+        assert_eq!(
+            LlmClassifier::error_kind(StatusCode::TOO_MANY_REQUESTS, &body),
+            Some(ErrorKind::QuotaExhausted)
+        );
+    }
+    // Through `ReadKind` around the breaker, cut at the fuzz points: the
+    // same kind in the extensions, and the body whole.
+    let (read, body_out) = read_kind(status, &chunks);
+    assert_eq!(read, kind, "{chunks:?}");
+    assert_eq!(body_out, body);
+
     // Unread or broken off, a 429 is rate-limited with the headers' wait.
     let Verdict::Defer(s) = llm.classify_response(StatusCode::TOO_MANY_REQUESTS, &h) else {
         unreachable!()

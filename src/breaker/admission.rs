@@ -339,3 +339,21 @@ impl Shared {
         ))
     }
 }
+
+// === selection ===
+
+impl super::Breaker {
+    /// Whether a selection among equivalent members may choose this
+    /// breaker now, without admitting: not open, not forced open, and not
+    /// holding calls back for a known rate limit.
+    pub(crate) fn selectable(&self) -> bool {
+        if !matches!(
+            self.state(),
+            State::Closed | State::HalfOpen | State::Disabled
+        ) {
+            return false;
+        }
+        let until = self.shared.hot.paced_until.load(Ordering::Acquire);
+        until == 0 || !self.shared.before(until)
+    }
+}

@@ -13,11 +13,16 @@ use tokio::time::Sleep;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
+use tokio::time::Instant;
+
+use super::by_kind::Rules;
 use super::hedge::Hedging;
 use super::race::Race;
+use super::select::{Selection, Walk};
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;
+use crate::classify::ErrorKind;
 use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
@@ -65,6 +70,12 @@ pin_project! {
         hedge: Option<Arc<Hedging>>,
         // A race is boxed: a failover that does not hedge keeps its future
         // the size it was (two attempts and a timer would double it).
+        // Fallback by error kind, and selection of the first member.
+        rules: Option<Arc<Rules>>,
+        selection: Option<Selection>,
+        walk: Walk,
+        // When the attempt under way started, with a selection.
+        started: Option<Instant>,
         #[pin]
         state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
@@ -97,8 +108,11 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
         classifier: C,
         jitter: (Duration, Duration),
         rng: Rng,
-        hedge: Option<Arc<Hedging>>,
+        (hedge, rules, selection): (Option<Arc<Hedging>>, Option<Arc<Rules>>, Option<Selection>),
     ) -> Self {
+        let walk = selection
+            .as_ref()
+            .map_or_else(Walk::default, |s| Walk::starting_at(s.choose(&rng)));
         ResponseFuture {
             routes,
             request: Some(request),
@@ -110,6 +124,10 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             last: None,
             rejected: None,
             hedge,
+            rules,
+            selection,
+            walk,
+            started: None,
             state: Step::Start,
         }
     }
@@ -158,9 +176,9 @@ where
                         let route = &this.routes[i - this.routes.len()];
                         (route, this.request.take())
                     } else if *this.next == this.routes.len() && this.last_resort.is_none() {
-                        (&this.routes[i], this.request.take())
+                        (&this.routes[this.walk.member(i)], this.request.take())
                     } else {
-                        (&this.routes[i], this.request.clone())
+                        (&this.routes[this.walk.member(i)], this.request.clone())
                     };
                     let mut request = request.take().expect("polled after completion");
                     // Every member but the last has one to go to; the last
@@ -172,10 +190,15 @@ where
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
-                    let hedged = this
-                        .hedge
-                        .as_deref()
-                        .filter(|_| i + 1 < this.routes.len() && !request.is_retry());
+                    // A hedge goes to the next member in order; with a
+                    // selection the order is the walk's, so the two do not
+                    // combine (yet): a selecting failover does not hedge.
+                    let hedged = this.hedge.as_deref().filter(|_| {
+                        i + 1 < this.routes.len() && !request.is_retry() && this.selection.is_none()
+                    });
+                    if this.selection.is_some() {
+                        *this.started = Some(Instant::now());
+                    }
                     let future = route.service.clone().oneshot(request);
                     match hedged {
                         Some(hedging) => {
@@ -211,7 +234,31 @@ where
                         StepProj::Calling { future } => ready!(future.poll(cx)),
                         _ => unreachable!("matched above"),
                     };
-                    let then = match guard::judge(&*this.classifier, &result) {
+                    let judged = guard::judge(&*this.classifier, &result);
+                    let (position, members) = (*this.next - 1, this.routes.len());
+                    let member = match position.checked_sub(members) {
+                        Some(last_resort) => last_resort,
+                        None => this.walk.member(position),
+                    };
+                    if let (Some(selection), Some(at)) = (&*this.selection, this.started.take())
+                        && judged != Judged::Rejected
+                    {
+                        selection.record(member, at.elapsed());
+                    }
+                    if let Some(rules) = this.rules.as_deref()
+                        && position < members
+                        && let Ok(response) = &result
+                        && let Some(&kind) = response.extensions().get::<ErrorKind>()
+                        && let Some(to) = rules.target(kind, position, *this.walk, members)
+                    {
+                        // No pause: the member is not down, the request
+                        // belongs elsewhere.
+                        *this.last = Some(result);
+                        *this.next = to;
+                        this.state.set(Step::Start);
+                        continue;
+                    }
+                    let then = match judged {
                         Judged::Said(outcome) => then(outcome),
                         Judged::Rejected => Then::Skip,
                         Judged::Opaque => Then::Return,

@@ -47,6 +47,11 @@ use crate::retry::RetryBudget;
 ///   not `Clone` (a one-shot stream) cannot go through a `Failover`, so it is
 ///   never hedged.
 ///
+/// - **Not with a selection**: a failover with a
+///   [`Selection`](super::Selection) does not hedge. A hedge goes to the next
+///   member in order, and a selection reorders the members per call; the two
+///   are not combined yet.
+///
 /// Only the first attempt that reaches an upstream is hedged, once; the
 /// first frame is the response head. A streaming answer whose head comes at
 /// once and whose first token is late is not hedged (its first token is read

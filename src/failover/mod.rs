@@ -24,6 +24,14 @@
 //! byte) to the next member whose circuit admits it as well, within a budget
 //! of its own, and keeps the first head; see [`Hedge`].
 //!
+//! Two opt-in policies change the walk. [`Failover::on_kind`] sends an
+//! answer on by what went wrong, read from its body by
+//! [`ReadKind`](crate::kind::ReadKind) around each member (a context-length
+//! 400 to a long-context member, a refusal to another provider, a refused key
+//! to the next key); [`Failover::select`] chooses the member tried first
+//! among equivalent ones ([`Selection`]: a peak-EWMA of time to first byte
+//! with two random choices, or the cheapest), never an open one.
+//!
 //! Upstreams may be keyed: a [`CircuitBreaker`](crate::CircuitBreaker) over
 //! a keyed set, or a whole [`Stack::keyed`](crate::stack::Stack::keyed)
 //! stack. Such an upstream is skipped for a request whose key is open in it
@@ -84,15 +92,21 @@ use crate::retry::AttemptError;
 use crate::rng::Rng;
 use crate::Fallback;
 
+mod by_kind;
 mod future;
 mod hedge;
 mod latency;
 mod race;
+mod select;
 
+pub use self::by_kind::{FallbackTo, RuleError};
 pub use self::future::ResponseFuture;
 use self::hedge::Hedging;
 pub use self::hedge::{Hedge, HedgeError};
 pub use self::latency::Latency;
+pub use self::select::{Selection, SelectionError, DEFAULT_DECAY};
+
+use self::by_kind::Rules;
 
 type Rewrite<Req> = Arc<dyn Fn(&mut Req) + Send + Sync>;
 
@@ -162,6 +176,8 @@ pub struct Failover<S, Req, C = HttpClassifier> {
     rng: Rng,
     all_open: AllOpen,
     hedge: Option<Arc<Hedging>>,
+    rules: Option<Arc<Rules>>,
+    selection: Option<Selection>,
 }
 
 /// What a [`Failover`] does when every upstream rejected the call.
@@ -328,6 +344,8 @@ impl<S, Req> Failover<S, Req> {
             rng: Rng::random(),
             all_open: AllOpen::FailFast,
             hedge: None,
+            rules: None,
+            selection: None,
         }
     }
 }
@@ -486,6 +504,8 @@ impl<S, Req, C> Failover<S, Req, C> {
             rng: self.rng,
             all_open: self.all_open,
             hedge: self.hedge,
+            rules: self.rules,
+            selection: self.selection,
         }
     }
 
@@ -527,6 +547,8 @@ impl<S, Req, C: Clone> Clone for Failover<S, Req, C> {
             rng: self.rng.clone(),
             all_open: self.all_open.clone(),
             hedge: self.hedge.clone(),
+            rules: self.rules.clone(),
+            selection: self.selection.clone(),
         }
     }
 }
@@ -567,7 +589,11 @@ where
             self.classifier.clone(),
             self.jitter,
             self.rng.clone(),
-            self.hedge.clone(),
+            (
+                self.hedge.clone(),
+                self.rules.clone(),
+                self.selection.clone(),
+            ),
         )
     }
 }

@@ -62,6 +62,13 @@ pub enum Answer {
         /// Time to the response head.
         latency: Duration,
     },
+    /// A 400 whose body says the request is longer than the model's
+    /// context window (OpenAI's `context_length_exceeded`), after
+    /// `latency`.
+    ContextLength {
+        /// Time to the response head.
+        latency: Duration,
+    },
     /// A 200 event stream that sends a token every
     /// [`TOKEN_GAP`](super::TOKEN_GAP) for `stall_after`, then nothing
     /// more, with the connection open: the body never ends.
@@ -125,7 +132,8 @@ impl Answer {
             | Answer::Reset { latency: l }
             | Answer::SseError { latency: l, .. }
             | Answer::Stall { latency: l, .. }
-            | Answer::ContentFilter { latency: l } => *l = latency,
+            | Answer::ContentFilter { latency: l }
+            | Answer::ContextLength { latency: l } => *l = latency,
             Answer::Hang => {}
         }
         self
@@ -139,17 +147,20 @@ impl Answer {
             | Answer::Reset { latency }
             | Answer::SseError { latency, .. }
             | Answer::Stall { latency, .. }
-            | Answer::ContentFilter { latency } => Some(latency),
+            | Answer::ContentFilter { latency }
+            | Answer::ContextLength { latency } => Some(latency),
             Answer::Hang => None,
         }
     }
 
     /// Whether this is the upstream failing: a 5xx, a hang, a reset, an
-    /// error event or a stall. A 4xx (429 included) and a content filter are
-    /// not.
+    /// error event or a stall. A 4xx (429 included), a content filter and a
+    /// context-length error are not.
     pub const fn is_failure(&self) -> bool {
         match self {
-            Answer::Ok { .. } | Answer::ContentFilter { .. } => false,
+            Answer::Ok { .. } | Answer::ContentFilter { .. } | Answer::ContextLength { .. } => {
+                false
+            }
             Answer::Status { code, .. } => *code >= 500,
             Answer::Hang
             | Answer::Reset { .. }

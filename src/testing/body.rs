@@ -24,6 +24,7 @@ const TOKEN_AND_DONE: &[u8] =
 const OVERLOADED: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
 const COMPLETION: &str = r#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#;
 const UPSTREAM_ERROR: &str = r#"{"error":{"type":"upstream_error"}}"#;
+const CONTEXT_LENGTH: &str = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 131072 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
 const CONTENT_FILTER: &str = r#"{"error":{"code":"content_filter","message":"The response was filtered due to the prompt triggering content management policy.","type":"invalid_request_error"}}"#;
 
 /// Waits out `answer`'s latency and answers it. With `tokens`, an event
@@ -86,6 +87,10 @@ pub(super) async fn respond(
         Answer::ContentFilter { latency } => {
             tokio::time::sleep(latency).await;
             Ok(json(StatusCode::BAD_REQUEST, CONTENT_FILTER))
+        }
+        Answer::ContextLength { latency } => {
+            tokio::time::sleep(latency).await;
+            Ok(json(StatusCode::BAD_REQUEST, CONTEXT_LENGTH))
         }
     }
 }

@@ -6,6 +6,7 @@
 mod support;
 
 mod axum_app;
+mod by_kind;
 mod controls;
 mod durations;
 mod failover;
@@ -30,6 +31,7 @@ mod retry;
 mod retry_budget_rejections;
 mod scripted_outage;
 mod scripted_repeat;
+mod select;
 mod service;
 mod stack;
 mod stack_health;

@@ -7,6 +7,8 @@ pub(super) struct ErrorFields<'a> {
     pub(super) ty: Option<&'a [u8]>,
     pub(super) code: Option<&'a [u8]>,
     pub(super) status: Option<&'a [u8]>,
+    /// The error's `"message"`, as its raw string contents.
+    pub(super) message: Option<&'a [u8]>,
 }
 
 #[derive(Debug, Default)]
@@ -140,6 +142,7 @@ fn value<'a>(
             b"type" => e.ty = Some(v),
             b"code" => e.code = Some(v),
             b"status" => e.status = Some(v),
+            b"message" if is_string => e.message = Some(v),
             _ => {}
         }
     }

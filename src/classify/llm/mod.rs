@@ -7,15 +7,17 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::http::parse_retry_after;
 use super::sse::{SseStream, DEFAULT_MAX_LINE};
-use super::{Classify, ClassifyStream, ErrorRef, Outcome, Verdict};
+use super::{Classify, ClassifyStream, ErrorKind, ErrorRef, Outcome, Verdict};
 
 mod events;
 mod json;
+mod kind;
 mod rate_limit;
 #[cfg(test)]
 mod tests;
 
 pub use self::events::LlmEvents;
+pub(crate) use self::kind::MAX_KIND_BODY;
 pub(crate) use self::rate_limit::exhausted_reset;
 pub use self::rate_limit::parse_rate_limit_reset;
 
@@ -141,6 +143,38 @@ impl LlmClassifier {
     /// ```
     pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         parse_retry_after(headers).or_else(|| rate_limit_reset(headers))
+    }
+
+    /// What went wrong, from an error answer's status and the first 4 KiB
+    /// of its body (OpenAI, Anthropic and Gemini error shapes, and plain
+    /// text): `None` for a status that is no error of the caller's or the
+    /// account's (2xx, 5xx, 404, a plain rate limit).
+    ///
+    /// | status | kind |
+    /// |---|---|
+    /// | 401, 403 | [`Auth`](ErrorKind::Auth) |
+    /// | 402 | [`QuotaExhausted`](ErrorKind::QuotaExhausted) |
+    /// | 429 | `QuotaExhausted` when the body says `insufficient_quota`, else `None` |
+    /// | 400, 413, 422 | by the body's codes, then its message: `ContextLength`, `ContentPolicy`, `QuotaExhausted`, `Auth`; otherwise `BadRequest` (`ContextLength` for a 413) |
+    ///
+    /// Truncated or garbage bodies are read as far as they go, never a
+    /// panic. The outcome the classifier gives the breaker does not depend
+    /// on it: a 400 is [`Ignored`](Outcome::Ignored) whatever its kind.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_circuit_breaker::classify::{ErrorKind, LlmClassifier};
+    ///
+    /// let openai = br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+    /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, openai), Some(ErrorKind::ContextLength));
+    /// let gemini = br#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
+    /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, gemini), Some(ErrorKind::ContextLength));
+    /// let refusal = br#"{"error":{"code":"content_policy_violation","message":"Your request was rejected as a result of our safety system.","type":"invalid_request_error"}}"#;
+    /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, refusal), Some(ErrorKind::ContentPolicy));
+    /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, b"nonsense"), Some(ErrorKind::BadRequest));
+    /// ```
+    pub fn error_kind(status: StatusCode, body: &[u8]) -> Option<ErrorKind> {
+        kind::error_kind(status, body)
     }
 }
 

@@ -1,0 +1,538 @@
+//! Selection among equivalent members: which member a
+//! [`Failover`](super::Failover) tries first, by a peak-EWMA of time to
+//! first byte with two random choices, or by price.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Failover;
+use crate::breaker::Breaker;
+use crate::rng::Rng;
+use crate::sync::{lock, Mutex};
+
+/// How a [`Failover`](super::Failover) chooses the member it tries first,
+/// among members that are equivalent (one model on several providers or
+/// regions); set with [`Failover::select`](super::Failover::select). The
+/// others follow in their order, as fallbacks. Without a selection the
+/// first member is always the primary.
+///
+/// The selection is given each member's breaker, in the order of the
+/// members, and reads their state without admitting: a member whose circuit
+/// is open (or forced open) or that holds calls back for a known rate limit
+/// is never chosen; a half-open one may be, so that it heals on real
+/// traffic. When no member may be chosen, the walk starts at the primary as
+/// without a selection.
+///
+/// - [`peak_ewma`](Selection::peak_ewma): of two members drawn at random,
+///   the one with the lower peak-EWMA of time to first byte (the head of
+///   the answer, or the error, of each attempt the failover makes), as
+///   tower's `PeakEwma` keeps it: a sample above the estimate replaces it
+///   at once; one below is averaged in with the weight `1 - e^(-Δt/decay)`
+///   of the time since the last sample. A member with no sample for a
+///   decay time (it was slow, or open) is stale: the next call goes to it,
+///   one call per decay time, and its answer replaces the old estimate, so
+///   a member that recovered is found within a decay time.
+/// - [`cheapest`](Selection::cheapest): the member with the lowest cost
+///   (the user's price per call, per token, any unit) that may be chosen;
+///   ties go to the earlier member.
+///
+/// Clones share the estimates: keep one to feed it samples the failover does
+/// not see ([`record_at_least`](Selection::record_at_least) for an attempt
+/// that was cancelled before its first byte, such as a hedge that lost).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// use tower_circuit_breaker::failover::{Failover, Selection};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let region = |name: &'static str| {
+///     tower::service_fn(move |_req: http::Request<String>| async move {
+///         let res = http::Response::builder().header("x-region", name).body(String::new());
+///         Ok::<_, std::convert::Infallible>(res.unwrap())
+///     })
+/// };
+/// let (east, west) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+/// let selection = Selection::peak_ewma([east.clone(), west.clone()]);
+/// // West was slow a moment ago.
+/// selection.record(0, Duration::from_millis(300));
+/// selection.record(1, Duration::from_secs(2));
+/// let failover = Failover::new(CircuitBreaker::new(region("east"), east))
+///     .fallback(CircuitBreaker::new(region("west"), west))
+///     .select(selection)
+///     .unwrap();
+/// let res = failover.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(res.headers()["x-region"], "east");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Selection(Arc<Inner>);
+
+struct Inner {
+    breakers: Box<[Breaker]>,
+    policy: Policy,
+}
+
+enum Policy {
+    PeakEwma {
+        estimates: Box<[Mutex<Estimate>]>,
+        decay_ns: f64,
+    },
+    Cheapest(Box<[f64]>),
+}
+
+/// A peak-EWMA of one member's time to first byte, in nanoseconds, as of
+/// `at` (none before the first sample).
+#[derive(Debug, Clone, Copy, Default)]
+struct Estimate {
+    ns: f64,
+    at: Option<Instant>,
+    // When a call was sent to learn what the member is like now, after its
+    // estimate went stale; its sample replaces the estimate.
+    probe: Option<Instant>,
+}
+
+/// The decay constant of [`Selection::peak_ewma`] unless set.
+pub const DEFAULT_DECAY: Duration = Duration::from_secs(10);
+
+impl Estimate {
+    /// Whether the estimate is older than the decay time (or missing),
+    /// with no probe sent within that time.
+    fn stale(&self, now: Instant, decay_ns: f64) -> bool {
+        let old = |at: Option<Instant>| {
+            at.is_none_or(|at| nanos(now.saturating_duration_since(at)) >= decay_ns)
+        };
+        old(self.at) && old(self.probe)
+    }
+
+    /// tower's `PeakEwma` rule: a sample above the estimate replaces it; one
+    /// below is averaged in with the weight `1 - e^(-Δt/decay)` of the time
+    /// since the last sample. A probe's sample replaces a stale estimate.
+    fn sample(&mut self, sample_ns: f64, now: Instant, decay_ns: f64) {
+        self.ns = match self.at {
+            Some(at) if self.probe.is_none() && sample_ns <= self.ns => {
+                let d = (-nanos(now.saturating_duration_since(at)) / decay_ns).exp();
+                self.ns * d + sample_ns * (1.0 - d)
+            }
+            _ => sample_ns,
+        };
+        self.at = Some(now);
+        self.probe = None;
+    }
+
+    /// A censored sample: the attempt took at least `ns`.
+    fn at_least(&mut self, ns: f64, now: Instant) {
+        if self.at.is_none() || ns > self.ns {
+            self.ns = ns;
+            self.at = Some(now);
+            self.probe = None;
+        }
+    }
+}
+
+fn nanos(d: Duration) -> f64 {
+    d.as_nanos() as f64
+}
+
+impl Selection {
+    /// Two random choices on a peak-EWMA of time to first byte, over the
+    /// members whose breakers are `breakers` (in the order of the
+    /// members), with a decay of [`DEFAULT_DECAY`].
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap()]);
+    /// assert_eq!(selection.len(), 2);
+    /// assert_eq!(selection.estimate(0), None, "no sample yet");
+    /// ```
+    pub fn peak_ewma<I: IntoIterator<Item = Breaker>>(breakers: I) -> Self {
+        let breakers: Box<[Breaker]> = breakers.into_iter().collect();
+        let estimates = breakers
+            .iter()
+            .map(|_| Mutex::new(Estimate::default()))
+            .collect();
+        Selection(Arc::new(Inner {
+            breakers,
+            policy: Policy::PeakEwma {
+                estimates,
+                decay_ns: nanos(DEFAULT_DECAY),
+            },
+        }))
+    }
+
+    /// The cheapest member that may be chosen; `members` are each member's
+    /// breaker and cost, in the order of the members. A cost that is not a
+    /// number counts as the highest.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// // Dollars per million input tokens.
+    /// let selection = Selection::cheapest([(a, 2.5), (b, 1.1)]);
+    /// assert_eq!(selection.len(), 2);
+    /// ```
+    pub fn cheapest<I: IntoIterator<Item = (Breaker, f64)>>(members: I) -> Self {
+        let (breakers, costs): (Vec<Breaker>, Vec<f64>) = members
+            .into_iter()
+            .map(|(b, c)| (b, if c.is_nan() { f64::INFINITY } else { c }))
+            .unzip();
+        Selection(Arc::new(Inner {
+            breakers: breakers.into(),
+            policy: Policy::Cheapest(costs.into()),
+        }))
+    }
+
+    /// Sets the decay constant of a peak-EWMA selection (how fast old
+    /// samples are forgotten, and how long a member goes unsampled before it
+    /// is probed); a zero decay is taken as a nanosecond. No effect on [`cheapest`](Selection::cheapest).
+    ///
+    /// Call it before the selection is shared: the estimates of a clone
+    /// made earlier keep their constant.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]).decay(Duration::from_secs(30));
+    /// # let _ = selection;
+    /// ```
+    pub fn decay(self, decay: Duration) -> Self {
+        let Inner { breakers, policy } = match Arc::try_unwrap(self.0) {
+            Ok(inner) => inner,
+            Err(shared) => return Selection(shared),
+        };
+        let policy = match policy {
+            Policy::PeakEwma { estimates, .. } => Policy::PeakEwma {
+                estimates,
+                decay_ns: nanos(decay).max(1.0),
+            },
+            cheapest => cheapest,
+        };
+        Selection(Arc::new(Inner { breakers, policy }))
+    }
+
+    /// How many members the selection covers.
+    pub fn len(&self) -> usize {
+        self.0.breakers.len()
+    }
+
+    /// Whether it covers no member.
+    pub fn is_empty(&self) -> bool {
+        self.0.breakers.is_empty()
+    }
+
+    /// Records that `member` took `ttfb` to its first byte (its answer's
+    /// head, or its error). The failover records every attempt it makes;
+    /// an index out of range is ignored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]);
+    /// selection.record(0, Duration::from_millis(400));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_millis(400)));
+    /// # }
+    /// ```
+    pub fn record(&self, member: usize, ttfb: Duration) {
+        if let Policy::PeakEwma {
+            estimates,
+            decay_ns,
+        } = &self.0.policy
+            && let Some(e) = estimates.get(member)
+        {
+            lock(e).sample(nanos(ttfb), Instant::now(), *decay_ns);
+        }
+    }
+
+    /// Records a censored sample: `member` had not given its first byte
+    /// after `elapsed` when its attempt was given up (a hedge that lost, a
+    /// caller that left). It raises the estimate to `elapsed` when that is
+    /// higher, and otherwise leaves it alone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::failover::Selection;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]);
+    /// selection.record(0, Duration::from_millis(400));
+    /// selection.record_at_least(0, Duration::from_millis(100));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_millis(400)), "no news");
+    /// selection.record_at_least(0, Duration::from_secs(3));
+    /// assert_eq!(selection.estimate(0), Some(Duration::from_secs(3)));
+    /// # }
+    /// ```
+    pub fn record_at_least(&self, member: usize, elapsed: Duration) {
+        if let Policy::PeakEwma { estimates, .. } = &self.0.policy
+            && let Some(e) = estimates.get(member)
+        {
+            lock(e).at_least(nanos(elapsed), Instant::now());
+        }
+    }
+
+    /// A peak-EWMA member's estimate; `None` before its first sample, and
+    /// for a cheapest selection.
+    pub fn estimate(&self, member: usize) -> Option<Duration> {
+        let Policy::PeakEwma { estimates, .. } = &self.0.policy else {
+            return None;
+        };
+        let e = *lock(estimates.get(member)?);
+        e.at?;
+        Some(Duration::from_nanos(e.ns as u64))
+    }
+
+    /// The member to try first.
+    pub(super) fn choose(&self, rng: &Rng) -> usize {
+        let breakers = &self.0.breakers;
+        let eligible = |i: usize| breakers[i].selectable();
+        match &self.0.policy {
+            Policy::Cheapest(costs) => (0..breakers.len())
+                .filter(|&i| eligible(i))
+                .min_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)))
+                .unwrap_or(0),
+            Policy::PeakEwma {
+                estimates,
+                decay_ns,
+            } => {
+                let now = Instant::now();
+                // A member whose estimate is stale is probed first, once a
+                // decay time: it may have become the fastest while it was
+                // not called (slow, or open). The probe is claimed, so that
+                // one call learns it, not every call until the answer.
+                for (i, e) in estimates.iter().enumerate() {
+                    if eligible(i) {
+                        let mut e = lock(e);
+                        if e.stale(now, *decay_ns) {
+                            e.probe = Some(now);
+                            return i;
+                        }
+                    }
+                }
+                // Two distinct draws among the eligible, without a list:
+                // count them, then pick by rank.
+                let n = (0..breakers.len()).filter(|&i| eligible(i)).count();
+                let nth = |k: usize| (0..breakers.len()).filter(|&i| eligible(i)).nth(k);
+                let draw = |below: usize| ((rng.unit() * below as f64) as usize).min(below - 1);
+                let (a, b) = match n {
+                    0 => return 0,
+                    1 => return nth(0).unwrap_or(0),
+                    _ => {
+                        let a = draw(n);
+                        let b = (a + 1 + draw(n - 1)) % n;
+                        (nth(a).unwrap_or(0), nth(b).unwrap_or(0))
+                    }
+                };
+                let load = |i: usize| lock(&estimates[i]).ns;
+                if load(b) < load(a) {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = match self.0.policy {
+            Policy::PeakEwma { .. } => "peak_ewma",
+            Policy::Cheapest(_) => "cheapest",
+        };
+        f.debug_struct("Selection")
+            .field("policy", &policy)
+            .field("members", &self.0.breakers.len())
+            .finish()
+    }
+}
+
+impl<S, Req, C> Failover<S, Req, C> {
+    /// Chooses the member tried first by `selection` (see [`Selection`])
+    /// instead of always the primary; the others follow in their order.
+    /// The selection must cover every member: a count that differs is a
+    /// [`SelectionError`].
+    ///
+    /// ```
+    /// use tower_circuit_breaker::failover::{Failover, Selection};
+    /// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+    ///
+    /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let (a, b) = (Breaker::builder().build().unwrap(), Breaker::builder().build().unwrap());
+    /// let failover = Failover::<_, http::Request<String>>::new(CircuitBreaker::new(upstream.clone(), a.clone()))
+    ///     .fallback(CircuitBreaker::new(upstream, b.clone()));
+    /// assert!(failover.clone().select(Selection::cheapest([(a.clone(), 1.0), (b.clone(), 0.5)])).is_ok());
+    /// assert_eq!(failover.select(Selection::cheapest([(a, 1.0)])).unwrap_err().to_string(), "selection covers 1 members of a failover with 2");
+    /// ```
+    pub fn select(mut self, selection: Selection) -> Result<Self, SelectionError> {
+        if selection.len() != self.routes.len() {
+            return Err(SelectionError {
+                covers: selection.len(),
+                members: self.routes.len(),
+            });
+        }
+        self.selection = Some(selection);
+        Ok(self)
+    }
+}
+
+/// A [`Selection`] given to [`Failover::select`] that does not cover
+/// exactly the failover's members.
+///
+/// ```
+/// use tower_circuit_breaker::failover::{Failover, Selection};
+/// use tower_circuit_breaker::Breaker;
+///
+/// let upstream = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let err = Failover::<_, http::Request<String>>::new(upstream)
+///     .select(Selection::peak_ewma([]))
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "selection covers 0 members of a failover with 1");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectionError {
+    covers: usize,
+    members: usize,
+}
+
+impl fmt::Display for SelectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "selection covers {} members of a failover with {}",
+            self.covers, self.members
+        )
+    }
+}
+
+impl std::error::Error for SelectionError {}
+
+/// The walk of one call: the chosen member first, then the others in their
+/// order.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Walk {
+    first: usize,
+}
+
+impl Walk {
+    pub(super) fn starting_at(first: usize) -> Self {
+        Walk { first }
+    }
+
+    /// The member at `position` of the walk.
+    pub(super) fn member(self, position: usize) -> usize {
+        match position {
+            0 => self.first,
+            p if p <= self.first => p - 1,
+            p => p,
+        }
+    }
+
+    /// The position of `member` in the walk.
+    pub(super) fn position(self, member: usize) -> usize {
+        match member {
+            m if m == self.first => 0,
+            m if m < self.first => m + 1,
+            m => m,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_puts_the_chosen_member_first_and_keeps_the_rest_in_order() {
+        let walk = Walk::starting_at(2);
+        let order: Vec<usize> = (0..4).map(|p| walk.member(p)).collect();
+        assert_eq!(order, [2, 0, 1, 3]);
+        for m in 0..4 {
+            assert_eq!(walk.member(walk.position(m)), m);
+        }
+        let plain = Walk::default();
+        assert_eq!(
+            (0..3).map(|p| plain.member(p)).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_estimate_jumps_to_a_peak_and_a_stale_one_is_probed_and_replaced() {
+        let decay = nanos(DEFAULT_DECAY);
+        let mut e = Estimate::default();
+        let t0 = Instant::now();
+        assert!(e.stale(t0, decay), "no sample yet");
+        e.sample(1e9, t0, decay);
+        e.sample(3e9, t0, decay);
+        assert_eq!(e.ns, 3e9, "a peak replaces the estimate");
+        let t1 = t0 + DEFAULT_DECAY / 2;
+        e.sample(1e9, t1, decay);
+        assert!(e.ns < 3e9 && e.ns > 1e9, "{}", e.ns);
+        assert!(!e.stale(t1, decay));
+        let t2 = t1 + DEFAULT_DECAY;
+        assert!(e.stale(t2, decay), "not sampled for a decay time");
+        e.probe = Some(t2);
+        assert!(!e.stale(t2, decay), "one probe at a time");
+        e.sample(0.1e9, t2, decay);
+        assert_eq!(e.ns, 0.1e9, "the probe's answer replaces a stale estimate");
+        e.at_least(0.05e9, t2);
+        assert_eq!(e.ns, 0.1e9);
+        e.at_least(2e9, t2);
+        assert_eq!(e.ns, 2e9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_and_paced_members_are_never_chosen_and_come_back() {
+        use crate::Outcome;
+        let b = || {
+            Breaker::builder()
+                .pace_rate_limits(true)
+                .consecutive_failures(1)
+                .build()
+                .unwrap()
+        };
+        let (cheap, dear) = (b(), b());
+        let selection = Selection::cheapest([(cheap.clone(), 1.0), (dear.clone(), 2.0)]);
+        let rng = Rng::new(7);
+        assert_eq!(selection.choose(&rng), 0);
+        // Paced for five seconds by a 429 that said so.
+        cheap.admit().unwrap().record(Outcome::RateLimited {
+            retry_after: Some(Duration::from_secs(5)),
+        });
+        assert_eq!(selection.choose(&rng), 1);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(selection.choose(&rng), 0, "the pacing is over");
+        cheap.admit().unwrap().record(Outcome::Failure);
+        assert_eq!(selection.choose(&rng), 1, "open");
+        assert_eq!(
+            cheap.snapshot().counters.rejected,
+            0,
+            "read without admitting"
+        );
+
+        // The peak-EWMA walks around them too, by its two choices.
+        let ewma = Selection::peak_ewma([cheap.clone(), dear.clone()]);
+        ewma.record(0, Duration::from_millis(1));
+        ewma.record(1, Duration::from_secs(1));
+        for _ in 0..20 {
+            assert_eq!(ewma.choose(&rng), 1);
+        }
+    }
+}
