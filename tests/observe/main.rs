@@ -8,6 +8,7 @@
 
 #[cfg(feature = "metrics")]
 mod metrics;
+#[path = "../support/runner.rs"]
 mod runner;
 #[cfg(feature = "status")]
 mod status;

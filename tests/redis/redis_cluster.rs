@@ -6,6 +6,7 @@
 //! figures are printed).
 
 use crate::redis_support;
+use crate::runner::{Rt, Trial};
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,9 +102,8 @@ async fn trip_and_heal(replicas: &[(Breaker, Attachment)], from: usize) -> Durat
     spread
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge() {
-    if redis_support::skip("a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge") {
+    if redis_support::skip() {
         return;
     }
     let mut cluster = RedisCluster::start(3).await;
@@ -185,8 +185,22 @@ async fn a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge() 
     eprintln!("after the failover: a trip reached 3 replicas in {after:?}");
 }
 
-#[tokio::test]
 async fn a_cluster_backend_needs_a_node() {
     let err = Backend::cluster_builder(Vec::new()).build().unwrap_err();
     assert!(err.to_string().contains("at least one node"), "{err}");
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::tokio(
+            "redis_cluster::a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge",
+            Rt::Multi,
+            a_master_killed_mid_traffic_fails_no_request_and_replicas_reconverge,
+        ),
+        Trial::tokio(
+            "redis_cluster::a_cluster_backend_needs_a_node",
+            Rt::Current,
+            a_cluster_backend_needs_a_node,
+        ),
+    ]
 }

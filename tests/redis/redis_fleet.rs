@@ -7,11 +7,10 @@
 mod soak;
 
 use crate::redis_support::{self, shared_url, unique_prefix};
+use crate::runner::{Rt, Trial};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a 50-replica soak: run in release by .ci/run"]
 async fn fifty_replicas_on_one_redis_converge_every_round() {
-    if redis_support::skip("fifty_replicas_on_one_redis_converge_every_round") {
+    if redis_support::skip() {
         return;
     }
     let plan = soak::Plan::new(shared_url(), 50, 1_000, 40);
@@ -24,4 +23,13 @@ async fn fifty_replicas_on_one_redis_converge_every_round() {
         "50 replicas: trip p99 {p99:.1} ms, {} commands in {:?}",
         f.commands, f.elapsed
     );
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![Trial::tokio(
+        "redis_fleet::fifty_replicas_on_one_redis_converge_every_round",
+        Rt::Multi,
+        fifty_replicas_on_one_redis_converge_every_round,
+    )
+    .ignored()]
 }

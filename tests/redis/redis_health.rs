@@ -9,6 +9,7 @@
 //! the test measured itself.
 
 use crate::redis_support;
+use crate::runner::{Rt, Trial};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -237,9 +238,8 @@ async fn confirm(replicas: &[Replica]) -> bool {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_probes_for_all_and_its_heal_half_opens_every_replica() {
-    if redis_support::skip("one_replica_probes_for_all_and_its_heal_half_opens_every_replica") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("health-one");
@@ -332,9 +332,8 @@ async fn one_replica_probes_for_all_and_its_heal_half_opens_every_replica() {
     assert!(confirm(&replicas).await, "every replica closes");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_each_replica_probes_and_heals_on_its_own() {
-    if redis_support::skip("without_redis_each_replica_probes_and_heals_on_its_own") {
+    if redis_support::skip() {
         return;
     }
     let mut server = Server::start().await;
@@ -374,9 +373,8 @@ async fn without_redis_each_replica_probes_and_heals_on_its_own() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_open_on_their_own_probe_on_their_own() {
-    if redis_support::skip("replicas_open_on_their_own_probe_on_their_own") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("health-quorum");
@@ -402,9 +400,8 @@ async fn replicas_open_on_their_own_probe_on_their_own() {
         .all(|r| r.breaker.state() == State::Open));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_the_turn_key_stops_no_one_from_probing() {
-    if redis_support::skip("garbage_in_the_turn_key_stops_no_one_from_probing") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("health-garbage");
@@ -439,9 +436,8 @@ async fn garbage_in_the_turn_key_stops_no_one_from_probing() {
     drop(replicas);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_replicas_probe_each_key_once_and_share_its_heal() {
-    if redis_support::skip("keyed_replicas_probe_each_key_once_and_share_its_heal") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("health-keyed");
@@ -503,11 +499,8 @@ async fn keyed_replicas_probe_each_key_once_and_share_its_heal() {
 
 const TURN: &str = include_str!("../../src/redis/turn.lua");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica() {
-    if redis_support::skip(
-        "a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica",
-    ) {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("health-pass");
@@ -533,4 +526,39 @@ async fn a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica
     assert_eq!(ask("c", false).await, 0, "only one");
     assert_eq!(ask("b", true).await, 0, "b passes it in turn");
     assert_eq!(ask("a", false).await, 1, "and a may take it again");
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::tokio(
+            "redis_health::one_replica_probes_for_all_and_its_heal_half_opens_every_replica",
+            Rt::Multi,
+            one_replica_probes_for_all_and_its_heal_half_opens_every_replica,
+        ),
+        Trial::tokio(
+            "redis_health::without_redis_each_replica_probes_and_heals_on_its_own",
+            Rt::Multi,
+            without_redis_each_replica_probes_and_heals_on_its_own,
+        ),
+        Trial::tokio(
+            "redis_health::replicas_open_on_their_own_probe_on_their_own",
+            Rt::Multi,
+            replicas_open_on_their_own_probe_on_their_own,
+        ),
+        Trial::tokio(
+            "redis_health::garbage_in_the_turn_key_stops_no_one_from_probing",
+            Rt::Multi,
+            garbage_in_the_turn_key_stops_no_one_from_probing,
+        ),
+        Trial::tokio(
+            "redis_health::keyed_replicas_probe_each_key_once_and_share_its_heal",
+            Rt::Multi,
+            keyed_replicas_probe_each_key_once_and_share_its_heal,
+        ),
+        Trial::tokio(
+            "redis_health::a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica",
+            Rt::Multi,
+            a_holder_whose_probes_keep_failing_passes_the_turn_to_one_other_replica,
+        ),
+    ]
 }

@@ -3,6 +3,7 @@
 //! which every key without room shares.
 
 use crate::redis_support;
+use crate::runner::{Rt, Trial};
 
 use std::time::Duration;
 
@@ -13,11 +14,8 @@ use redis_support::{backend, eventually, shared_url, unique_prefix};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_alone() {
-    if redis_support::skip(
-        "a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_alone",
-    ) {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("overflow-name");
@@ -86,4 +84,10 @@ async fn a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_al
         b.admit("mistral/eu").is_ok(),
         "a key without room in b is still admitted"
     );
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::tokio("redis_overflow_key::a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_alone", Rt::Multi, a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_alone),
+    ]
 }

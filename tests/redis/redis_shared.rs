@@ -6,6 +6,7 @@
 //! wait is bounded, and no assertion is about how long anything took.
 
 use crate::redis_support;
+use crate::runner::{Rt, Trial};
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -96,9 +97,8 @@ async fn window_sum(prefix: &str, name: &str, kind: char) -> i64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trip_on_one_replica_opens_every_replica() {
-    if redis_support::skip("a_trip_on_one_replica_opens_every_replica") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("trip");
@@ -127,9 +127,8 @@ async fn a_trip_on_one_replica_opens_every_replica() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_under_the_threshold_on_their_own_trip_together() {
-    if redis_support::skip("replicas_under_the_threshold_on_their_own_trip_together") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("aggregate");
@@ -156,9 +155,8 @@ async fn replicas_under_the_threshold_on_their_own_trip_together() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_together_under_the_threshold_stay_closed() {
-    if redis_support::skip("replicas_together_under_the_threshold_stay_closed") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("under");
@@ -201,10 +199,8 @@ async fn replicas_together_under_the_threshold_stay_closed() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes() {
-    if redis_support::skip("eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes")
-    {
+    if redis_support::skip() {
         return;
     }
     const PROBES: usize = 3;
@@ -286,9 +282,8 @@ async fn admit_probe(breaker: &Breaker) -> tower_circuit_breaker::Permit {
     permit
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_reopen_every_replica_with_backoff() {
-    if redis_support::skip("failed_probes_reopen_every_replica_with_backoff") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("reopen");
@@ -320,9 +315,8 @@ async fn failed_probes_reopen_every_replica_with_backoff() {
     assert!(reopened, "every replica applies the reopen and its backoff");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
-    if redis_support::skip("a_dead_replicas_probe_slot_comes_back_when_its_lease_ends") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("lease");
@@ -358,9 +352,8 @@ async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
     assert!(all_in(&replicas, State::Closed).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
-    if redis_support::skip("restarting_redis_mid_traffic_fails_no_request_and_converges") {
+    if redis_support::skip() {
         return;
     }
     let mut server = Server::start().await;
@@ -455,9 +448,8 @@ async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_the_keys_is_treated_as_absent() {
-    if redis_support::skip("garbage_in_the_keys_is_treated_as_absent") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("garbage");
@@ -554,9 +546,8 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
-    if redis_support::skip("keyed_sets_share_each_key_and_learn_keys_they_never_saw") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("keyed");
@@ -613,9 +604,8 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush() {
-    if redis_support::skip("a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("keyed-wake");
@@ -663,9 +653,8 @@ async fn a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush() {
     attach_b.detach().await;
 }
 
-#[tokio::test]
 async fn attaching_needs_a_name_and_sane_settings() {
-    if redis_support::skip("attaching_needs_a_name_and_sane_settings") {
+    if redis_support::skip() {
         return;
     }
     let client = || Client::open(shared_url()).unwrap();
@@ -684,9 +673,8 @@ async fn attaching_needs_a_name_and_sane_settings() {
     }
 }
 
-#[test]
 fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
-    if redis_support::skip("attaching_outside_a_runtime_is_an_error_not_a_panic") {
+    if redis_support::skip() {
         return;
     }
     let backend = Backend::builder(Client::open(shared_url()).unwrap())
@@ -696,9 +684,8 @@ fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
     assert_eq!(backend.attach(&named).unwrap_err(), SetupError::NoRuntime);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_replicas_tell_a_redis_that_lost_its_state() {
-    if redis_support::skip("open_replicas_tell_a_redis_that_lost_its_state") {
+    if redis_support::skip() {
         return;
     }
     let mut server = Server::start().await;
@@ -750,9 +737,8 @@ fn counted(builder: Builder<Breaker>) -> (Breaker, Arc<AtomicUsize>) {
     (breaker, n)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_shared_state_changes_no_circuit_in_any_state() {
-    if redis_support::skip("lost_shared_state_changes_no_circuit_in_any_state") {
+    if redis_support::skip() {
         return;
     }
     let mut server = Server::start().await;
@@ -844,9 +830,8 @@ async fn lost_shared_state_changes_no_circuit_in_any_state() {
     assert!(reopened, "the probe's verdict is shared");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_counts_as_down_until_it_answers_again() {
-    if redis_support::skip("a_paused_redis_counts_as_down_until_it_answers_again") {
+    if redis_support::skip() {
         return;
     }
     let server = Server::start().await;
@@ -889,9 +874,8 @@ async fn a_paused_redis_counts_as_down_until_it_answers_again() {
     assert!(back, "shared again once redis answers");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_never_answers_leaves_the_breaker_local() {
-    if redis_support::skip("a_server_that_never_answers_leaves_the_breaker_local") {
+    if redis_support::skip() {
         return;
     }
     // Accepts connections and says nothing.
@@ -929,9 +913,8 @@ async fn a_server_that_never_answers_leaves_the_breaker_local() {
     held.abort();
 }
 
-#[test]
 fn a_runtime_shutting_down_leaves_the_breakers_local() {
-    if redis_support::skip("a_runtime_shutting_down_leaves_the_breakers_local") {
+    if redis_support::skip() {
         return;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -959,9 +942,8 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
     drop(attachment);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
-    if redis_support::skip("a_keyed_set_larger_than_one_round_trip_stays_in_step") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("many");
@@ -1014,9 +996,8 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
     assert!(attach_a.is_shared() && attach_b.is_shared());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
-    if redis_support::skip("a_listener_panicking_under_the_sync_task_does_not_end_sharing") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("panicking-listener");
@@ -1089,11 +1070,8 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
     assert!(eventually(WAIT, shared).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it() {
-    if redis_support::skip(
-        "replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it",
-    ) {
+    if redis_support::skip() {
         return;
     }
     use tower::{Service, ServiceBuilder};
@@ -1174,9 +1152,8 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
 
 // === cluster-wide operator controls ===
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
-    if redis_support::skip("cluster_wide_force_open_disable_and_reset_reach_every_replica") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("control");
@@ -1244,9 +1221,8 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
     assert!(replicas.iter().all(|(b, _)| b.admit().is_ok()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
-    if redis_support::skip("a_cluster_control_redis_cannot_confirm_is_an_error") {
+    if redis_support::skip() {
         return;
     }
     let mut server = Server::start().await;
@@ -1268,9 +1244,8 @@ async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
 
 // === quorum ===
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
-    if redis_support::skip("with_a_quorum_of_two_one_replica_alone_never_opens_the_others") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quorum");
@@ -1321,9 +1296,8 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() {
-    if redis_support::skip("a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quorum-fallback");
@@ -1369,9 +1343,8 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_fraction_counts_the_replicas_alive() {
-    if redis_support::skip("a_quorum_fraction_counts_the_replicas_alive") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quorum-fraction");
@@ -1441,9 +1414,8 @@ async fn cluster_state(prefix: &str, name: &str) -> Option<String> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
-    if redis_support::skip("a_quorum_counts_backends_not_the_breakers_attached_to_them") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quorum-backends");
@@ -1504,9 +1476,8 @@ async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
     assert!(opened, "two replicas make the quorum");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only() {
-    if redis_support::skip("a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quorum-ahead");
@@ -1554,9 +1525,8 @@ async fn a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only() {
 
 // === quota gates ===
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_gate_keeps_its_reset_on_every_replica() {
-    if redis_support::skip("a_quota_gate_keeps_its_reset_on_every_replica") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("quota");
@@ -1618,11 +1588,8 @@ fn clock_step_shim() -> Option<std::path::PathBuf> {
     None
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early() {
-    if redis_support::skip(
-        "an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early",
-    ) {
+    if redis_support::skip() {
         return;
     }
     let Some(shim) = clock_step_shim() else {
@@ -1720,9 +1687,8 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
 
 // === schema versions ===
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_of_another_schema_are_detected_not_silently_split() {
-    if redis_support::skip("replicas_of_another_schema_are_detected_not_silently_split") {
+    if redis_support::skip() {
         return;
     }
     let prefix = unique_prefix("schema");
@@ -1782,4 +1748,39 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
         "a message of schema 1 is reported"
     );
     assert!(set.get("gpt-4o").is_none(), "and not acted on");
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![
+        Trial::tokio("redis_shared::a_trip_on_one_replica_opens_every_replica", Rt::Multi, a_trip_on_one_replica_opens_every_replica),
+        Trial::tokio("redis_shared::replicas_under_the_threshold_on_their_own_trip_together", Rt::Multi, replicas_under_the_threshold_on_their_own_trip_together),
+        Trial::tokio("redis_shared::replicas_together_under_the_threshold_stay_closed", Rt::Multi, replicas_together_under_the_threshold_stay_closed),
+        Trial::tokio("redis_shared::eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes", Rt::Multi, eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes),
+        Trial::tokio("redis_shared::failed_probes_reopen_every_replica_with_backoff", Rt::Multi, failed_probes_reopen_every_replica_with_backoff),
+        Trial::tokio("redis_shared::a_dead_replicas_probe_slot_comes_back_when_its_lease_ends", Rt::Multi, a_dead_replicas_probe_slot_comes_back_when_its_lease_ends),
+        Trial::tokio("redis_shared::restarting_redis_mid_traffic_fails_no_request_and_converges", Rt::Multi, restarting_redis_mid_traffic_fails_no_request_and_converges),
+        Trial::tokio("redis_shared::garbage_in_the_keys_is_treated_as_absent", Rt::Multi, garbage_in_the_keys_is_treated_as_absent),
+        Trial::tokio("redis_shared::keyed_sets_share_each_key_and_learn_keys_they_never_saw", Rt::Multi, keyed_sets_share_each_key_and_learn_keys_they_never_saw),
+        Trial::tokio("redis_shared::a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush", Rt::Multi, a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush),
+        Trial::tokio("redis_shared::attaching_needs_a_name_and_sane_settings", Rt::Current, attaching_needs_a_name_and_sane_settings),
+        Trial::sync("redis_shared::attaching_outside_a_runtime_is_an_error_not_a_panic", attaching_outside_a_runtime_is_an_error_not_a_panic),
+        Trial::tokio("redis_shared::open_replicas_tell_a_redis_that_lost_its_state", Rt::Multi, open_replicas_tell_a_redis_that_lost_its_state),
+        Trial::tokio("redis_shared::lost_shared_state_changes_no_circuit_in_any_state", Rt::Multi, lost_shared_state_changes_no_circuit_in_any_state),
+        Trial::tokio("redis_shared::a_paused_redis_counts_as_down_until_it_answers_again", Rt::Multi, a_paused_redis_counts_as_down_until_it_answers_again),
+        Trial::tokio("redis_shared::a_server_that_never_answers_leaves_the_breaker_local", Rt::Multi, a_server_that_never_answers_leaves_the_breaker_local),
+        Trial::sync("redis_shared::a_runtime_shutting_down_leaves_the_breakers_local", a_runtime_shutting_down_leaves_the_breakers_local),
+        Trial::tokio("redis_shared::a_keyed_set_larger_than_one_round_trip_stays_in_step", Rt::Multi, a_keyed_set_larger_than_one_round_trip_stays_in_step),
+        Trial::tokio("redis_shared::a_listener_panicking_under_the_sync_task_does_not_end_sharing", Rt::Multi, a_listener_panicking_under_the_sync_task_does_not_end_sharing),
+        Trial::tokio("redis_shared::replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it", Rt::Multi, replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_never_sees_it),
+        Trial::tokio("redis_shared::cluster_wide_force_open_disable_and_reset_reach_every_replica", Rt::Multi, cluster_wide_force_open_disable_and_reset_reach_every_replica),
+        Trial::tokio("redis_shared::a_cluster_control_redis_cannot_confirm_is_an_error", Rt::Multi, a_cluster_control_redis_cannot_confirm_is_an_error),
+        Trial::tokio("redis_shared::with_a_quorum_of_two_one_replica_alone_never_opens_the_others", Rt::Multi, with_a_quorum_of_two_one_replica_alone_never_opens_the_others),
+        Trial::tokio("redis_shared::a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible", Rt::Multi, a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible),
+        Trial::tokio("redis_shared::a_quorum_fraction_counts_the_replicas_alive", Rt::Multi, a_quorum_fraction_counts_the_replicas_alive),
+        Trial::tokio("redis_shared::a_quorum_counts_backends_not_the_breakers_attached_to_them", Rt::Multi, a_quorum_counts_backends_not_the_breakers_attached_to_them),
+        Trial::tokio("redis_shared::a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only", Rt::Multi, a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only),
+        Trial::tokio("redis_shared::a_quota_gate_keeps_its_reset_on_every_replica", Rt::Multi, a_quota_gate_keeps_its_reset_on_every_replica),
+        Trial::tokio("redis_shared::an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early", Rt::Multi, an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_them_early),
+        Trial::tokio("redis_shared::replicas_of_another_schema_are_detected_not_silently_split", Rt::Multi, replicas_of_another_schema_are_detected_not_silently_split),
+    ]
 }

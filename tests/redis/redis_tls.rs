@@ -3,6 +3,7 @@
 //! with the `openssl` command.
 
 use crate::redis_support;
+use crate::runner::{Rt, Trial};
 
 use std::path::Path;
 use std::time::Duration;
@@ -68,9 +69,8 @@ fn tls_client(port: u16, ca: &[u8]) -> Client {
     .expect("a valid rediss url")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_state_over_rediss_with_a_certificate_the_test_made() {
-    if redis_support::skip("replicas_share_state_over_rediss_with_a_certificate_the_test_made") {
+    if redis_support::skip() {
         return;
     }
     let has_openssl = std::process::Command::new("openssl")
@@ -79,11 +79,7 @@ async fn replicas_share_state_over_rediss_with_a_certificate_the_test_made() {
         .is_ok_and(|o| o.status.success());
     if !has_openssl {
         let why = "no `openssl` command to make the test's certificates";
-        if std::env::var_os("CI").is_some() {
-            panic!("{why}: install openssl");
-        }
-        eprintln!("skipping the TLS test: {why}");
-        return;
+        crate::runner::skip(why.to_string());
     }
     let dir = scratch_dir("tls");
     make_certificates(&dir).await;
@@ -182,4 +178,12 @@ async fn replicas_share_state_over_rediss_with_a_certificate_the_test_made() {
 
     server.kill().await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+pub fn trials() -> Vec<Trial> {
+    vec![Trial::tokio(
+        "redis_tls::replicas_share_state_over_rediss_with_a_certificate_the_test_made",
+        Rt::Multi,
+        replicas_share_state_over_rediss_with_a_certificate_the_test_made,
+    )]
 }

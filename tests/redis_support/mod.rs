@@ -53,23 +53,15 @@ fn missing() -> Option<&'static str> {
         .as_deref()
 }
 
-/// Whether `test` must be skipped because Redis is not here. Outside CI a
-/// skipped test passes and says so on one line of the terminal (past the
-/// test harness's capture), numbered, so the run shows how many were
-/// skipped; in CI (`CI=true`) a missing Redis fails the test instead.
-pub fn skip(test: &str) -> bool {
-    use std::io::Write;
-    static SKIPPED: AtomicU32 = AtomicU32::new(0);
-    let Some(why) = missing() else {
-        return false;
-    };
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{test}: {why}; in CI the Redis tests must run"
-    );
-    let n = SKIPPED.fetch_add(1, Ordering::Relaxed) + 1;
-    let _ = writeln!(std::io::stderr(), "skipped ({n} so far): {test}: {why}");
-    true
+/// Whether the running test must be skipped because Redis is not here:
+/// outside CI it is counted as skipped, with why, by the binary's runner
+/// (`tests/support/runner.rs`); in CI (`CI=true`) a missing Redis fails it.
+/// Returns `false` when Redis is here.
+pub fn skip() -> bool {
+    match missing() {
+        None => false,
+        Some(why) => crate::runner::skip(why.to_string()),
+    }
 }
 
 /// A prefix no other test (or earlier run) uses.

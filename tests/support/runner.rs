@@ -1,12 +1,17 @@
-//! A small test runner (this binary has `harness = false`) that reports a
-//! test skipped at run time as skipped, not passed: the status page's
-//! browser test needs Chromium, and without it the summary counts it under
-//! `skipped` with the reason, so a run without the browser reads as one.
+//! A small test runner for the binaries with `harness = false` (observe,
+//! redis) that reports a test skipped for a missing service as skipped,
+//! not passed: the status page's browser test needs Chromium, the Redis
+//! tests a server, and without them the summary counts them under
+//! `skipped` with the reason, so a run without the service reads as one.
 //! Under `CI=true` a missing service fails the test instead.
 //!
+//! A test is skipped before it runs ([`Trial::skipped_unless`]) or from
+//! inside ([`skip`], which unwinds with a [`Skipped`] the runner reads).
+//!
 //! It takes what `cargo test` passes on: a name filter (`--exact` to match
-//! whole names), `--list`, `--skip NAME`; other flags are ignored. Tests
-//! run one after another, each on a thread of its own, a panic failing it.
+//! whole names), `--list`, `--skip NAME`, `--ignored` and
+//! `--include-ignored`; other flags are ignored. Tests run one after
+//! another, each on a thread of its own, a panic failing it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,9 +23,26 @@ type Body = Box<dyn FnOnce() + Send + 'static>;
 pub struct Trial {
     name: &'static str,
     run: Result<Body, String>,
+    ignored: bool,
+}
+
+/// What a test unwinds with when it finds, once running, that a service it
+/// needs is missing: counted as skipped, with the reason.
+pub struct Skipped(pub String);
+
+/// Skips the running test because `why` (outside CI; with `CI=true` it
+/// fails instead). Unwinds without the panic hook, so nothing is printed
+/// but the runner's line.
+#[allow(dead_code)]
+pub fn skip(why: String) -> ! {
+    if in_ci() {
+        panic!("CI=true: a missing service fails the test: {why}");
+    }
+    std::panic::resume_unwind(Box::new(Skipped(why)))
 }
 
 /// How a test's runtime is built, as `#[tokio::test]` would.
+#[allow(dead_code)]
 pub enum Rt {
     /// Current thread, time paused (`start_paused = true`).
     Paused,
@@ -56,11 +78,30 @@ impl Trial {
                 let test: Pin<Box<dyn Future<Output = ()>>> = Box::pin(test());
                 runtime.block_on(test);
             })),
+            ignored: false,
         }
+    }
+
+    /// A plain test, as `#[test]`.
+    #[allow(dead_code)]
+    pub fn sync(name: &'static str, test: fn()) -> Trial {
+        Trial {
+            name,
+            run: Ok(Box::new(test)),
+            ignored: false,
+        }
+    }
+
+    /// Runs only with `--ignored` or `--include-ignored`, as `#[ignore]`.
+    #[allow(dead_code)]
+    pub fn ignored(mut self) -> Trial {
+        self.ignored = true;
+        self
     }
 
     /// The test is skipped, because `why` (checked before running it):
     /// outside CI it counts as skipped; with `CI=true` it fails.
+    #[allow(dead_code)]
     pub fn skipped_unless(self, why: Option<String>) -> Trial {
         match why {
             None => self,
@@ -69,10 +110,12 @@ impl Trial {
                 run: Ok(Box::new(move || {
                     panic!("CI=true: a missing service fails the test: {why}")
                 })),
+                ignored: self.ignored,
             },
             Some(why) => Trial {
                 name: self.name,
                 run: Err(why),
+                ignored: self.ignored,
             },
         }
     }
@@ -88,11 +131,14 @@ pub fn run(trials: Vec<Trial>) -> ExitCode {
     let mut filter: Option<String> = None;
     let mut skip: Vec<String> = Vec::new();
     let (mut exact, mut list) = (false, false);
+    let (mut only_ignored, mut include_ignored) = (false, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exact" => exact = true,
             "--list" => list = true,
+            "--ignored" => only_ignored = true,
+            "--include-ignored" => include_ignored = true,
             "--skip" => skip.extend(args.next()),
             // Flags of libtest's that take a value.
             "--test-threads" | "--format" | "--color" | "--logfile" => {
@@ -112,8 +158,15 @@ pub fn run(trials: Vec<Trial>) -> ExitCode {
     let total = trials.len();
     let trials: Vec<Trial> = trials.into_iter().filter(|t| selected(t.name)).collect();
     let filtered_out = total - trials.len();
+    let wanted = |t: &Trial| match (only_ignored, include_ignored) {
+        (true, _) => t.ignored,
+        (false, true) => true,
+        (false, false) => !t.ignored,
+    };
+    let (trials, not_run): (Vec<Trial>, Vec<Trial>) = trials.into_iter().partition(wanted);
+    let ignored = not_run.len();
     if list {
-        for t in &trials {
+        for t in trials.iter().chain(&not_run) {
             println!("{}: test", t.name);
         }
         return ExitCode::SUCCESS;
@@ -137,10 +190,16 @@ pub fn run(trials: Vec<Trial>) -> ExitCode {
                         println!("test {} ... ok", trial.name);
                         passed.push(trial.name);
                     }
-                    Err(_) => {
-                        println!("test {} ... FAILED", trial.name);
-                        failed.push(trial.name);
-                    }
+                    Err(payload) => match payload.downcast::<Skipped>() {
+                        Ok(skipped_why) => {
+                            println!("test {} ... skipped: {}", trial.name, skipped_why.0);
+                            skipped.push(trial.name);
+                        }
+                        Err(_) => {
+                            println!("test {} ... FAILED", trial.name);
+                            failed.push(trial.name);
+                        }
+                    },
                 }
             }
         }
@@ -152,7 +211,7 @@ pub fn run(trials: Vec<Trial>) -> ExitCode {
         }
     }
     println!(
-        "\ntest result: {}. {} passed; {} failed; {} skipped; {filtered_out} filtered out\n",
+        "\ntest result: {}. {} passed; {} failed; {} skipped; {ignored} ignored; {filtered_out} filtered out\n",
         if failed.is_empty() { "ok" } else { "FAILED" },
         passed.len(),
         failed.len(),
