@@ -451,6 +451,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_failover_with_a_selection_does_not_hedge() {
+        let calls: Vec<_> = (0..2).map(|_| Arc::new(AtomicU32::new(0))).collect();
+        let breakers: Vec<Breaker> = (0..2)
+            .map(|_| Breaker::builder().build().unwrap())
+            .collect();
+        let member = |i: usize| {
+            let calls = Arc::clone(&calls[i]);
+            let svc = tower::service_fn(move |_req: Req| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+                }
+            });
+            CircuitBreaker::new(BoxCloneSyncService::new(svc), breakers[i].clone())
+        };
+        let hedge = Hedge::after(Duration::ZERO).budget_percent(1000.0).unwrap();
+        let failover = Failover::new(member(0))
+            .fallback(member(1))
+            .hedge(hedge.clone())
+            .select(crate::failover::Selection::peak_ewma(breakers.clone()))
+            .unwrap();
+        let res = failover
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(hedge.sent(), 0);
+        let n: u32 = calls.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+        assert_eq!(n, 1, "one attempt, to the member the selection chose");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn when_both_fail_the_failover_goes_on_after_them() {
         let calls: Vec<_> = (0..3).map(|_| Arc::new(AtomicU32::new(0))).collect();
         let hedge = Hedge::after(Duration::from_millis(100))
