@@ -32,6 +32,7 @@ use crate::classify::{
 use crate::error::StreamElapsed;
 use crate::retry::AttemptError;
 use crate::service::Select;
+use crate::spend::Charge;
 
 // === the rules ===
 
@@ -207,10 +208,12 @@ impl Guard {
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
         match status.as_u16() {
+            200..=299 => {}
             429 => self.permit.signal(Signal::Throttled),
             503 => self.permit.signal(Signal::Unavailable),
             _ => {}
         }
+        self.waive(status);
         #[cfg(feature = "metrics")]
         self.permit.report_head();
         match classifier.classify_response(status, headers) {
@@ -245,6 +248,7 @@ impl Guard {
         } else {
             self.permit.head_came(|| exhausted_for(headers));
         }
+        self.waive(status);
         match classifier.classify_response(status, headers) {
             Verdict::Done(Outcome::Success) => {
                 BodyGuard(Some((self.permit.take(), Held::Decided(Outcome::Success))))
@@ -255,6 +259,15 @@ impl Guard {
                 BodyGuard::decided()
             }
             Verdict::Defer(stream) => BodyGuard(Some((self.permit.take(), Held::Stream(stream)))),
+        }
+    }
+
+    /// An answer that is not a 2xx costs nothing: providers bill answers,
+    /// not errors.
+    #[inline]
+    fn waive(&mut self, status: StatusCode) {
+        if self.permit.is_metered() && !status.is_success() {
+            self.permit.charge(Charge::Free);
         }
     }
 
@@ -320,6 +333,13 @@ impl<S: ClassifyStream> ClassifyStream for Held<S> {
         match self {
             Held::Stream(s) => s.on_drop(),
             Held::Decided(o) => o,
+        }
+    }
+
+    fn charge(&mut self) -> Charge {
+        match self {
+            Held::Stream(s) => s.charge(),
+            Held::Decided(_) => Charge::Unknown,
         }
     }
 }
@@ -395,7 +415,10 @@ impl<S: ClassifyStream> BodyGuard<S> {
     }
 
     fn settle(&mut self, f: impl FnOnce(S) -> Outcome) {
-        if let Some((mut permit, stream)) = self.0.take() {
+        if let Some((mut permit, mut stream)) = self.0.take() {
+            if permit.is_metered() {
+                permit.charge(stream.charge());
+            }
             let reset = stream.announced_reset();
             permit.finish_announced(f(stream), &|| reset);
         }

@@ -7,6 +7,7 @@ use super::counters::Counter;
 use super::limit::Guarded;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
+use super::spend::SpendExceeded;
 use super::state::Packed;
 use super::window::SLOW;
 use super::{Control, Events, Shared, State};
@@ -42,6 +43,15 @@ impl Shared {
         word: Packed,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(ledger) = &self.spend
+            && word.state() != State::Disabled
+            && let Err(exceeded) = ledger.admits(|| self.now(), self.epoch)
+        {
+            if !ledger.shadow() {
+                return self.reject_spend(exceeded, fallback);
+            }
+            self.counters.incr(Counter::WouldReject);
+        }
         match word.state() {
             State::Closed if word.is_graded() => self.admit_graded(word, fallback),
             State::Closed => self.admit_closed(word.generation(), fallback),
@@ -324,6 +334,23 @@ impl Shared {
             cause,
             deadline.map(|ns| self.deadline(ns)),
         ))
+    }
+
+    /// Rejects a call because the spend budget is spent.
+    #[cold]
+    fn reject_spend(
+        self: &Arc<Self>,
+        exceeded: SpendExceeded,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
+        if self.hot.metrics_only.load(Ordering::Acquire) {
+            return self.admit_shadow(fallback);
+        }
+        self.counters.incr(Counter::Rejected);
+        if let Some(observer) = self.observer() {
+            observer.rejected(Rejection::SpendExceeded, self.load().state());
+        }
+        Err(CircuitOpen::spent(self.name.clone(), exceeded))
     }
 
     /// In shadow mode: admits the call that would have been rejected.

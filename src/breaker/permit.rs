@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::observe::Observe;
 use super::outcome::Outcome;
+use super::spend::Charge;
 use super::{spare, Shared, Signal};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub(super) struct Ticket {
     pub(super) fallback: bool,
     /// Admitted by graded admission: its success is an accept.
     pub(super) graded: bool,
+    /// The breaker has a spend guard and the call is not charged yet.
+    pub(super) metered: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -121,6 +124,7 @@ impl Permit {
                 signal: Signal::None,
                 fallback,
                 graded: false,
+                metered: shared.spend.is_some(),
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -251,6 +255,46 @@ impl Permit {
         }
     }
 
+    /// Charges the call what it cost, with the breaker's spend guard (see
+    /// [`Builder::spend_guard`](crate::Builder::spend_guard)); the first
+    /// charge counts, later ones are ignored. A permit finished without a
+    /// charge is charged [`Charge::Unknown`]. Nothing without a spend guard.
+    /// The tower service charges calls itself, through a
+    /// [`Meter`](crate::spend::Meter) classifier.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .spend_guard(SpendGuard::tokens(10_000, Period::UtcDay))
+    ///     .build()
+    ///     .unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.charge(Charge::Observed(1_234));
+    /// permit.record(Outcome::Success);
+    /// assert_eq!(breaker.snapshot().spend.unwrap().spent, 1_234);
+    /// # }
+    /// ```
+    #[inline]
+    pub fn charge(&mut self, charge: Charge) {
+        if self.ticket.metered
+            && let Some(shared) = &self.shared
+        {
+            self.ticket.metered = false;
+            shared.charge(charge);
+        }
+    }
+
+    /// Whether the call is still to be charged (its breaker has a spend
+    /// guard).
+    #[inline]
+    pub(crate) fn is_metered(&self) -> bool {
+        self.ticket.metered
+    }
+
     /// Records the call's outcome.
     ///
     /// ```
@@ -316,6 +360,10 @@ impl Permit {
         let Some(shared) = self.shared.take() else {
             return;
         };
+        if self.ticket.metered {
+            self.ticket.metered = false;
+            shared.charge(Charge::Unknown);
+        }
         shared.counters.incr(counter);
         if let Some(observer) = shared.observer() {
             observer.outcome(

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::spend::{Amount, SpendExceeded};
 use super::state::State;
 
 /// Why a call was rejected.
@@ -57,6 +58,12 @@ pub enum Rejection {
     /// serve it (see [`Builder::trip_mode`](crate::Builder::trip_mode)).
     /// The circuit itself is closed.
     Graded,
+    /// The spend guard's budget for the period is spent (see
+    /// [`Builder::spend_guard`](crate::Builder::spend_guard) and
+    /// [`CircuitOpen::spend`]). The circuit itself is closed. No retry
+    /// helps before the budget resets: [`RetryPolicy`](crate::RetryPolicy)
+    /// never retries it and [`Failover`](crate::Failover) returns it.
+    SpendExceeded,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -86,6 +93,9 @@ pub struct CircuitOpen {
     /// that rejecting needs no clock read, and kept in the breaker's own
     /// terms until asked for.
     deadline: Option<Deadline>,
+    /// Which budget, what was spent: only for
+    /// [`Rejection::SpendExceeded`].
+    spend: Option<SpendExceeded>,
 }
 
 /// A moment `ns` nanoseconds after `epoch`.
@@ -107,7 +117,47 @@ impl CircuitOpen {
             key,
             cause,
             deadline,
+            spend: None,
         }
+    }
+
+    pub(crate) fn spent(key: Option<Arc<str>>, exceeded: SpendExceeded) -> Self {
+        CircuitOpen {
+            key,
+            cause: Rejection::SpendExceeded,
+            deadline: None,
+            spend: Some(exceeded),
+        }
+    }
+
+    /// For [`Rejection::SpendExceeded`]: which budget, what the period's
+    /// calls cost, and when it resets. `None` for every other reason.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::spend::{Charge, Period, SpendGuard, Unit};
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .name("agent")
+    ///     .spend_guard(SpendGuard::tokens(1_000, Period::Rolling(Duration::from_secs(60))))
+    ///     .build()
+    ///     .unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.charge(Charge::Observed(1_500));
+    /// permit.record(Outcome::Success);
+    /// let open = breaker.admit().unwrap_err();
+    /// let spend = open.spend().unwrap();
+    /// assert_eq!((spend.unit(), spend.spent(), spend.budget()), (Unit::Tokens, 1_500, 1_000));
+    /// assert_eq!(
+    ///     open.to_string(),
+    ///     "circuit 'agent' spend budget exceeded: 1500 tokens of 1000 tokens; next call in 60 s"
+    /// );
+    /// # }
+    /// ```
+    pub fn spend(&self) -> Option<SpendExceeded> {
+        self.spend
     }
 
     /// The name or key of the breaker that rejected the call.
@@ -126,7 +176,8 @@ impl CircuitOpen {
             | Rejection::RateLimited
             | Rejection::InFlightLimit
             | Rejection::Ramp
-            | Rejection::Graded => State::Closed,
+            | Rejection::Graded
+            | Rejection::SpendExceeded => State::Closed,
         }
     }
 
@@ -169,7 +220,10 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn retry_at(&self) -> Option<Instant> {
-        self.deadline.map(Deadline::instant)
+        match self.spend {
+            Some(spend) => Some(spend.resets_at()),
+            None => self.deadline.map(Deadline::instant),
+        }
     }
 }
 
@@ -180,6 +234,7 @@ impl fmt::Debug for CircuitOpen {
             .field("state", &self.state())
             .field("reason", &self.cause)
             .field("retry_after", &self.retry_after())
+            .field("spend", &self.spend)
             .finish()
     }
 }
@@ -198,6 +253,15 @@ impl fmt::Display for CircuitOpen {
             write!(f, "'{}' ", key.escape_debug())?;
         }
         f.write_str(self.cause.describe())?;
+        if let Some(spend) = &self.spend {
+            let (spent, budget) = (spend.spent(), spend.budget());
+            write!(
+                f,
+                ": {} of {}",
+                Amount(spent, spend.unit()),
+                Amount(budget, spend.unit())
+            )?;
+        }
         if let Some(wait) = self.retry_after() {
             write!(f, "; {} in {}", self.cause.waits_for(), Wait(wait))?;
         }
@@ -224,6 +288,7 @@ impl Rejection {
             Rejection::InFlightLimit => "in_flight_limit",
             Rejection::Ramp => "ramp",
             Rejection::Graded => "graded",
+            Rejection::SpendExceeded => "spend_exceeded",
         }
     }
 
@@ -239,6 +304,7 @@ impl Rejection {
             Rejection::InFlightLimit => "in-flight limit reached: the upstream signals overload",
             Rejection::Ramp => "ramping up after half-open; this call goes to its fallback",
             Rejection::Graded => "shedding: the upstream answers too few calls",
+            Rejection::SpendExceeded => "spend budget exceeded",
         }
     }
 

@@ -171,6 +171,9 @@ where
                     let result = ready!(future.poll(cx));
                     let then = match guard::judge(&*this.classifier, &result) {
                         Judged::Said(outcome) => then(outcome),
+                        // A spent budget is no outage: the next member would
+                        // spend on, so the rejection is the answer.
+                        Judged::Rejected if spent(&result) => Then::Return,
                         Judged::Rejected => Then::Skip,
                         Judged::Opaque => Then::Return,
                     };
@@ -218,6 +221,15 @@ where
             }
         }
     }
+}
+
+/// Whether the attempt was rejected by a spend guard.
+fn spent<R, E: AttemptError>(result: &Result<R, E>) -> bool {
+    result
+        .as_ref()
+        .err()
+        .and_then(AttemptError::circuit_open)
+        .is_some_and(|open| open.reason() == crate::Rejection::SpendExceeded)
 }
 
 /// Whether rejection `new` admits sooner than `kept` (a known time beats

@@ -49,6 +49,9 @@ pub enum ConfigError {
     /// A retry budget that cannot work (see
     /// [`RetryBudget`](crate::retry::RetryBudget)).
     RetryBudget(&'static str),
+    /// A spend budget that cannot work (see
+    /// [`SpendGuard`](crate::spend::SpendGuard)).
+    SpendGuard(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -182,6 +185,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::StreamDeadline(why) => write!(f, "stream deadlines: {why}"),
             ConfigError::RetryBudget(why) => write!(f, "retry budget: {why}"),
+            ConfigError::SpendGuard(why) => write!(f, "spend guard: {why}"),
             ConfigError::HealthProbe(why) => write!(f, "health probe: {why}"),
             ConfigError::MaxOpenShare(share) => write!(
                 f,
