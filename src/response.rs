@@ -201,7 +201,8 @@ pub fn rejected<B: From<String>>(open: &CircuitOpen) -> Response<B> {
 /// ```
 pub fn payment_required<B: From<String>>(open: &CircuitOpen) -> Response<B> {
     use std::fmt::Write;
-    let mut body = String::from(r#"{"error":{"type":"spend_exceeded","code":"spend_exceeded","message":""#);
+    let mut body =
+        String::from(r#"{"error":{"type":"spend_exceeded","code":"spend_exceeded","message":""#);
     for c in open.to_string().chars() {
         match c {
             '"' => body.push_str("\\\""),
@@ -214,9 +215,9 @@ pub fn payment_required<B: From<String>>(open: &CircuitOpen) -> Response<B> {
     }
     body.push('"');
     if let Some(spend) = open.spend() {
-        let ms = open
-            .retry_after()
-            .map_or(0, |d| u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX));
+        let ms = open.retry_after().map_or(0, |d| {
+            u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        });
         let _ = write!(
             body,
             r#","budget":{},"spent":{},"unit":"{}","resets_in_ms":{}"#,

@@ -335,11 +335,7 @@ pub(super) enum Crossed {
 impl Ledger {
     pub(super) fn new(guard: SpendGuard, epoch: Instant) -> Self {
         let (slice_ns, slices, offset) = match guard.period {
-            Period::Rolling(d) => (
-                (super::nanos(d) / SLICES as u64).max(1),
-                SLICES,
-                0,
-            ),
+            Period::Rolling(d) => ((super::nanos(d) / SLICES as u64).max(1), SLICES, 0),
             Period::UtcHour => (3_600_000_000_000, 1, wall_offset(epoch)),
             Period::UtcDay => (86_400_000_000_000, 1, wall_offset(epoch)),
         };
@@ -600,7 +596,10 @@ mod tests {
         let l = ledger(100, Period::Rolling(hour));
         let min = 60_000_000_000;
         assert_eq!(l.charge(Charge::Observed(60), 0), Crossed::Nothing);
-        assert_eq!(l.charge(Charge::Observed(60), 10 * min), Crossed::Budget(120));
+        assert_eq!(
+            l.charge(Charge::Observed(60), 10 * min),
+            Crossed::Budget(120)
+        );
         // The first 60 age out an hour after their slice began.
         let err = l.admits(|| 30 * min, Instant::now()).unwrap_err();
         assert_eq!(err.spent(), 120);

@@ -157,14 +157,15 @@ impl Prices {
             return Some(price.cost(usage));
         }
         let otherwise = self.otherwise.as_ref()?;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| otherwise(usage)))
-            .unwrap_or_else(|_| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| otherwise(usage))).unwrap_or_else(
+            |_| {
                 tracing::error!(
                     target: "tower_circuit_breaker",
                     "price closure panicked; the call is charged as one of unknown usage"
                 );
                 None
-            })
+            },
+        )
     }
 
     /// The charge of a call whose answer gave `usage` (if any) and named

@@ -73,7 +73,8 @@ fn gemini_json_reads_usage_metadata() {
 
 #[test]
 fn a_usage_nested_in_content_is_not_the_answers() {
-    let body = br#"{"model":"m","choices":[{"message":{"tool_calls":[{"usage":{"prompt_tokens":5}}]}}]}"#;
+    let body =
+        br#"{"model":"m","choices":[{"message":{"tool_calls":[{"usage":{"prompt_tokens":5}}]}}]}"#;
     assert_eq!(Usage::from_json(body), None);
 }
 
@@ -144,7 +145,12 @@ fn malformed_usage_never_panics_and_reads_as_none() {
         b"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"usage\":{\"prompt_tokens\":1}}}}}}}}}}}",
     ];
     for case in cases {
-        assert_eq!(Usage::from_json(case), None, "{}", String::from_utf8_lossy(case));
+        assert_eq!(
+            Usage::from_json(case),
+            None,
+            "{}",
+            String::from_utf8_lossy(case)
+        );
         let _ = read_usage(case, case);
     }
     let huge = br#"{"usage":{"prompt_tokens":99999999999999999999999999}}"#;
@@ -154,7 +160,10 @@ fn malformed_usage_never_panics_and_reads_as_none() {
 // === the meter ===
 
 fn gpt() -> Prices {
-    Prices::new().model("gpt-4o", Price::per_million(2.5, 10.0, 1.25).unknown_cost(5_000))
+    Prices::new().model(
+        "gpt-4o",
+        Price::per_million(2.5, 10.0, 1.25).unknown_cost(5_000),
+    )
 }
 
 #[test]
@@ -171,7 +180,10 @@ fn a_json_answer_is_held_for_its_usage_and_keeps_its_outcome() {
 
 #[test]
 fn a_stream_without_usage_pays_its_models_unknown_cost() {
-    let body = ["data: {\"model\":\"gpt-4o-2024\",\"choices\":[]}\n\n", "data: [DONE]\n\n"];
+    let body = [
+        "data: {\"model\":\"gpt-4o-2024\",\"choices\":[]}\n\n",
+        "data: [DONE]\n\n",
+    ];
     assert_eq!(
         metered(200, true, &body, gpt()),
         (Charge::Estimated(5_000), Outcome::Success)
@@ -183,12 +195,18 @@ fn malformed_usage_is_charged_as_unknown() {
     let body = [r#"{"usage":{"prompt_tokens":"#];
     assert_eq!(metered(200, false, &body, gpt()).0, Charge::Unknown);
     let body = [r#"{"model":"gpt-4o","usage":{"prompt_tokens":"x"}}"#];
-    assert_eq!(metered(200, false, &body, gpt()).0, Charge::Estimated(5_000));
+    assert_eq!(
+        metered(200, false, &body, gpt()).0,
+        Charge::Estimated(5_000)
+    );
 }
 
 #[test]
 fn an_error_answer_is_free() {
-    assert_eq!(metered(500, false, &[], gpt()), (Charge::Free, Outcome::Failure));
+    assert_eq!(
+        metered(500, false, &[], gpt()),
+        (Charge::Free, Outcome::Failure)
+    );
     let (charge, _) = metered(429, false, &["{}"], gpt());
     assert_eq!(charge, Charge::Free);
 }
@@ -217,5 +235,9 @@ fn the_longest_prefix_prices_a_model() {
         .model("gpt-4o-mini", Price::per_million(0.15, 0.6, 0.075));
     let usage = Usage::new(1_000_000, 0, 0).with_model("gpt-4o-mini-2024-07-18");
     assert_eq!(prices.cost(&usage), Some(150_000));
-    assert_eq!(prices.cost(&Usage::new(1, 0, 0)), None, "no model, no closure");
+    assert_eq!(
+        prices.cost(&Usage::new(1, 0, 0)),
+        None,
+        "no model, no closure"
+    );
 }

@@ -30,6 +30,7 @@ mod retry_budget_rejections;
 mod scripted_outage;
 mod scripted_repeat;
 mod service;
+mod spend;
 mod stack;
 mod stack_health;
 mod stream_deadlines;
