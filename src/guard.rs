@@ -209,11 +209,16 @@ impl Guard {
         self.permit.head_came(|| exhausted_for(headers));
         match status.as_u16() {
             200..=299 => {}
-            429 => self.permit.signal(Signal::Throttled),
-            503 => self.permit.signal(Signal::Unavailable),
-            _ => {}
+            429 => {
+                self.permit.signal(Signal::Throttled);
+                self.waive();
+            }
+            503 => {
+                self.permit.signal(Signal::Unavailable);
+                self.waive();
+            }
+            _ => self.waive(),
         }
-        self.waive(status);
         #[cfg(feature = "metrics")]
         self.permit.report_head();
         match classifier.classify_response(status, headers) {
@@ -248,7 +253,9 @@ impl Guard {
         } else {
             self.permit.head_came(|| exhausted_for(headers));
         }
-        self.waive(status);
+        if !status.is_success() {
+            self.waive();
+        }
         match classifier.classify_response(status, headers) {
             Verdict::Done(Outcome::Success) => {
                 BodyGuard(Some((self.permit.take(), Held::Decided(Outcome::Success))))
@@ -265,8 +272,8 @@ impl Guard {
     /// An answer that is not a 2xx costs nothing: providers bill answers,
     /// not errors.
     #[inline]
-    fn waive(&mut self, status: StatusCode) {
-        if self.permit.is_metered() && !status.is_success() {
+    fn waive(&mut self) {
+        if self.permit.is_metered() {
             self.permit.charge(Charge::Free);
         }
     }

@@ -43,15 +43,39 @@ impl Shared {
         word: Packed,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
-        if let Some(ledger) = &self.spend
-            && word.state() != State::Disabled
-            && let Err(exceeded) = ledger.admits(|| self.now(), self.epoch)
+        let mut admitted = self.admit_unmetered(word, fallback);
+        // A breaker with a spend guard is never plain: its permits are
+        // charged as they finish.
+        if self.spend.is_some()
+            && let Ok(permit) = &mut admitted
         {
-            if !ledger.shadow() {
-                return self.reject_spend(exceeded, fallback);
-            }
-            self.counters.incr(Counter::WouldReject);
+            permit.meter();
         }
+        admitted
+    }
+
+    /// The spend guard's say on a call about to be admitted, if the breaker
+    /// has one: a rejection once its budget is spent (outside shadow mode).
+    #[inline]
+    pub(super) fn spend_check(
+        self: &Arc<Self>,
+        fallback: bool,
+    ) -> Option<Result<Permit, CircuitOpen>> {
+        let ledger = self.spend.as_ref()?;
+        let exceeded = ledger.admits(|| self.now(), self.epoch).err()?;
+        if ledger.shadow() {
+            self.counters.incr(Counter::WouldReject);
+            return None;
+        }
+        Some(self.reject_spend(exceeded, fallback))
+    }
+
+    #[inline]
+    fn admit_unmetered(
+        self: &Arc<Self>,
+        word: Packed,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
         match word.state() {
             State::Closed if word.is_graded() => self.admit_graded(word, fallback),
             State::Closed => self.admit_closed(word.generation(), fallback),
@@ -99,6 +123,9 @@ impl Shared {
         generation: u64,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
             if until != 0
@@ -182,6 +209,9 @@ impl Shared {
         now: u64,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         // A known rate limit holds in half-open too: a probe sent before
         // its reset would only hear "429" again, and a 429 gives its slot
         // back, so nothing else would stop the next one.
@@ -270,6 +300,9 @@ impl Shared {
         word: Packed,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         let generation = word.generation();
         let taken = self.hot.state.compare_exchange(
             word.0,
@@ -350,7 +383,8 @@ impl Shared {
         if let Some(observer) = self.observer() {
             observer.rejected(Rejection::SpendExceeded, self.load().state());
         }
-        Err(CircuitOpen::spent(self.name.clone(), exceeded))
+        let resets = self.deadline(nanos_since(self.epoch, exceeded.resets_at()));
+        Err(CircuitOpen::spent(self.name.clone(), exceeded, resets))
     }
 
     /// In shadow mode: admits the call that would have been rejected.
@@ -365,4 +399,9 @@ impl Shared {
             fallback,
         ))
     }
+}
+
+/// The moment `at` as ns since `epoch`.
+fn nanos_since(epoch: tokio::time::Instant, at: tokio::time::Instant) -> u64 {
+    super::nanos(at.saturating_duration_since(epoch))
 }

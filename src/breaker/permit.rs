@@ -124,7 +124,7 @@ impl Permit {
                 signal: Signal::None,
                 fallback,
                 graded: false,
-                metered: shared.spend.is_some(),
+                metered: false,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -288,6 +288,12 @@ impl Permit {
         }
     }
 
+    /// Marks the call as one to charge (its breaker has a spend guard).
+    #[inline]
+    pub(super) fn meter(&mut self) {
+        self.ticket.metered = true;
+    }
+
     /// Whether the call is still to be charged (its breaker has a spend
     /// guard).
     #[inline]
@@ -360,10 +366,6 @@ impl Permit {
         let Some(shared) = self.shared.take() else {
             return;
         };
-        if self.ticket.metered {
-            self.ticket.metered = false;
-            shared.charge(Charge::Unknown);
-        }
         shared.counters.incr(counter);
         if let Some(observer) = shared.observer() {
             observer.outcome(
@@ -377,10 +379,15 @@ impl Permit {
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
         let plain_success = outcome == Outcome::Success
-            && !self.ticket.graded
+            // One test for both: a call still to charge is never plain.
+            && !(self.ticket.graded | self.ticket.metered)
             && (self.ticket.kind == Kind::Closed
                 || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
         if !plain_success {
+            if self.ticket.metered {
+                self.ticket.metered = false;
+                shared.charge(Charge::Unknown);
+            }
             shared.record(self.ticket, &mut self.head, outcome, announced);
         } else if shared.hot.consecutive.load(Ordering::Relaxed) != 0 || !shared.rates.is_clean() {
             shared.record_success(self.ticket.generation);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::spend::{Amount, SpendExceeded};
+use super::spend::{Amount, SpendExceeded, Spent};
 use super::state::State;
 
 /// Why a call was rejected.
@@ -95,7 +95,7 @@ pub struct CircuitOpen {
     deadline: Option<Deadline>,
     /// Which budget, what was spent: only for
     /// [`Rejection::SpendExceeded`].
-    spend: Option<SpendExceeded>,
+    spend: Option<Spent>,
 }
 
 /// A moment `ns` nanoseconds after `epoch`.
@@ -121,12 +121,16 @@ impl CircuitOpen {
         }
     }
 
-    pub(crate) fn spent(key: Option<Arc<str>>, exceeded: SpendExceeded) -> Self {
+    pub(crate) fn spent(
+        key: Option<Arc<str>>,
+        exceeded: SpendExceeded,
+        deadline: Deadline,
+    ) -> Self {
         CircuitOpen {
             key,
             cause: Rejection::SpendExceeded,
-            deadline: None,
-            spend: Some(exceeded),
+            deadline: Some(deadline),
+            spend: Some(Spent::new(&exceeded)),
         }
     }
 
@@ -157,7 +161,8 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn spend(&self) -> Option<SpendExceeded> {
-        self.spend
+        let resets_at = self.deadline.map(Deadline::instant)?;
+        self.spend.map(|s| s.exceeded(resets_at))
     }
 
     /// The name or key of the breaker that rejected the call.
@@ -220,10 +225,7 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn retry_at(&self) -> Option<Instant> {
-        match self.spend {
-            Some(spend) => Some(spend.resets_at()),
-            None => self.deadline.map(Deadline::instant),
-        }
+        self.deadline.map(Deadline::instant)
     }
 }
 
@@ -234,7 +236,7 @@ impl fmt::Debug for CircuitOpen {
             .field("state", &self.state())
             .field("reason", &self.cause)
             .field("retry_after", &self.retry_after())
-            .field("spend", &self.spend)
+            .field("spend", &self.spend())
             .finish()
     }
 }
@@ -253,7 +255,7 @@ impl fmt::Display for CircuitOpen {
             write!(f, "'{}' ", key.escape_debug())?;
         }
         f.write_str(self.cause.describe())?;
-        if let Some(spend) = &self.spend {
+        if let Some(spend) = self.spend() {
             let (spent, budget) = (spend.spent(), spend.budget());
             write!(
                 f,

@@ -275,6 +275,55 @@ impl SpendExceeded {
     }
 }
 
+/// [`SpendExceeded`] as a rejection carries it: its resets are the
+/// rejection's deadline, and the rest fits in three words (a budget is never
+/// zero), so that rejections of every other kind stay small.
+#[derive(Clone, Copy)]
+pub(super) struct Spent {
+    budget: std::num::NonZeroU64,
+    spent: u64,
+    /// The period's kind in bits 0–1 (rolling, UTC hour, UTC day), the unit
+    /// in bit 2, a rolling period's ns from bit 3.
+    packed: u64,
+}
+
+impl Spent {
+    pub(super) fn new(e: &SpendExceeded) -> Self {
+        let (kind, ns) = match e.period {
+            Period::Rolling(d) => (0, super::nanos(d)),
+            Period::UtcHour => (1, 0),
+            Period::UtcDay => (2, 0),
+        };
+        let unit = match e.unit {
+            Unit::MicroDollars => 0,
+            Unit::Tokens => 4,
+        };
+        Spent {
+            budget: std::num::NonZeroU64::new(e.budget).unwrap_or(std::num::NonZeroU64::MIN),
+            spent: e.spent,
+            packed: kind | unit | (ns << 3),
+        }
+    }
+
+    pub(super) fn exceeded(self, resets_at: Instant) -> SpendExceeded {
+        SpendExceeded {
+            budget: self.budget.get(),
+            spent: self.spent,
+            unit: if self.packed & 4 == 0 {
+                Unit::MicroDollars
+            } else {
+                Unit::Tokens
+            },
+            period: match self.packed & 3 {
+                0 => Period::Rolling(Duration::from_nanos(self.packed >> 3)),
+                1 => Period::UtcHour,
+                _ => Period::UtcDay,
+            },
+            resets_at,
+        }
+    }
+}
+
 /// A budget's state, in a [`Snapshot`](crate::Snapshot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
