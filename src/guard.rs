@@ -424,12 +424,20 @@ impl<S: ClassifyStream> BodyGuard<S> {
     fn settle(&mut self, f: impl FnOnce(S) -> Outcome) {
         if let Some((mut permit, mut stream)) = self.0.take() {
             if permit.is_metered() {
-                permit.charge(stream.charge());
+                charge(&mut permit, &mut stream);
             }
             let reset = stream.announced_reset();
             permit.finish_announced(f(stream), &|| reset);
         }
     }
+}
+
+/// Charges a metered call what its stream read (apart, so that a body
+/// guard without a spend guard stays small enough to inline).
+#[cold]
+#[inline(never)]
+fn charge<S: ClassifyStream>(permit: &mut Permit, stream: &mut S) {
+    permit.charge(stream.charge());
 }
 
 impl<S: ClassifyStream> Drop for BodyGuard<S> {

@@ -31,7 +31,7 @@ impl Shared {
     ) -> Result<Permit, CircuitOpen> {
         let word = self.load();
         if word.is_closed() && self.plain && !self.is_guarded() {
-            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0, false));
+            return Ok(Permit::plain(self, word.generation()));
         }
         self.admit_other(word, fallback())
     }
@@ -39,39 +39,6 @@ impl Shared {
     /// Every admission but a plain closed circuit's.
     #[inline(never)]
     pub(super) fn admit_other(
-        self: &Arc<Self>,
-        word: Packed,
-        fallback: bool,
-    ) -> Result<Permit, CircuitOpen> {
-        let mut admitted = self.admit_unmetered(word, fallback);
-        // A breaker with a spend guard is never plain: its permits are
-        // charged as they finish.
-        if self.spend.is_some()
-            && let Ok(permit) = &mut admitted
-        {
-            permit.meter();
-        }
-        admitted
-    }
-
-    /// The spend guard's say on a call about to be admitted, if the breaker
-    /// has one: a rejection once its budget is spent (outside shadow mode).
-    #[inline]
-    pub(super) fn spend_check(
-        self: &Arc<Self>,
-        fallback: bool,
-    ) -> Option<Result<Permit, CircuitOpen>> {
-        let ledger = self.spend.as_ref()?;
-        let exceeded = ledger.admits(|| self.now(), self.epoch).err()?;
-        if ledger.shadow() {
-            self.counters.incr(Counter::WouldReject);
-            return None;
-        }
-        Some(self.reject_spend(exceeded, fallback))
-    }
-
-    #[inline]
-    fn admit_unmetered(
         self: &Arc<Self>,
         word: Packed,
         fallback: bool,
@@ -107,6 +74,22 @@ impl Shared {
             }
             State::ForcedOpen => self.reject(Rejection::ForcedOpen, None, fallback),
         }
+    }
+
+    /// The spend guard's say on a call about to be admitted, if the breaker
+    /// has one: a rejection once its budget is spent (outside shadow mode).
+    #[inline]
+    pub(super) fn spend_check(
+        self: &Arc<Self>,
+        fallback: bool,
+    ) -> Option<Result<Permit, CircuitOpen>> {
+        let ledger = self.spend.as_ref()?;
+        let exceeded = ledger.admits(|| self.now()).err()?;
+        if ledger.shadow() {
+            self.counters.incr(Counter::WouldReject);
+            return None;
+        }
+        Some(self.reject_spend(exceeded, fallback))
     }
 
     /// Whether the circuit is still in the period that admitted a call.
@@ -373,7 +356,7 @@ impl Shared {
     #[cold]
     fn reject_spend(
         self: &Arc<Self>,
-        exceeded: SpendExceeded,
+        exceeded: Arc<SpendExceeded>,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
         if self.hot.metrics_only.load(Ordering::Acquire) {
@@ -383,8 +366,7 @@ impl Shared {
         if let Some(observer) = self.observer() {
             observer.rejected(Rejection::SpendExceeded, self.load().state());
         }
-        let resets = self.deadline(nanos_since(self.epoch, exceeded.resets_at()));
-        Err(CircuitOpen::spent(self.name.clone(), exceeded, resets))
+        Err(CircuitOpen::spent(self.name.clone(), exceeded))
     }
 
     /// In shadow mode: admits the call that would have been rejected.
@@ -399,9 +381,4 @@ impl Shared {
             fallback,
         ))
     }
-}
-
-/// The moment `at` as ns since `epoch`.
-fn nanos_since(epoch: tokio::time::Instant, at: tokio::time::Instant) -> u64 {
-    super::nanos(at.saturating_duration_since(epoch))
 }

@@ -114,6 +114,21 @@ impl Permit {
         id: u32,
         fallback: bool,
     ) -> Self {
+        // Read on every admission but a plain closed circuit's (see
+        // `plain`): a breaker with a guard is never plain.
+        let metered = shared.spend.is_some();
+        Permit::make(shared, generation, kind, id, fallback, metered)
+    }
+
+    #[inline(always)]
+    fn make(
+        shared: &Arc<Shared>,
+        generation: u64,
+        kind: Kind,
+        id: u32,
+        fallback: bool,
+        metered: bool,
+    ) -> Self {
         shared.counters.incr(Counter::Admitted);
         Permit {
             shared: Some(spare::take(shared)),
@@ -124,7 +139,7 @@ impl Permit {
                 signal: Signal::None,
                 fallback,
                 graded: false,
-                metered: false,
+                metered,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -288,10 +303,11 @@ impl Permit {
         }
     }
 
-    /// Marks the call as one to charge (its breaker has a spend guard).
+    /// [`new`](Self::new) for a plain closed circuit's call, which no
+    /// rule but the window's sees, and nobody charges.
     #[inline]
-    pub(super) fn meter(&mut self) {
-        self.ticket.metered = true;
+    pub(super) fn plain(shared: &Arc<Shared>, generation: u64) -> Self {
+        Permit::make(shared, generation, Kind::Closed, 0, false, false)
     }
 
     /// Whether the call is still to be charged (its breaker has a spend

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::spend::{Amount, SpendExceeded, Spent};
+use super::spend::{Amount, SpendExceeded};
 use super::state::State;
 
 /// Why a call was rejected.
@@ -92,10 +92,18 @@ pub struct CircuitOpen {
     /// When a call may be admitted again: a moment, not a duration, so
     /// that rejecting needs no clock read, and kept in the breaker's own
     /// terms until asked for.
-    deadline: Option<Deadline>,
-    /// Which budget, what was spent: only for
-    /// [`Rejection::SpendExceeded`].
-    spend: Option<Spent>,
+    when: When,
+}
+
+/// When a call may be admitted again. A spent budget's detail is shared
+/// with the ledger that made it (a reference count, no allocation per
+/// rejection), and fits where a deadline does, so that no rejection is
+/// larger for it.
+#[derive(Clone)]
+enum When {
+    Unknown,
+    At(Deadline),
+    Spent(Arc<SpendExceeded>),
 }
 
 /// A moment `ns` nanoseconds after `epoch`.
@@ -116,21 +124,18 @@ impl CircuitOpen {
         CircuitOpen {
             key,
             cause,
-            deadline,
-            spend: None,
+            when: match deadline {
+                Some(d) => When::At(d),
+                None => When::Unknown,
+            },
         }
     }
 
-    pub(crate) fn spent(
-        key: Option<Arc<str>>,
-        exceeded: SpendExceeded,
-        deadline: Deadline,
-    ) -> Self {
+    pub(crate) fn spent(key: Option<Arc<str>>, exceeded: Arc<SpendExceeded>) -> Self {
         CircuitOpen {
             key,
             cause: Rejection::SpendExceeded,
-            deadline: Some(deadline),
-            spend: Some(Spent::new(&exceeded)),
+            when: When::Spent(exceeded),
         }
     }
 
@@ -161,8 +166,10 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn spend(&self) -> Option<SpendExceeded> {
-        let resets_at = self.deadline.map(Deadline::instant)?;
-        self.spend.map(|s| s.exceeded(resets_at))
+        match &self.when {
+            When::Spent(spent) => Some(**spent),
+            _ => None,
+        }
     }
 
     /// The name or key of the breaker that rejected the call.
@@ -225,7 +232,11 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn retry_at(&self) -> Option<Instant> {
-        self.deadline.map(Deadline::instant)
+        match &self.when {
+            When::Unknown => None,
+            When::At(d) => Some(d.instant()),
+            When::Spent(spent) => Some(spent.resets_at()),
+        }
     }
 }
 

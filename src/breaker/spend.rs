@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -275,55 +276,6 @@ impl SpendExceeded {
     }
 }
 
-/// [`SpendExceeded`] as a rejection carries it: its resets are the
-/// rejection's deadline, and the rest fits in three words (a budget is never
-/// zero), so that rejections of every other kind stay small.
-#[derive(Clone, Copy)]
-pub(super) struct Spent {
-    budget: std::num::NonZeroU64,
-    spent: u64,
-    /// The period's kind in bits 0–1 (rolling, UTC hour, UTC day), the unit
-    /// in bit 2, a rolling period's ns from bit 3.
-    packed: u64,
-}
-
-impl Spent {
-    pub(super) fn new(e: &SpendExceeded) -> Self {
-        let (kind, ns) = match e.period {
-            Period::Rolling(d) => (0, super::nanos(d)),
-            Period::UtcHour => (1, 0),
-            Period::UtcDay => (2, 0),
-        };
-        let unit = match e.unit {
-            Unit::MicroDollars => 0,
-            Unit::Tokens => 4,
-        };
-        Spent {
-            budget: std::num::NonZeroU64::new(e.budget).unwrap_or(std::num::NonZeroU64::MIN),
-            spent: e.spent,
-            packed: kind | unit | (ns << 3),
-        }
-    }
-
-    pub(super) fn exceeded(self, resets_at: Instant) -> SpendExceeded {
-        SpendExceeded {
-            budget: self.budget.get(),
-            spent: self.spent,
-            unit: if self.packed & 4 == 0 {
-                Unit::MicroDollars
-            } else {
-                Unit::Tokens
-            },
-            period: match self.packed & 3 {
-                0 => Period::Rolling(Duration::from_nanos(self.packed >> 3)),
-                1 => Period::UtcHour,
-                _ => Period::UtcDay,
-            },
-            resets_at,
-        }
-    }
-}
-
 /// A budget's state, in a [`Snapshot`](crate::Snapshot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -353,9 +305,8 @@ pub(super) struct Ledger {
     /// Admissions are refused until then (ns since the breaker's epoch); 0
     /// while under budget, so that admitting reads one atomic and no clock.
     blocked_until: AtomicU64,
-    /// The spend when the budget was found spent, for the rejection.
-    blocked_spent: AtomicU64,
     book: Mutex<Book>,
+    epoch: Instant,
     /// Slice `k` covers `[k·slice_ns − offset, (k+1)·slice_ns − offset)` in
     /// ns since the epoch.
     slice_ns: u64,
@@ -371,6 +322,8 @@ struct Book {
     observed: u64,
     observed_sum: u64,
     unknown: u64,
+    /// While blocked: what the rejections say, made once per block.
+    record: Option<Arc<SpendExceeded>>,
 }
 
 /// What a charge crossed, to be logged outside the lock.
@@ -391,7 +344,7 @@ impl Ledger {
         Ledger {
             guard,
             blocked_until: AtomicU64::new(0),
-            blocked_spent: AtomicU64::new(0),
+            epoch,
             book: Mutex::new(Book {
                 slices: vec![0; slices].into_boxed_slice(),
                 newest: offset / slice_ns,
@@ -400,6 +353,7 @@ impl Ledger {
                 observed: 0,
                 observed_sum: 0,
                 unknown: 0,
+                record: None,
             }),
             slice_ns,
             offset,
@@ -413,48 +367,44 @@ impl Ledger {
     /// Whether a call may be admitted at `now` (asked only once the budget
     /// was found spent).
     #[inline]
-    pub(super) fn admits(
-        &self,
-        now: impl FnOnce() -> u64,
-        epoch: Instant,
-    ) -> Result<(), SpendExceeded> {
+    pub(super) fn admits(&self, now: impl FnOnce() -> u64) -> Result<(), Arc<SpendExceeded>> {
         let until = self.blocked_until.load(Ordering::Acquire);
         if until == 0 {
             return Ok(());
         }
-        self.recheck(until, now(), epoch)
+        self.recheck(until, now())
     }
 
     #[cold]
-    fn recheck(&self, until: u64, now: u64, epoch: Instant) -> Result<(), SpendExceeded> {
-        if now < until {
-            let spent = self.blocked_spent.load(Ordering::Relaxed);
-            return Err(self.exceeded(spent, until, epoch));
-        }
+    fn recheck(&self, until: u64, now: u64) -> Result<(), Arc<SpendExceeded>> {
         let mut book = lock(&self.book);
+        if now < until
+            && let Some(record) = &book.record
+        {
+            return Err(Arc::clone(record));
+        }
         self.roll(&mut book, now);
         if book.spent >= self.guard.budget {
             let at = self.resets_at(&book);
-            self.block(book.spent, at);
-            return Err(self.exceeded(book.spent, at, epoch));
+            return Err(self.block(&mut book, at));
         }
+        book.record = None;
         self.blocked_until.store(0, Ordering::Release);
         Ok(())
     }
 
-    fn exceeded(&self, spent: u64, until: u64, epoch: Instant) -> SpendExceeded {
-        SpendExceeded {
+    /// Refuses calls until `at`, and makes what the rejections say.
+    fn block(&self, book: &mut Book, at: u64) -> Arc<SpendExceeded> {
+        let record = Arc::new(SpendExceeded {
             budget: self.guard.budget,
-            spent,
+            spent: book.spent,
             unit: self.guard.unit,
             period: self.guard.period,
-            resets_at: epoch + Duration::from_nanos(until),
-        }
-    }
-
-    fn block(&self, spent: u64, at: u64) {
-        self.blocked_spent.store(spent, Ordering::Relaxed);
+            resets_at: self.epoch + Duration::from_nanos(at),
+        });
+        book.record = Some(Arc::clone(&record));
         self.blocked_until.store(at.max(1), Ordering::Release);
+        record
     }
 
     /// Charges one finished call at `now`.
@@ -489,7 +439,7 @@ impl Ledger {
         if book.spent >= budget {
             let first = self.blocked_until.load(Ordering::Acquire) == 0;
             let until = self.resets_at(&book);
-            self.block(book.spent, until);
+            self.block(&mut book, until);
             book.warned = true;
             return if first {
                 Crossed::Budget(book.spent)
@@ -650,11 +600,11 @@ mod tests {
             Crossed::Budget(120)
         );
         // The first 60 age out an hour after their slice began.
-        let err = l.admits(|| 30 * min, Instant::now()).unwrap_err();
+        let err = l.admits(|| 30 * min).unwrap_err();
         assert_eq!(err.spent(), 120);
         assert_eq!(err.resets_at() - Instant::now(), hour);
-        assert!(l.admits(|| 60 * min - 1, Instant::now()).is_err());
-        assert!(l.admits(|| 60 * min, Instant::now()).is_ok());
+        assert!(l.admits(|| 60 * min - 1).is_err());
+        assert!(l.admits(|| 60 * min).is_ok());
         assert_eq!(l.snapshot(60 * min).spent, 60);
     }
 
@@ -664,13 +614,13 @@ mod tests {
         let hour = 3_600_000_000_000u64;
         let to_boundary = hour - l.offset % hour;
         assert_eq!(l.charge(Charge::Observed(100), 0), Crossed::Budget(100));
-        let err = l.admits(|| 1, Instant::now()).unwrap_err();
+        let err = l.admits(|| 1).unwrap_err();
         assert_eq!(
             err.resets_at() - Instant::now(),
             Duration::from_nanos(to_boundary)
         );
-        assert!(l.admits(|| to_boundary - 1, Instant::now()).is_err());
-        assert!(l.admits(|| to_boundary, Instant::now()).is_ok());
+        assert!(l.admits(|| to_boundary - 1).is_err());
+        assert!(l.admits(|| to_boundary).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
