@@ -102,7 +102,7 @@ async fn the_json_shows_a_spend_guards_budget_and_spend() {
     let res = get(&page, "/breakers?format=json").await;
     let json: serde_json::Value = serde_json::from_str(res.body()).unwrap();
     let rows = json["breakers"].as_array().unwrap();
-    let row = |key: &str| rows.iter().find(|r| r["key"] == key).unwrap().clone();
+    let row = |name: &str| rows.iter().find(|r| r["breaker"] == name).unwrap().clone();
     let spend = &row("agent")["spend"];
     assert_eq!(spend["budget"], 1_000_000);
     assert_eq!(spend["spent"], 1_250_000);
