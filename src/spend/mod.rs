@@ -165,7 +165,7 @@ impl<C: Classify> Classify for Meter<C> {
         let reader = if !status.is_success() {
             Reader::Free
         } else if is_event_stream(headers) {
-            Reader::Sse(SseScanner::new(), UsageReader::default())
+            Reader::Sse(Box::new((SseScanner::new(), UsageReader::default())))
         } else {
             Reader::Json(Vec::new(), false)
         };
@@ -215,7 +215,8 @@ enum Inner<S> {
 enum Reader {
     /// Not a 2xx: nothing to charge.
     Free,
-    Sse(SseScanner, UsageReader),
+    /// Boxed: a scanner is large, and allocates its buffers anyway.
+    Sse(Box<(SseScanner, UsageReader)>),
     /// The body so far, and whether it outgrew the limit.
     Json(Vec<u8>, bool),
 }
@@ -224,7 +225,8 @@ impl<S: ClassifyStream> Metered<S> {
     fn read(&mut self, chunk: &[u8]) {
         match &mut self.reader {
             Reader::Free => {}
-            Reader::Sse(scanner, usage) => {
+            Reader::Sse(sse) => {
+                let (scanner, usage) = &mut **sse;
                 scanner.feed(chunk, |event| {
                     usage.read(event.data());
                     None
@@ -292,7 +294,8 @@ impl<S: ClassifyStream> ClassifyStream for Metered<S> {
     fn charge(&mut self) -> Charge {
         match &mut self.reader {
             Reader::Free => Charge::Free,
-            Reader::Sse(scanner, usage) => {
+            Reader::Sse(sse) => {
+                let (scanner, usage) = &mut **sse;
                 // An event the stream ended inside of still counts.
                 scanner.finish(|event| {
                     usage.read(event.data());
