@@ -1005,7 +1005,7 @@ fn printed(args: &str) -> String {
         return if json {
             seeds::json(s) + "\n"
         } else {
-            seeds::table(s)
+            seeds::table(s) + &spend_over_seeds(name, n)
         };
     }
     if sweep {
@@ -1562,6 +1562,17 @@ fn replicas_are_replayed_as_bounds() {
 
 /// A shipped scenario over `n` seeds, run once for all the tests that
 /// read it.
+/// What the replay prints after the seeds' table for a scenario with
+/// `[spend]` (nothing for the others).
+fn spend_over_seeds(name: &str, n: u32) -> String {
+    let s = load(name);
+    if s.spend.is_none() {
+        return String::new();
+    }
+    let replays = seeds::replay_seeds(&s, &s.stacks(), &seeds::sequence(s.seed, n)).unwrap();
+    budget::by_traffic(&replays)
+}
+
 fn over_seeds(name: &str, n: u32) -> &'static seeds::Seeds {
     static RUNS: OnceLock<Mutex<HashMap<(String, u32), &'static seeds::Seeds>>> = OnceLock::new();
     let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
