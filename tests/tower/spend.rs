@@ -324,3 +324,20 @@ async fn an_axum_app_answers_a_spent_budget_with_a_402_the_sdks_do_not_retry() {
     assert_eq!(json["error"]["resets_in_ms"], 3_600_000);
     assert_eq!(hits.get(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_stream_deadlines_a_stream_is_charged_from_its_usage_too() {
+    use tower_circuit_breaker::deadline::StreamDeadlines;
+    let hits = Hits::default();
+    let addr = serve(upstream(hits.clone())).await;
+    let breaker = guarded();
+    let svc = client(&breaker)
+        .stream_deadlines(StreamDeadlines::new().stall(Duration::from_secs(30)))
+        .unwrap();
+    for path in ["/v1/stream", "/v1/chat/completions"] {
+        let res = svc.clone().oneshot(post_req(addr, path)).await.unwrap();
+        read_all(res.into_body()).await.unwrap();
+    }
+    let spend = breaker.snapshot().spend.unwrap();
+    assert_eq!((spend.spent, spend.observed_calls), (900_000, 2));
+}
