@@ -5,8 +5,9 @@
 //! The route is a proxy (a hyper-util client) wrapped in the breaker, with
 //! axum's `HandleErrorLayer` turning the breaker's error into a response:
 //! `CircuitOpen` becomes a 503 through
-//! `tower_circuit_breaker::response::service_unavailable`, any other error
-//! (the upstream cannot be reached) a 502. The upstream, a second local axum
+//! `tower_circuit_breaker::response::rejected` (a 402 for a spent spend
+//! budget, were the breaker given one), any other error (the upstream cannot
+//! be reached) a 502. The upstream, a second local axum
 //! server, streams answers until it is switched to failing.
 //!
 //! Run with `cargo run --example axum_app`.
@@ -27,7 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
 use tower_circuit_breaker::classify::LlmClassifier;
-use tower_circuit_breaker::response::service_unavailable;
+use tower_circuit_breaker::response::rejected;
 use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
 
 // === the upstream ===
@@ -115,7 +116,7 @@ pub fn app(upstream: SocketAddr, breaker: CircuitBreakerLayer<LlmClassifier>) ->
 /// The breaker's error as a response.
 async fn on_error(err: tower_circuit_breaker::Error) -> Response {
     match err.circuit_open() {
-        Some(open) => service_unavailable(open),
+        Some(open) => rejected(open),
         None => (StatusCode::BAD_GATEWAY, format!("upstream failed: {err}")).into_response(),
     }
 }

@@ -30,6 +30,7 @@ use crate::classify::{
     exhausted_reset, parse_retry_after, Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict,
 };
 use crate::deadline::StreamElapsed;
+use crate::spend::Charge;
 
 mod attempt;
 mod select;
@@ -211,9 +212,16 @@ impl Guard {
     ) -> Option<BodyGuard<C::Stream>> {
         self.permit.head_came(|| exhausted_for(headers));
         match status.as_u16() {
-            429 => self.permit.signal(Signal::Throttled),
-            503 => self.permit.signal(Signal::Unavailable),
-            _ => {}
+            200..=299 => {}
+            429 => {
+                self.permit.signal(Signal::Throttled);
+                self.waive();
+            }
+            503 => {
+                self.permit.signal(Signal::Unavailable);
+                self.waive();
+            }
+            _ => self.waive(),
         }
         #[cfg(feature = "metrics")]
         self.permit.report_head();
@@ -249,6 +257,9 @@ impl Guard {
         } else {
             self.permit.head_came(|| exhausted_for(headers));
         }
+        if !status.is_success() {
+            self.waive();
+        }
         match classifier.classify_response(status, headers) {
             Verdict::Done(Outcome::Success) => {
                 BodyGuard(Some((self.permit.take(), Held::Decided(Outcome::Success))))
@@ -259,6 +270,15 @@ impl Guard {
                 BodyGuard::decided()
             }
             Verdict::Defer(stream) => BodyGuard(Some((self.permit.take(), Held::Stream(stream)))),
+        }
+    }
+
+    /// An answer that is not a 2xx costs nothing: providers bill answers,
+    /// not errors.
+    #[inline]
+    fn waive(&mut self) {
+        if self.permit.is_metered() {
+            self.permit.charge(Charge::Free);
         }
     }
 
@@ -324,6 +344,13 @@ impl<S: ClassifyStream> ClassifyStream for Held<S> {
         match self {
             Held::Stream(s) => s.on_drop(),
             Held::Decided(o) => o,
+        }
+    }
+
+    fn charge(&mut self) -> Charge {
+        match self {
+            Held::Stream(s) => s.charge(),
+            Held::Decided(_) => Charge::Unknown,
         }
     }
 }
@@ -399,11 +426,22 @@ impl<S: ClassifyStream> BodyGuard<S> {
     }
 
     fn settle(&mut self, f: impl FnOnce(S) -> Outcome) {
-        if let Some((mut permit, stream)) = self.0.take() {
+        if let Some((mut permit, mut stream)) = self.0.take() {
+            if permit.is_metered() {
+                charge(&mut permit, &mut stream);
+            }
             let reset = stream.announced_reset();
             permit.finish_announced(f(stream), &|| reset);
         }
     }
+}
+
+/// Charges a metered call what its stream read (apart, so that a body
+/// guard without a spend guard stays small enough to inline).
+#[cold]
+#[inline(never)]
+fn charge<S: ClassifyStream>(permit: &mut Permit, stream: &mut S) {
+    permit.charge(stream.charge());
 }
 
 impl<S: ClassifyStream> Drop for BodyGuard<S> {

@@ -183,6 +183,7 @@ pub mod response;
 pub mod retry;
 mod rng;
 mod service;
+pub mod spend;
 pub mod stack;
 #[cfg(feature = "status")]
 #[cfg_attr(docsrs, doc(cfg(feature = "status")))]

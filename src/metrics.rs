@@ -44,6 +44,7 @@
 //! | `circuit_breaker_rejections_total` | counter | `reason`: [`Rejection::as_str`] (`open`, `half_open_full`, `forced_open`, `volume_guard`) |
 //! | `circuit_breaker_transitions_total` | counter | `from`, `to`: [`State::as_str`] |
 //! | `circuit_breaker_state` | gauge | the state: 0 closed, 1 open, 2 half-open, 3 forced open, 4 disabled |
+//! | `circuit_breaker_spend_warnings_total` | counter | (a spend guard's spend reached its [warning threshold](crate::spend::SpendGuard::warn_at)) |
 //! | `circuit_breaker_time_to_first_byte_seconds` | histogram | (time from admission to the response head, for calls through a layer or an integration; to the microsecond, and a wait over 71 minutes wraps around; [buckets](#time-to-first-byte-buckets) for LLM answers) |
 //!
 //! # Time-to-first-byte buckets
@@ -122,6 +123,7 @@ const REJECTIONS: &str = "circuit_breaker_rejections_total";
 const TRANSITIONS: &str = "circuit_breaker_transitions_total";
 const STATE: &str = "circuit_breaker_state";
 const TTFB: &str = TIME_TO_FIRST_BYTE;
+const SPEND_WARNINGS: &str = "circuit_breaker_spend_warnings_total";
 
 /// The name of the time-to-first-byte histogram, in seconds, for an
 /// exporter's per-metric settings (see [the buckets](self#time-to-first-byte-buckets)).
@@ -439,6 +441,12 @@ impl Observe for Meter {
     /// The response head of a call that started at `start` (see
     /// [`start`](Self::start)) came; `probe`: the call is a half-open probe.
     #[cold]
+    fn spend_warning(&self) {
+        if self.is_on() {
+            increment(&Key::from_parts(SPEND_WARNINGS, self.labels(&[])));
+        }
+    }
+
     fn head(&self, start: u32, probe: bool) {
         let state = if probe {
             State::HalfOpen

@@ -146,6 +146,96 @@ pub fn grpc_unavailable<B: Default>(open: &CircuitOpen) -> Response<B> {
     res
 }
 
+/// The answer for a call the circuit rejected: [`payment_required`] when a
+/// spend budget is spent ([`Rejection::SpendExceeded`](crate::Rejection::SpendExceeded)),
+/// else [`service_unavailable`]. Never a 429 or a 503 for a spent budget: the
+/// common SDKs retry those, and a retry only spends on.
+///
+/// ```
+/// use tower_circuit_breaker::{response::rejected, Breaker};
+///
+/// let breaker = Breaker::builder().build().unwrap();
+/// breaker.force_open();
+/// let res: http::Response<String> = rejected(&breaker.admit().unwrap_err());
+/// assert_eq!(res.status(), 503);
+/// ```
+pub fn rejected<B: From<String>>(open: &CircuitOpen) -> Response<B> {
+    if open.spend().is_some() {
+        return payment_required(open);
+    }
+    let res: Response<()> = service_unavailable(open);
+    res.map(|()| B::from(String::new()))
+}
+
+/// A `402 Payment Required` for a call a spend guard rejected, with
+/// `x-should-retry: false` (read by the OpenAI and Anthropic SDKs) and a
+/// JSON body in the shape of an API error:
+///
+/// ```text
+/// {"error":{"type":"spend_exceeded","code":"spend_exceeded","message":"...",
+///           "budget":1000000,"spent":1050000,"unit":"usd_micros","resets_in_ms":3600000}}
+/// ```
+///
+/// The common SDKs retry 408, 409, 429 and 5xx answers, not a 402. For a
+/// rejection of another kind, the same body without the budget's fields.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_circuit_breaker::response::payment_required;
+/// use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
+/// use tower_circuit_breaker::{Breaker, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let breaker = Breaker::builder()
+///     .spend_guard(SpendGuard::micro_dollars(1_000_000, Period::Rolling(Duration::from_secs(60))))
+///     .build()
+///     .unwrap();
+/// let mut permit = breaker.admit().unwrap();
+/// permit.charge(Charge::Observed(1_000_000));
+/// permit.record(Outcome::Success);
+/// let res: http::Response<String> = payment_required(&breaker.admit().unwrap_err());
+/// assert_eq!(res.status(), 402);
+/// assert_eq!(res.headers()["x-should-retry"], "false");
+/// assert!(res.body().contains(r#""spent":1000000,"unit":"usd_micros","resets_in_ms":60000"#));
+/// # }
+/// ```
+pub fn payment_required<B: From<String>>(open: &CircuitOpen) -> Response<B> {
+    use std::fmt::Write;
+    let mut body =
+        String::from(r#"{"error":{"type":"spend_exceeded","code":"spend_exceeded","message":""#);
+    for c in open.to_string().chars() {
+        match c {
+            '"' => body.push_str("\\\""),
+            '\\' => body.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(body, "\\u{:04x}", c as u32);
+            }
+            c => body.push(c),
+        }
+    }
+    body.push('"');
+    if let Some(spend) = open.spend() {
+        let ms = open.retry_after().map_or(0, |d| {
+            u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        });
+        let _ = write!(
+            body,
+            r#","budget":{},"spent":{},"unit":"{}","resets_in_ms":{}"#,
+            spend.budget(),
+            spend.spent(),
+            spend.unit().as_str(),
+            ms
+        );
+    }
+    body.push_str("}}");
+    let mut res = Response::new(B::from(body));
+    *res.status_mut() = StatusCode::PAYMENT_REQUIRED;
+    let headers = res.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert("x-should-retry", HeaderValue::from_static("false"));
+    res
+}
+
 fn whole_seconds(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }

@@ -14,6 +14,10 @@
 //! * the [`CircuitOpen`] itself as the status's
 //!   [`source`](std::error::Error::source).
 //!
+//! A call a spend guard rejected ([`Rejection::SpendExceeded`](crate::Rejection::SpendExceeded))
+//! is `PERMISSION_DENIED` instead, without pushback: no retry helps before
+//! the budget resets, and `RESOURCE_EXHAUSTED` reads as a rate limit.
+//!
 //! `From<CircuitOpen> for tonic::Status` builds the same status by hand. To
 //! trip on the statuses a server sends, classify with
 //! [`GrpcClassifier`](crate::classify::GrpcClassifier).
@@ -87,6 +91,13 @@ pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// ```
 impl From<CircuitOpen> for Status {
     fn from(open: CircuitOpen) -> Status {
+        if open.spend().is_some() {
+            // Not `RESOURCE_EXHAUSTED`, which clients (and this crate) read
+            // as a rate limit to wait out and retry.
+            let mut status = Status::permission_denied(open.to_string());
+            status.set_source(Arc::new(open));
+            return status;
+        }
         let wait = open.retry_after().map(|d| {
             // Round up: a client that waits exactly this long finds the
             // circuit ready for a probe.

@@ -4,6 +4,9 @@
 //! with the key and the line.
 
 #[allow(dead_code)]
+#[path = "../examples/outage_replay/budget.rs"]
+mod budget;
+#[allow(dead_code)]
 #[path = "../examples/outage_replay/engine.rs"]
 mod engine;
 #[allow(dead_code)]
@@ -1039,7 +1042,7 @@ fn printed(args: &str) -> String {
         return if json {
             seeds::json(s) + "\n"
         } else {
-            seeds::table(s) + &routing_over_seeds(name, n)
+            seeds::table(s) + &routing_over_seeds(name, n) + &spend_over_seeds(name, n)
         };
     }
     if sweep {
@@ -1596,6 +1599,17 @@ fn replicas_are_replayed_as_bounds() {
 
 /// A shipped scenario over `n` seeds, run once for all the tests that
 /// read it.
+/// What the replay prints after the seeds' table for a scenario with
+/// `[spend]` (nothing for the others).
+fn spend_over_seeds(name: &str, n: u32) -> String {
+    let s = load(name);
+    if s.spend.is_none() {
+        return String::new();
+    }
+    let replays = seeds::replay_seeds(&s, &s.stacks(), &seeds::sequence(s.seed, n)).unwrap();
+    budget::by_traffic(&replays)
+}
+
 fn over_seeds(name: &str, n: u32) -> &'static seeds::Seeds {
     static RUNS: OnceLock<Mutex<HashMap<(String, u32), &'static seeds::Seeds>>> = OnceLock::new();
     let mut runs = RUNS.get_or_init(Default::default).lock().unwrap();
@@ -2318,4 +2332,41 @@ fn the_context_length_wave_is_answered_by_the_long_context_member_and_trips_noth
             assert_eq!(run.all.answered, run.all.requests);
         }
     }
+}
+
+#[test]
+fn the_spend_guard_stops_the_runaway_agent_within_its_bound_and_spares_the_users() {
+    let replay = replayed("runaway-agent-loop.toml");
+    assert_consistent(replay);
+    let class = |run: &StackRun, key: &str| {
+        classes(replay, run)
+            .find(|(c, _)| c.ends_with(key))
+            .unwrap()
+            .1
+            .clone()
+    };
+    let scenario = &replay.setup;
+    let budget = scenario.spend.unwrap().budget_usd;
+    let per_call = scenario.upstreams[1].cost.billed(1.0);
+    let (bare, guarded) = (stack(replay, "no-breaker"), stack(replay, "breaker"));
+    let agent = class(guarded, "agent");
+    assert!((class(bare, "agent").cost_usd - 2400.0 * per_call).abs() < 1e-6);
+    // The call that crosses the budget completes, and so do those in flight
+    // with it: at most the loop's calls of the longest latency drawn (ten
+    // seconds at one call a second).
+    assert!(agent.cost_usd >= budget, "{}", agent.cost_usd);
+    assert!(
+        agent.cost_usd <= budget + 10.0 * per_call,
+        "{} over a budget of {budget}",
+        agent.cost_usd
+    );
+    assert!(agent.rejected > 2000);
+    // The users' own key never comes near its budget: their errors are the
+    // unguarded stack's.
+    let users = class(guarded, "users");
+    assert_eq!(users.rejected, 0);
+    assert_eq!(users.user_error_rate, class(bare, "users").user_error_rate);
+    assert!((users.cost_usd - class(bare, "users").cost_usd).abs() < 1e-9);
+    // One budget for everyone: the loop spends the users' share.
+    assert!(class(stack(replay, "global-breaker"), "users").rejected > 1000);
 }

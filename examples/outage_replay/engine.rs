@@ -624,16 +624,34 @@ fn no_breaker(sim: &Arc<Sim>) -> Result<SimStack, String> {
 }
 
 fn breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
+    match &sim.scenario.spend {
+        None => breaker_with(sim, log, replica, LlmClassifier::new()),
+        Some(_) => breaker_with(sim, log, replica, crate::budget::meter(&sim.scenario)),
+    }
+}
+
+fn breaker_with<C>(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+    classifier: C,
+) -> Result<SimStack, String>
+where
+    C: crate::budget::SimClassifier,
+{
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let mut builder = Stack::builder()
         .attempt_timeout(c.attempt_timeout)
-        .breaker(breaker_builder(scenario, 0, replica, log))
+        .breaker(crate::budget::guard(
+            breaker_builder(scenario, 0, replica, log),
+            scenario,
+        ))
         .max_retries(c.max_retries)
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
         .seed(scenario.seed)
-        .classifier(LlmClassifier::new());
+        .classifier(classifier);
     if let Some(total) = c.total_timeout {
         builder = builder.total_timeout(total);
     }
@@ -658,16 +676,34 @@ fn breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack
 /// The breaker stack with keyed breakers: one per model (or model and API
 /// key), each upstream's own settings for its keys.
 fn keyed_breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStack, String> {
+    match &sim.scenario.spend {
+        None => keyed_breaker_with(sim, log, replica, LlmClassifier::new()),
+        Some(_) => keyed_breaker_with(sim, log, replica, crate::budget::meter(&sim.scenario)),
+    }
+}
+
+fn keyed_breaker_with<C>(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+    classifier: C,
+) -> Result<SimStack, String>
+where
+    C: crate::budget::SimClassifier,
+{
     let scenario = &sim.scenario;
     let c = &scenario.client;
     let suffix = replica_suffix(replica);
     let listener_log = Arc::clone(log);
-    let mut builder = configure(KeyedBreakers::builder(), &scenario.breaker)
-        .seed(mix(scenario.seed ^ 1).wrapping_add(u64::from(replica) << 32))
-        .on_transition(move |t: &Transition| {
-            let key = t.key.as_deref().unwrap_or("(unkeyed)");
-            lock(&listener_log).push((t.at, format!("{key}{suffix}").into(), t.to));
-        });
+    let mut builder = crate::budget::guard(
+        configure(KeyedBreakers::builder(), &scenario.breaker),
+        scenario,
+    )
+    .seed(mix(scenario.seed ^ 1).wrapping_add(u64::from(replica) << 32))
+    .on_transition(move |t: &Transition| {
+        let key = t.key.as_deref().unwrap_or("(unkeyed)");
+        lock(&listener_log).push((t.at, format!("{key}{suffix}").into(), t.to));
+    });
     for (key, upstream) in &sim.keys {
         if scenario.upstreams[*upstream].breaker.is_some() {
             let config = scenario.breaker_for(*upstream).clone();
@@ -685,8 +721,8 @@ fn keyed_breaker(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<Si
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
         .layer(RetryLayer::new(policy));
-    let breakers = CircuitBreakerLayer::keyed(set, keyed::header(BREAKER_KEY))
-        .with_classifier(LlmClassifier::new());
+    let breakers =
+        CircuitBreakerLayer::keyed(set, keyed::header(BREAKER_KEY)).with_classifier(classifier);
     let attempt = Timeout::new(client(sim), c.attempt_timeout);
     Ok(match stream_deadlines(scenario) {
         None => boxed(outer.layer(breakers).service(attempt)),
@@ -1060,7 +1096,13 @@ impl Sim {
             .enumerate()
             .map(|(i, u)| {
                 let script = u
-                    .script(scenario.seed, i, scenario.duration, tokens)
+                    .script(
+                        scenario.seed,
+                        i,
+                        scenario.duration,
+                        tokens,
+                        scenario.spend.is_some(),
+                    )
                     .map_err(|e| format!("upstream {:?} cannot be scripted: {e}", u.name))?;
                 Ok(ScriptedUpstream::with_log(script, log.clone()))
             })

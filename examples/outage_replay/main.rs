@@ -49,6 +49,7 @@
 //! core's default (the open duration, or the slow threshold when shorter; the
 //! `breaker` stack caps it at the attempt timeout).
 
+mod budget;
 mod engine;
 mod figures;
 mod report;
@@ -207,6 +208,9 @@ fn main() -> ExitCode {
                 } else {
                     print!("{}", seeds::table(&s));
                     print!("{}", engine::routing_table(&runs));
+                    if scenario.spend.is_some() {
+                        print!("{}", budget::by_traffic(&runs));
+                    }
                 }
                 ExitCode::SUCCESS
             }

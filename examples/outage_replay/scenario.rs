@@ -53,6 +53,8 @@ pub struct Scenario {
     pub hedge: Option<HedgeConfig>,
     /// The `[failover]` table: selection and fallback by error kind.
     pub routing: Routing,
+    /// The `[spend]` budget of the breaker stacks' breakers, if any.
+    pub spend: Option<SpendConfig>,
 }
 
 /// When the `hedged` stack sends a second attempt (`[hedge]`).
@@ -525,6 +527,9 @@ pub struct Upstream {
     /// Its own breaker settings (`[upstream.breaker]` over `[breaker]`).
     pub breaker: Option<BreakerConfig>,
     pub capacity: Option<Capacity>,
+    /// Under per-token pricing: a good answer's input and output tokens,
+    /// which its `usage` reports in a scenario with `[spend]`.
+    pub tokens: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -569,6 +574,7 @@ impl Upstream {
         index: usize,
         end: Duration,
         tokens: bool,
+        usage: bool,
     ) -> Result<Script, ScriptError> {
         let mut script = Script::builder()
             .name(self.name.as_str())
@@ -590,6 +596,9 @@ impl Upstream {
                 capacity = capacity.retry_after(wait);
             }
             script = script.capacity(capacity);
+        }
+        if usage && let Some((input, output)) = self.tokens {
+            script = script.usage(input, output);
         }
         script.build()
     }
@@ -706,6 +715,7 @@ struct RawScenario {
     sweep: Option<S<RawGrid>>,
     hedge: Option<S<RawHedge>>,
     failover: Option<S<RawFailover>>,
+    spend: Option<S<RawSpend>>,
 }
 
 #[derive(Deserialize)]
@@ -1165,8 +1175,25 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         None => Routing::default(),
         Some(f) => routing(&src, f, &upstreams)?,
     };
+    let spend = match &raw.spend {
+        None => None,
+        Some(t) => {
+            if let Some(u) = upstreams.iter().find(|u| u.tokens.is_none()) {
+                return Err(src.at(
+                    t,
+                    format!(
+                        "`[spend]` prices each answer's usage by its upstream's per-token `cost`; \
+                         upstream {:?} has none",
+                        u.name
+                    ),
+                ));
+            }
+            Some(spend(&src, t)?)
+        }
+    };
     Ok(Scenario {
         hedge,
+        spend,
         traffic,
         rates,
         bursts,
@@ -1725,6 +1752,13 @@ fn upstream(
             }
         }
     };
+    let tokens = raw.cost.as_ref().and_then(|c| {
+        let c = c.get_ref();
+        Some((
+            *c.tokens_in.as_ref()?.get_ref(),
+            *c.tokens_out.as_ref()?.get_ref(),
+        ))
+    });
     Ok(Upstream {
         name,
         phases,
@@ -1732,6 +1766,7 @@ fn upstream(
         probe_cost,
         breaker,
         capacity,
+        tokens,
     })
 }
 
@@ -2174,4 +2209,80 @@ pub fn with_breaker(
     let mut edited = lines.join("\n");
     edited.push('\n');
     parse(&edited, file)
+}
+
+// === [spend] ===
+
+/// A spend guard on every breaker of the breaker stacks (`breaker`,
+/// `global-breaker`; with `keyed_by`, each key its own budget), priced by
+/// each upstream's per-token `cost`, whose answers then report that `usage`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpendConfig {
+    pub budget_usd: f64,
+    pub period: tower_circuit_breaker::spend::Period,
+    /// What a call whose usage never came is charged; absent: the running
+    /// average.
+    pub unknown_usd: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpend {
+    budget_usd: S<f64>,
+    period_s: Option<S<f64>>,
+    period: Option<S<String>>,
+    unknown_usd: Option<S<f64>>,
+}
+
+fn spend(src: &Source<'_>, spanned: &Spanned<RawSpend>) -> Result<SpendConfig, ScenarioError> {
+    use tower_circuit_breaker::spend::Period;
+    let raw = spanned.get_ref();
+    let usd = |v: &S<f64>, key: &str| {
+        let x = *v.get_ref();
+        if x.is_finite() && x > 0.0 && x <= 1e9 {
+            Ok(x)
+        } else {
+            Err(src.at(
+                v,
+                format!("`{key}` must be a positive amount in USD, at most 1e9, got {x}"),
+            ))
+        }
+    };
+    let period = match (&raw.period_s, &raw.period) {
+        (Some(v), None) => {
+            let d = seconds(src, v, "period_s")?;
+            if d < Duration::from_secs(1) || d > Duration::from_secs(7 * 86_400) {
+                return Err(src.at(v, "`period_s` must be between 1 and 604800 (a week)"));
+            }
+            Period::Rolling(d)
+        }
+        (None, Some(v)) => match v.get_ref().as_str() {
+            "utc_hour" => Period::UtcHour,
+            "utc_day" => Period::UtcDay,
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`period` {other:?} is not \"utc_hour\" or \"utc_day\""),
+                ))
+            }
+        },
+        (Some(v), Some(_)) => {
+            return Err(src.at(
+                v,
+                "`[spend]`: give `period_s` (rolling) or `period`, not both",
+            ))
+        }
+        (None, None) => return Err(src.at(
+            spanned,
+            "`[spend]` needs `period_s` (a rolling period) or `period` (\"utc_hour\", \"utc_day\")",
+        )),
+    };
+    Ok(SpendConfig {
+        budget_usd: usd(&raw.budget_usd, "budget_usd")?,
+        period,
+        unknown_usd: match &raw.unknown_usd {
+            Some(v) => Some(usd(v, "unknown_usd")?),
+            None => None,
+        },
+    })
 }

@@ -7,6 +7,7 @@ use super::counters::Counter;
 use super::limit::Guarded;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
+use super::spend::SpendExceeded;
 use super::state::Packed;
 use super::window::SLOW;
 use super::{Control, Events, Shared, State};
@@ -30,7 +31,7 @@ impl Shared {
     ) -> Result<Permit, CircuitOpen> {
         let word = self.load();
         if word.is_closed() && self.plain && !self.is_guarded() {
-            return Ok(Permit::new(self, word.generation(), Kind::Closed, 0, false));
+            return Ok(Permit::plain(self, word.generation()));
         }
         self.admit_other(word, fallback())
     }
@@ -75,6 +76,22 @@ impl Shared {
         }
     }
 
+    /// The spend guard's say on a call about to be admitted, if the breaker
+    /// has one: a rejection once its budget is spent (outside shadow mode).
+    #[inline]
+    pub(super) fn spend_check(
+        self: &Arc<Self>,
+        fallback: bool,
+    ) -> Option<Result<Permit, CircuitOpen>> {
+        let ledger = self.spend.as_ref()?;
+        let exceeded = ledger.admits(|| self.now()).err()?;
+        if ledger.shadow() {
+            self.counters.incr(Counter::WouldReject);
+            return None;
+        }
+        Some(self.reject_spend(exceeded, fallback))
+    }
+
     /// Whether the circuit is still in the period that admitted a call.
     /// Generations are compared modulo 2^32.
     #[inline]
@@ -89,6 +106,9 @@ impl Shared {
         generation: u64,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         if self.pace {
             let until = self.hot.paced_until.load(Ordering::Acquire);
             if until != 0
@@ -172,6 +192,9 @@ impl Shared {
         now: u64,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         // A known rate limit holds in half-open too: a probe sent before
         // its reset would only hear "429" again, and a 429 gives its slot
         // back, so nothing else would stop the next one.
@@ -260,6 +283,9 @@ impl Shared {
         word: Packed,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         let generation = word.generation();
         let taken = self.hot.state.compare_exchange(
             word.0,
@@ -324,6 +350,23 @@ impl Shared {
             cause,
             deadline.map(|ns| self.deadline(ns)),
         ))
+    }
+
+    /// Rejects a call because the spend budget is spent.
+    #[cold]
+    fn reject_spend(
+        self: &Arc<Self>,
+        exceeded: Arc<SpendExceeded>,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
+        if self.hot.metrics_only.load(Ordering::Acquire) {
+            return self.admit_shadow(fallback);
+        }
+        self.counters.incr(Counter::Rejected);
+        if let Some(observer) = self.observer() {
+            observer.rejected(Rejection::SpendExceeded, self.load().state());
+        }
+        Err(CircuitOpen::spent(self.name.clone(), exceeded))
     }
 
     /// In shadow mode: admits the call that would have been rejected.

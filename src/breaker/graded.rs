@@ -202,6 +202,9 @@ impl Shared {
         word: Packed,
         fallback: bool,
     ) -> Result<Permit, CircuitOpen> {
+        if let Some(rejected) = self.spend_check(fallback) {
+            return rejected;
+        }
         let Some(graded) = &self.graded else {
             return self.admit_closed(word.generation(), fallback);
         };

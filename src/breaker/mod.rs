@@ -55,6 +55,7 @@ mod record;
 mod rejection;
 mod remote;
 mod spare;
+pub(crate) mod spend;
 mod state;
 mod transition;
 mod turns;
@@ -169,6 +170,8 @@ pub(crate) struct Shared {
     /// Graded admission, when a trip rule may fire and the trip mode is
     /// graded.
     graded: Option<graded::Graded>,
+    /// The spend guard's ledger, if the breaker has one.
+    spend: Option<spend::Ledger>,
     counters: Striped,
     control: Mutex<Control>,
     name: Option<Arc<str>>,
@@ -264,6 +267,7 @@ impl Breaker {
     pub(crate) fn with_config(config: Arc<Config>, name: Option<Arc<str>>) -> Self {
         let slow_ns = config.slow_call.map(|(t, _)| nanos(t));
         let has_window = config.has_rate_rule();
+        let epoch = Instant::now();
         Breaker {
             shared: Arc::new(Shared {
                 hot: Hot {
@@ -288,6 +292,7 @@ impl Breaker {
                 graded: config.graded_window().map(|window| {
                     graded::Graded::new(config.graded_k, nanos(window), config.seed)
                 }),
+                spend: config.spend.map(|guard| spend::Ledger::new(guard, epoch)),
                 counters: Striped::new(config.counter_stripes, config.stripes_when_busy),
                 control: Mutex::new(Control {
                     reopens: 0,
@@ -301,7 +306,10 @@ impl Breaker {
                     last_resort: None,
                     turns: None,
                 }),
-                plain: slow_ns.is_none() && config.volume_guard.is_none() && !config.pace,
+                plain: slow_ns.is_none()
+                    && config.volume_guard.is_none()
+                    && !config.pace
+                    && config.spend.is_none(),
                 pace: config.pace,
                 head_work: slow_ns.is_some() || config.pace,
                 quota_gate_ns: config.quota_gate.map(nanos),
@@ -309,7 +317,7 @@ impl Breaker {
                 slow_ns,
                 probe_deadline_ns: nanos(config.probe_deadline()),
                 lease_ns: config.probe_lease.map(nanos),
-                epoch: Instant::now(),
+                epoch,
                 // A keyed set names each breaker by its key, never by the
                 // name it gave the set.
                 #[cfg(feature = "metrics")]

@@ -37,6 +37,9 @@ pub(crate) trait Observe: Send + Sync {
     fn head(&self, start: u32, probe: bool) {
         let _ = (start, probe);
     }
+
+    /// The spend guard's warning threshold was reached.
+    fn spend_warning(&self) {}
 }
 
 /// Gives each breaker built from a configuration its observer.

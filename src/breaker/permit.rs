@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::counters::Counter;
 use super::observe::Observe;
 use super::outcome::Outcome;
+use super::spend::Charge;
 use super::{spare, Shared, Signal};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub(super) struct Ticket {
     pub(super) fallback: bool,
     /// Admitted by graded admission: its success is an accept.
     pub(super) graded: bool,
+    /// The breaker has a spend guard and the call is not charged yet.
+    pub(super) metered: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -111,6 +114,21 @@ impl Permit {
         id: u32,
         fallback: bool,
     ) -> Self {
+        // Read on every admission but a plain closed circuit's (see
+        // `plain`): a breaker with a guard is never plain.
+        let metered = shared.spend.is_some();
+        Permit::make(shared, generation, kind, id, fallback, metered)
+    }
+
+    #[inline(always)]
+    fn make(
+        shared: &Arc<Shared>,
+        generation: u64,
+        kind: Kind,
+        id: u32,
+        fallback: bool,
+        metered: bool,
+    ) -> Self {
         shared.counters.incr(Counter::Admitted);
         Permit {
             shared: Some(spare::take(shared)),
@@ -121,6 +139,7 @@ impl Permit {
                 signal: Signal::None,
                 fallback,
                 graded: false,
+                metered,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -251,6 +270,53 @@ impl Permit {
         }
     }
 
+    /// Charges the call what it cost, with the breaker's spend guard (see
+    /// [`Builder::spend_guard`](crate::Builder::spend_guard)); the first
+    /// charge counts, later ones are ignored. A permit finished without a
+    /// charge is charged [`Charge::Unknown`]. Nothing without a spend guard.
+    /// The tower service charges calls itself, through a
+    /// [`Meter`](crate::spend::Meter) classifier.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .spend_guard(SpendGuard::tokens(10_000, Period::UtcDay))
+    ///     .build()
+    ///     .unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.charge(Charge::Observed(1_234));
+    /// permit.record(Outcome::Success);
+    /// assert_eq!(breaker.snapshot().spend.unwrap().spent, 1_234);
+    /// # }
+    /// ```
+    #[inline]
+    pub fn charge(&mut self, charge: Charge) {
+        if self.ticket.metered
+            && let Some(shared) = &self.shared
+        {
+            self.ticket.metered = false;
+            shared.charge(charge);
+        }
+    }
+
+    /// [`new`](Self::new) for a plain closed circuit's call, which no
+    /// rule but the window's sees, and nobody charges.
+    #[inline]
+    pub(super) fn plain(shared: &Arc<Shared>, generation: u64) -> Self {
+        Permit::make(shared, generation, Kind::Closed, 0, false, false)
+    }
+
+    /// Whether the call is still to be charged (its breaker has a spend
+    /// guard).
+    #[inline]
+    pub(crate) fn is_metered(&self) -> bool {
+        self.ticket.metered
+    }
+
     /// Records the call's outcome.
     ///
     /// ```
@@ -329,10 +395,15 @@ impl Permit {
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
         let plain_success = outcome == Outcome::Success
-            && !self.ticket.graded
+            // One test for both: a call still to charge is never plain.
+            && !(self.ticket.graded | self.ticket.metered)
             && (self.ticket.kind == Kind::Closed
                 || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
         if !plain_success {
+            if self.ticket.metered {
+                self.ticket.metered = false;
+                shared.charge(Charge::Unknown);
+            }
             shared.record(self.ticket, &mut self.head, outcome, announced);
         } else if shared.hot.consecutive.load(Ordering::Relaxed) != 0 || !shared.rates.is_clean() {
             shared.record_success(self.ticket.generation);

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::spend::{Amount, SpendExceeded};
 use super::state::State;
 
 /// Why a call was rejected.
@@ -57,6 +58,12 @@ pub enum Rejection {
     /// serve it (see [`Builder::trip_mode`](crate::Builder::trip_mode)).
     /// The circuit itself is closed.
     Graded,
+    /// The spend guard's budget for the period is spent (see
+    /// [`Builder::spend_guard`](crate::Builder::spend_guard) and
+    /// [`CircuitOpen::spend`]). The circuit itself is closed. No retry
+    /// helps before the budget resets: [`RetryPolicy`](crate::RetryPolicy)
+    /// never retries it and [`Failover`](crate::Failover) returns it.
+    SpendExceeded,
 }
 
 /// The circuit rejected the call; the upstream was not called.
@@ -85,7 +92,18 @@ pub struct CircuitOpen {
     /// When a call may be admitted again: a moment, not a duration, so
     /// that rejecting needs no clock read, and kept in the breaker's own
     /// terms until asked for.
-    deadline: Option<Deadline>,
+    when: When,
+}
+
+/// When a call may be admitted again. A spent budget's detail is shared
+/// with the ledger that made it (a reference count, no allocation per
+/// rejection), and fits where a deadline does, so that no rejection is
+/// larger for it.
+#[derive(Clone)]
+enum When {
+    Unknown,
+    At(Deadline),
+    Spent(Arc<SpendExceeded>),
 }
 
 /// A moment `ns` nanoseconds after `epoch`.
@@ -106,7 +124,51 @@ impl CircuitOpen {
         CircuitOpen {
             key,
             cause,
-            deadline,
+            when: match deadline {
+                Some(d) => When::At(d),
+                None => When::Unknown,
+            },
+        }
+    }
+
+    pub(crate) fn spent(key: Option<Arc<str>>, exceeded: Arc<SpendExceeded>) -> Self {
+        CircuitOpen {
+            key,
+            cause: Rejection::SpendExceeded,
+            when: When::Spent(exceeded),
+        }
+    }
+
+    /// For [`Rejection::SpendExceeded`]: which budget, what the period's
+    /// calls cost, and when it resets. `None` for every other reason.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::spend::{Charge, Period, SpendGuard, Unit};
+    /// use tower_circuit_breaker::{Breaker, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let breaker = Breaker::builder()
+    ///     .name("agent")
+    ///     .spend_guard(SpendGuard::tokens(1_000, Period::Rolling(Duration::from_secs(60))))
+    ///     .build()
+    ///     .unwrap();
+    /// let mut permit = breaker.admit().unwrap();
+    /// permit.charge(Charge::Observed(1_500));
+    /// permit.record(Outcome::Success);
+    /// let open = breaker.admit().unwrap_err();
+    /// let spend = open.spend().unwrap();
+    /// assert_eq!((spend.unit(), spend.spent(), spend.budget()), (Unit::Tokens, 1_500, 1_000));
+    /// assert_eq!(
+    ///     open.to_string(),
+    ///     "circuit 'agent' spend budget exceeded: 1500 tokens of 1000 tokens; next call in 60 s"
+    /// );
+    /// # }
+    /// ```
+    pub fn spend(&self) -> Option<SpendExceeded> {
+        match &self.when {
+            When::Spent(spent) => Some(**spent),
+            _ => None,
         }
     }
 
@@ -126,7 +188,8 @@ impl CircuitOpen {
             | Rejection::RateLimited
             | Rejection::InFlightLimit
             | Rejection::Ramp
-            | Rejection::Graded => State::Closed,
+            | Rejection::Graded
+            | Rejection::SpendExceeded => State::Closed,
         }
     }
 
@@ -169,7 +232,11 @@ impl CircuitOpen {
     /// # }
     /// ```
     pub fn retry_at(&self) -> Option<Instant> {
-        self.deadline.map(Deadline::instant)
+        match &self.when {
+            When::Unknown => None,
+            When::At(d) => Some(d.instant()),
+            When::Spent(spent) => Some(spent.resets_at()),
+        }
     }
 }
 
@@ -180,6 +247,7 @@ impl fmt::Debug for CircuitOpen {
             .field("state", &self.state())
             .field("reason", &self.cause)
             .field("retry_after", &self.retry_after())
+            .field("spend", &self.spend())
             .finish()
     }
 }
@@ -198,6 +266,15 @@ impl fmt::Display for CircuitOpen {
             write!(f, "'{}' ", key.escape_debug())?;
         }
         f.write_str(self.cause.describe())?;
+        if let Some(spend) = self.spend() {
+            let (spent, budget) = (spend.spent(), spend.budget());
+            write!(
+                f,
+                ": {} of {}",
+                Amount(spent, spend.unit()),
+                Amount(budget, spend.unit())
+            )?;
+        }
         if let Some(wait) = self.retry_after() {
             write!(f, "; {} in {}", self.cause.waits_for(), Wait(wait))?;
         }
@@ -224,6 +301,7 @@ impl Rejection {
             Rejection::InFlightLimit => "in_flight_limit",
             Rejection::Ramp => "ramp",
             Rejection::Graded => "graded",
+            Rejection::SpendExceeded => "spend_exceeded",
         }
     }
 
@@ -239,6 +317,7 @@ impl Rejection {
             Rejection::InFlightLimit => "in-flight limit reached: the upstream signals overload",
             Rejection::Ramp => "ramping up after half-open; this call goes to its fallback",
             Rejection::Graded => "shedding: the upstream answers too few calls",
+            Rejection::SpendExceeded => "spend budget exceeded",
         }
     }
 

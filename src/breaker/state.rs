@@ -389,6 +389,10 @@ pub struct Snapshot {
     /// While a trip rule has fired and graded admission sheds calls without
     /// a fallback (the state says [`State::Closed`]): its window's counts.
     pub shed: Option<Shed>,
+    /// With a spend guard (see
+    /// [`Builder::spend_guard`](crate::Builder::spend_guard)): its budget
+    /// and what the current period's calls cost.
+    pub spend: Option<crate::spend::Spend>,
 }
 
 /// What graded admission sheds (see

@@ -176,6 +176,7 @@ impl Shared {
                 _ => None,
             },
             shed: self.shed(word),
+            spend: self.spend.as_ref().map(|ledger| ledger.snapshot(now)),
         };
         drop(ctl);
         self.emit(events);

@@ -311,6 +311,17 @@ pub trait ClassifyStream {
     {
         Outcome::Ignored
     }
+
+    /// What the call cost, for a breaker with a spend guard (see
+    /// [`crate::spend`]): asked once, just before the verdict is settled
+    /// (`on_end`, `on_error`, `on_drop` or a deciding chunk), and only when
+    /// the breaker has a spend guard. The default,
+    /// [`Charge::Unknown`](crate::spend::Charge::Unknown), charges the call as
+    /// one whose usage never arrived; [`Meter`](crate::spend::Meter) reads
+    /// the usage the body reports.
+    fn charge(&mut self) -> crate::spend::Charge {
+        crate::spend::Charge::Unknown
+    }
 }
 
 /// The stream classifier of classifiers that always decide on the head. It

@@ -260,6 +260,9 @@ where
                     }
                     let then = match judged {
                         Judged::Said(outcome) => then(outcome),
+                        // A spent budget is no outage: the next member would
+                        // spend on, so the rejection is the answer.
+                        Judged::Rejected if spent(&result) => Then::Return,
                         Judged::Rejected => Then::Skip,
                         Judged::Opaque => Then::Return,
                     };
@@ -307,6 +310,15 @@ where
             }
         }
     }
+}
+
+/// Whether the attempt was rejected by a spend guard.
+fn spent<R, E: AttemptError>(result: &Result<R, E>) -> bool {
+    result
+        .as_ref()
+        .err()
+        .and_then(AttemptError::circuit_open)
+        .is_some_and(|open| open.reason() == crate::Rejection::SpendExceeded)
 }
 
 /// Whether rejection `new` admits sooner than `kept` (a known time beats

@@ -15,6 +15,11 @@
 //! call. When the last upstream tried failed, its
 //! answer (the 503, the timeout) is returned.
 //!
+//! A spent budget is not skipped: a rejection with
+//! [`Rejection::SpendExceeded`](crate::Rejection::SpendExceeded) (see
+//! [`spend`](crate::spend)) is returned at once, and no later upstream is
+//! tried, since each would spend on.
+//!
 //! A "same client, other model" fallback is one line: the same service with
 //! a request rewrite, via [`Failover::fallback_with`].
 //!

@@ -82,6 +82,19 @@ where
             c.volume_limited,
             c.would_reject,
         );
+        match &s.spend {
+            Some(sp) => {
+                let _ = write!(
+                    out,
+                    r#","spend":{{"budget":{},"spent":{},"unit":"{}","exceeded":{}}}"#,
+                    sp.budget,
+                    sp.spent,
+                    sp.unit.as_str(),
+                    sp.exceeded
+                );
+            }
+            None => out.push_str(r#","spend":null"#),
+        }
         out.push_str(r#","transitions":["#);
         for (j, t) in transitions(row).enumerate() {
             if j > 0 {

@@ -27,21 +27,62 @@ const UPSTREAM_ERROR: &str = r#"{"error":{"type":"upstream_error"}}"#;
 const CONTEXT_LENGTH: &str = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 131072 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
 const CONTENT_FILTER: &str = r#"{"error":{"code":"content_filter","message":"The response was filtered due to the prompt triggering content management policy.","type":"invalid_request_error"}}"#;
 
+/// The bodies of a good answer that reports its `usage` (see
+/// [`ScriptBuilder::usage`](super::ScriptBuilder::usage)), made once per
+/// script.
+#[derive(Debug)]
+pub(super) struct UsageBodies {
+    /// The JSON completion.
+    completion: Bytes,
+    /// A stream's end: the usage chunk, then `data: [DONE]`.
+    done: Bytes,
+    /// A token, the usage chunk and `data: [DONE]`, in one frame.
+    token_and_done: Bytes,
+}
+
+impl UsageBodies {
+    pub(super) fn new(model: &str, input: u64, output: u64) -> Self {
+        // A model name is a JSON string: only plain characters are kept.
+        let model: String = model
+            .chars()
+            .filter(|c| c.is_ascii_graphic() && *c != '"' && *c != '\\')
+            .collect();
+        let usage = format!(
+            r#""usage":{{"prompt_tokens":{input},"completion_tokens":{output},"total_tokens":{}}}"#,
+            input.saturating_add(output)
+        );
+        let chunk = format!("data: {{\"model\":\"{model}\",\"choices\":[],{usage}}}\n\n");
+        let done = format!("{chunk}data: [DONE]\n\n");
+        UsageBodies {
+            completion: Bytes::from(format!(
+                r#"{{"model":"{model}","choices":[{{"message":{{"role":"assistant","content":"ok"}}}}],{usage}}}"#
+            )),
+            token_and_done: Bytes::from(format!(
+                "{}{done}",
+                std::str::from_utf8(TOKEN).unwrap_or("")
+            )),
+            done: Bytes::from(done),
+        }
+    }
+}
+
 /// Waits out `answer`'s latency and answers it. With `tokens`, an event
 /// stream sends a token every [`TOKEN_GAP`] before its last event; without,
-/// only its last event.
+/// only its last event. With `usage`, a good answer reports it.
 pub(super) async fn respond(
     answer: Answer,
     tokens: bool,
+    usage: Option<&UsageBodies>,
 ) -> Result<Response<ScriptedBody>, BoxError> {
     match answer {
         Answer::Ok { latency, stream } if tokens && !stream.is_zero() => {
             tokio::time::sleep(latency).await;
-            Ok(token_stream(stream, Some(DONE)))
+            let done = usage.map_or(Bytes::from_static(DONE), |u| u.done.clone());
+            Ok(token_stream(stream, Some(done)))
         }
         Answer::SseError { latency, stream } if tokens => {
             tokio::time::sleep(latency).await;
-            Ok(token_stream(stream, Some(OVERLOADED)))
+            Ok(token_stream(stream, Some(Bytes::from_static(OVERLOADED))))
         }
         Answer::Stall {
             latency,
@@ -52,11 +93,17 @@ pub(super) async fn respond(
         }
         Answer::Ok { latency, stream } if !stream.is_zero() => {
             tokio::time::sleep(latency).await;
-            Ok(sse(stream, TOKEN_AND_DONE))
+            let events = usage.map_or(Bytes::from_static(TOKEN_AND_DONE), |u| {
+                u.token_and_done.clone()
+            });
+            Ok(sse(stream, events))
         }
         Answer::Ok { latency, .. } => {
             tokio::time::sleep(latency).await;
-            Ok(json(StatusCode::OK, COMPLETION))
+            Ok(match usage {
+                Some(u) => json_bytes(StatusCode::OK, u.completion.clone()),
+                None => json(StatusCode::OK, COMPLETION),
+            })
         }
         Answer::Status {
             code,
@@ -82,7 +129,7 @@ pub(super) async fn respond(
         }
         Answer::SseError { latency, stream } => {
             tokio::time::sleep(latency).await;
-            Ok(sse(stream, OVERLOADED))
+            Ok(sse(stream, Bytes::from_static(OVERLOADED)))
         }
         Answer::ContentFilter { latency } => {
             tokio::time::sleep(latency).await;
@@ -98,7 +145,7 @@ pub(super) async fn respond(
 /// A 200 event stream that sends a token every [`TOKEN_GAP`] from now for
 /// `tokens_for`, then `last` at `tokens_for`, or (without `last`) nothing
 /// ever again, with the connection open.
-fn token_stream(tokens_for: Duration, last: Option<&'static [u8]>) -> Response<ScriptedBody> {
+fn token_stream(tokens_for: Duration, last: Option<Bytes>) -> Response<ScriptedBody> {
     let head = Instant::now();
     let count = tokens_for.as_nanos().div_ceil(TOKEN_GAP.as_nanos()) as u32;
     event_stream(Kind::Tokens {
@@ -106,17 +153,17 @@ fn token_stream(tokens_for: Duration, last: Option<&'static [u8]>) -> Response<S
         sent: 0,
         count,
         last_at: head + tokens_for,
-        last: last.map(Bytes::from_static),
+        last,
         next: Box::pin(tokio::time::sleep_until(head)),
         ended: false,
     })
 }
 
 /// A 200 event stream that sends `events` after `delay`.
-fn sse(delay: Duration, events: &'static [u8]) -> Response<ScriptedBody> {
+fn sse(delay: Duration, events: Bytes) -> Response<ScriptedBody> {
     event_stream(Kind::Sse {
         delay: Box::pin(tokio::time::sleep(delay)),
-        event: Some(Bytes::from_static(events)),
+        event: Some(events),
     })
 }
 
@@ -138,7 +185,11 @@ fn set_retry_after(headers: &mut HeaderMap, wait: Duration) {
 }
 
 fn json(status: StatusCode, body: &'static str) -> Response<ScriptedBody> {
-    let mut response = Response::new(ScriptedBody::from(Bytes::from_static(body.as_bytes())));
+    json_bytes(status, Bytes::from_static(body.as_bytes()))
+}
+
+fn json_bytes(status: StatusCode, body: Bytes) -> Response<ScriptedBody> {
+    let mut response = Response::new(ScriptedBody::from(body));
     *response.status_mut() = status;
     response
         .headers_mut()

@@ -101,6 +101,8 @@ pub struct Script {
     pub(super) stream_tokens: bool,
     pub(super) capacity: Option<Capacity>,
     pub(super) request_id: Option<HeaderName>,
+    /// A good answer's `usage`, if it reports one.
+    pub(super) usage: Option<Arc<super::body::UsageBodies>>,
 }
 
 #[derive(Debug)]
@@ -207,6 +209,7 @@ pub struct ScriptBuilder {
     stream_tokens: bool,
     capacity: Option<Capacity>,
     request_id: Option<HeaderName>,
+    usage: Option<(u64, u64)>,
 }
 
 impl Default for ScriptBuilder {
@@ -220,6 +223,7 @@ impl Default for ScriptBuilder {
             stream_tokens: false,
             capacity: None,
             request_id: None,
+            usage: None,
         }
     }
 }
@@ -266,6 +270,37 @@ impl ScriptBuilder {
     /// tokens either way.
     pub fn stream_tokens(mut self, on: bool) -> Self {
         self.stream_tokens = on;
+        self
+    }
+
+    /// Good answers report a `usage` of `input` prompt tokens and `output`
+    /// completion tokens, in the OpenAI shape, by the script's
+    /// [`name`](Self::name) as the model: in a JSON completion, and as a
+    /// last chunk before `data: [DONE]` in a stream (as OpenAI sends it with
+    /// `stream_options.include_usage`). Off by default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http_body_util::BodyExt;
+    /// use tower::ServiceExt;
+    /// use tower_circuit_breaker::spend::Usage;
+    /// use tower_circuit_breaker::testing::{Answer, Phase, Script, ScriptedUpstream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let script = Script::builder()
+    ///     .name("gpt-4o")
+    ///     .usage(3_000, 1_000)
+    ///     .phase(Phase::new(Duration::ZERO).answer(1.0, Answer::ok()))
+    ///     .build()
+    ///     .unwrap();
+    /// let res = ScriptedUpstream::new(script).oneshot(http::Request::new(String::new())).await.unwrap();
+    /// let body = res.into_body().collect().await.unwrap().to_bytes();
+    /// let usage = Usage::from_json(&body).unwrap();
+    /// assert_eq!((usage.input(), usage.output(), usage.model()), (3_000, 1_000, Some("gpt-4o")));
+    /// # }
+    /// ```
+    pub fn usage(mut self, input: u64, output: u64) -> Self {
+        self.usage = Some((input, output));
         self
     }
 
@@ -332,6 +367,9 @@ impl ScriptBuilder {
         {
             return Err(ScriptError::RampWithoutEnd);
         }
+        let usage = self
+            .usage
+            .map(|(i, o)| Arc::new(super::body::UsageBodies::new(&self.name, i, o)));
         Ok(Script {
             name: self.name,
             phases: phases.into(),
@@ -340,6 +378,7 @@ impl ScriptBuilder {
             stream_tokens: self.stream_tokens,
             capacity: self.capacity,
             request_id: self.request_id,
+            usage,
         })
     }
 }

@@ -169,12 +169,13 @@ impl<B> Service<Request<B>> for ScriptedUpstream {
         let shared = &self.shared;
         let id = shared.request_of(&request);
         let tokens = shared.script.stream_tokens;
+        let usage = shared.script.usage.clone();
         let (Some(capacity), Some(slots)) = (shared.script.capacity, shared.slots.clone()) else {
             let (answer, attempt) = shared.begin(id, None);
             let ran = Ran::start(shared, attempt);
             return ResponseFuture::new(async move {
                 let _ran = ran;
-                respond(answer, tokens).await
+                respond(answer, tokens, usage.as_deref()).await
             });
         };
         // Over capacity: wait for a slot while the queue has room, else a
@@ -194,7 +195,7 @@ impl<B> Service<Request<B>> for ScriptedUpstream {
             let ran = Ran::start(shared, attempt);
             return ResponseFuture::new(async move {
                 let _ran = ran;
-                respond(answer, tokens).await
+                respond(answer, tokens, usage.as_deref()).await
             });
         }
         let (answer, attempt) = shared.begin(id, None);
@@ -211,7 +212,7 @@ impl<B> Service<Request<B>> for ScriptedUpstream {
                 }
             };
             let _ran = Ran::start(&shared, attempt);
-            let answer = respond(answer, tokens).await;
+            let answer = respond(answer, tokens, usage.as_deref()).await;
             drop(permit);
             answer
         })

@@ -271,6 +271,34 @@ fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(piece, 0..40).prop_map(|v| v.concat())
 }
 
+/// Pieces of `usage` objects of every provider, broken and reassembled.
+fn usage_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        Just(b"{".to_vec()),
+        Just(b"}".to_vec()),
+        Just(b"[".to_vec()),
+        Just(b",".to_vec()),
+        Just(b":".to_vec()),
+        Just(b"\n\n".to_vec()),
+        Just(b"data: ".to_vec()),
+        Just(b"\"usage\":".to_vec()),
+        Just(b"\"usageMetadata\":".to_vec()),
+        Just(b"\"message\":".to_vec()),
+        Just(b"\"model\":\"gpt-4o\"".to_vec()),
+        Just(b"\"prompt_tokens\":".to_vec()),
+        Just(b"\"input_tokens\":".to_vec()),
+        Just(b"\"prompt_tokens_details\":".to_vec()),
+        Just(b"\"cached_tokens\":".to_vec()),
+        Just(b"\"promptTokenCount\":".to_vec()),
+        Just(b"99999999999999999999999".to_vec()),
+        Just(b"12".to_vec()),
+        Just(b"-3".to_vec()),
+        Just(b"null".to_vec()),
+        prop::collection::vec(any::<u8>(), 0..12),
+    ];
+    prop::collection::vec(piece, 0..40).prop_map(|v| v.concat())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -297,6 +325,35 @@ proptest! {
             let (a, b) = body.split_at(split.index(body.len() + 1));
             if stream.on_data(a).or_else(|| stream.on_data(b)).is_none() {
                 let _ = stream.on_end();
+            }
+        }
+    }
+
+    #[test]
+    fn usage_parsing_never_panics_and_unparsed_usage_is_charged_as_unknown(
+        body in usage_bytes(),
+        split in any::<prop::sample::Index>(),
+        sse in any::<bool>(),
+    ) {
+        use tower_circuit_breaker::spend::{read_usage, Charge, Meter, Prices, Usage};
+        let _ = read_usage(&body, &body);
+        let mut headers = HeaderMap::new();
+        if sse {
+            headers.insert("content-type", HeaderValue::from_static("text/event-stream"));
+        }
+        let meter = Meter::new(LlmClassifier::new(), Prices::tokens());
+        let Verdict::Defer(mut stream) = meter.classify_response(StatusCode::OK, &headers) else {
+            panic!("a 2xx answer is read for its usage");
+        };
+        let (a, b) = body.split_at(split.index(body.len() + 1));
+        if stream.on_data(a).is_none() {
+            let _ = stream.on_data(b);
+        }
+        let charge = stream.charge();
+        if !sse {
+            match Usage::from_json(&body) {
+                Some(u) => prop_assert_eq!(charge, Charge::Observed(u.total())),
+                None => prop_assert_eq!(charge, Charge::Unknown),
             }
         }
     }

@@ -15,5 +15,6 @@ mod hostile_input;
 mod keyed;
 mod limit;
 mod model;
+mod spend;
 mod stress;
 mod threads;

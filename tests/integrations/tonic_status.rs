@@ -297,3 +297,39 @@ async fn half_open_and_volume_guard_rejections_say_why() {
         status.message()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_spent_budget_reaches_a_tonic_client_as_permission_denied() {
+    use tower_circuit_breaker::spend::{Period, SpendGuard};
+    use tower_circuit_breaker::Rejection;
+
+    let server = server(true).await;
+    // gRPC answers report no usage: each call is charged the guard's
+    // amount for calls of unknown usage, and one spends the budget.
+    let layer = CircuitBreakerLayer::builder()
+        .spend_guard(SpendGuard::tokens(100, Period::UtcDay).unknown_cost(100))
+        .build()
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(
+        ServiceBuilder::new()
+            .layer(RejectionStatusLayer::new())
+            .layer(layer)
+            .service(channel(server.addr)),
+    );
+    assert_eq!(say(&mut grpc, "world").await.unwrap(), "hello world");
+
+    let status = say(&mut grpc, "world").await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("circuit spend budget exceeded: 100 tokens of 100 tokens; next call in "),
+        "{}",
+        status.message()
+    );
+    assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_none());
+    let source = std::error::Error::source(&status).expect("the rejection as source");
+    let open = source.downcast_ref::<CircuitOpen>().unwrap();
+    assert_eq!(open.reason(), Rejection::SpendExceeded);
+    assert_eq!(server.calls.load(Ordering::SeqCst), 1, "no call once spent");
+}

@@ -202,6 +202,40 @@ async fn the_volume_guard_is_its_own_reason() {
     );
 }
 
+async fn a_spend_guard_counts_its_warning_and_its_rejections() {
+    use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
+    let breaker = Breaker::builder()
+        .name("agent")
+        .spend_guard(SpendGuard::tokens(100, Period::UtcDay).warn_at(0.8))
+        .metrics(true)
+        .build()
+        .unwrap();
+    let call = |tokens| {
+        let mut permit = breaker.admit().unwrap();
+        permit.charge(Charge::Observed(tokens));
+        permit.record(Outcome::Success);
+    };
+    let scrape = with_recorder(|| {
+        call(50);
+        call(30); // 80 %: the warning
+        call(5); // no second one in the period
+        call(15); // 100: spent
+        assert!(breaker.admit().is_err());
+        assert!(breaker.admit().is_err());
+    });
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"circuit_breaker_spend_warnings_total{breaker="agent",key=""}"#
+        ),
+        Some(1.0),
+        "{scrape}"
+    );
+    let series =
+        r#"circuit_breaker_rejections_total{breaker="agent",key="",reason="spend_exceeded"}"#;
+    assert_eq!(sample(&scrape, series), Some(2.0), "{scrape}");
+}
+
 async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
     let set = KeyedBreakers::builder()
         .name("chat")
@@ -393,6 +427,11 @@ pub fn trials() -> Vec<Trial> {
             "metrics::each_outcome_is_counted_under_its_own_label",
             Rt::Paused,
             each_outcome_is_counted_under_its_own_label,
+        ),
+        Trial::tokio(
+            "metrics::a_spend_guard_counts_its_warning_and_its_rejections",
+            Rt::Paused,
+            a_spend_guard_counts_its_warning_and_its_rejections,
         ),
         Trial::tokio(
             "metrics::the_volume_guard_is_its_own_reason",

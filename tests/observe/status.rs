@@ -86,6 +86,31 @@ async fn a_key_is_escaped_in_the_json_and_the_page_carries_no_data() {
     assert!(!res.body().contains("data-owned"), "the page is static");
 }
 
+async fn the_json_shows_a_spend_guards_budget_and_spend() {
+    use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
+    let guarded = Breaker::builder()
+        .name("agent")
+        .spend_guard(SpendGuard::micro_dollars(1_000_000, Period::UtcDay))
+        .build()
+        .unwrap();
+    let plain = Breaker::builder().name("users").build().unwrap();
+    let page = StatusPage::new().breaker(&guarded).breaker(&plain);
+    let mut permit = guarded.admit().unwrap();
+    permit.charge(Charge::Observed(1_250_000));
+    permit.record(Outcome::Success);
+
+    let res = get(&page, "/breakers?format=json").await;
+    let json: serde_json::Value = serde_json::from_str(res.body()).unwrap();
+    let rows = json["breakers"].as_array().unwrap();
+    let row = |name: &str| rows.iter().find(|r| r["breaker"] == name).unwrap().clone();
+    let spend = &row("agent")["spend"];
+    assert_eq!(spend["budget"], 1_000_000);
+    assert_eq!(spend["spent"], 1_250_000);
+    assert_eq!(spend["unit"], "usd_micros");
+    assert_eq!(spend["exceeded"], true);
+    assert!(row("users")["spend"].is_null());
+}
+
 async fn only_get_and_head_are_served() {
     let breaker = Breaker::builder().name("chat").build().unwrap();
     let mut page = StatusPage::new().breaker(&breaker);
@@ -246,6 +271,7 @@ pub fn trials() -> Vec<Trial> {
         Trial::tokio("status::the_json_lists_every_key_open_ones_first_with_window_next_probe_and_transitions", Rt::Paused, the_json_lists_every_key_open_ones_first_with_window_next_probe_and_transitions),
         Trial::tokio("status::a_key_is_escaped_in_the_json_and_the_page_carries_no_data", Rt::Paused, a_key_is_escaped_in_the_json_and_the_page_carries_no_data),
         Trial::tokio("status::only_get_and_head_are_served", Rt::Paused, only_get_and_head_are_served),
+        Trial::tokio("status::the_json_shows_a_spend_guards_budget_and_spend", Rt::Paused, the_json_shows_a_spend_guards_budget_and_spend),
         Trial::tokio("status::in_a_real_browser_the_page_shows_a_tripped_key_open_and_updates_when_it_closes", Rt::Multi, in_a_real_browser_the_page_shows_a_tripped_key_open_and_updates_when_it_closes).skipped_unless(chromium_missing()),
     ]
 }

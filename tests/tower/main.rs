@@ -33,6 +33,7 @@ mod scripted_outage;
 mod scripted_repeat;
 mod select;
 mod service;
+mod spend;
 mod stack;
 mod stack_health;
 mod stream_deadlines;

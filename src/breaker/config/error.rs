@@ -43,6 +43,9 @@ pub enum ConfigError {
     /// [`max_rate_limit_wait`](crate::Builder::max_rate_limit_wait) is
     /// zero, so no announced wait could ever hold.
     ZeroRateLimitWait,
+    /// A spend budget that cannot work (see
+    /// [`SpendGuard`](crate::spend::SpendGuard)).
+    SpendGuard(&'static str),
     /// The probe lease is shorter than the probe deadline, so a probe's
     /// verdict could be lost.
     LeaseBelowProbeTimeout {
@@ -172,6 +175,7 @@ impl fmt::Display for ConfigError {
             ConfigError::KeyBounds => {
                 f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
             }
+            ConfigError::SpendGuard(why) => write!(f, "spend guard: {why}"),
             ConfigError::MaxOpenShare(share) => write!(
                 f,
                 "the share of keys that may be open must be in (0, 1], got {share}"

@@ -82,6 +82,7 @@ pub(crate) struct Config {
     pub(crate) any_change: Arc<tokio::sync::Notify>,
     /// Gives each breaker its observer (the `metrics` feature's).
     pub(crate) observer: Option<Observer>,
+    pub(crate) spend: Option<crate::breaker::spend::SpendGuard>,
 }
 
 impl fmt::Debug for Config {
@@ -113,6 +114,7 @@ impl fmt::Debug for Config {
             .field("graded_window", &self.graded_window)
             .field("listeners", &self.listeners.len())
             .field("observer", &self.observer.is_some())
+            .field("spend", &self.spend)
             .finish()
     }
 }
@@ -150,6 +152,7 @@ impl Default for Config {
             listeners: Vec::new(),
             any_change: Arc::default(),
             observer: None,
+            spend: None,
         }
     }
 }
@@ -328,6 +331,7 @@ impl Config {
         if self.max_rate_limit_wait.is_zero() {
             return Err(E::ZeroRateLimitWait);
         }
+        crate::breaker::spend::validate(self.spend.as_ref())?;
         if self.probe_timeout.is_some_and(|t| t.is_zero()) {
             return Err(E::ZeroProbeTimeout);
         }
