@@ -56,6 +56,7 @@ mod rejection;
 mod remote;
 mod spare;
 pub(crate) mod spend;
+mod spent;
 mod state;
 mod transition;
 mod turns;

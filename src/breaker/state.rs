@@ -392,7 +392,7 @@ pub struct Snapshot {
     /// With a spend guard (see
     /// [`Builder::spend_guard`](crate::Builder::spend_guard)): its budget
     /// and what the current period's calls cost.
-    pub spend: Option<crate::spend::Spend>,
+    pub spend: Option<super::spent::Spend>,
 }
 
 /// What graded admission sheds (see

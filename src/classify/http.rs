@@ -82,7 +82,7 @@ pub(crate) fn classify_status(status: StatusCode, headers: &HeaderMap) -> Outcom
 /// h.insert("retry-after", "604801".parse().unwrap());
 /// assert_eq!(parse_retry_after(&h), None);
 /// ```
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_RETRY_AFTER: Duration = crate::breaker::MAX_DURATION;
 
 /// Reads how long an upstream asked the caller to wait.
 ///

@@ -319,8 +319,8 @@ pub trait ClassifyStream {
     /// [`Charge::Unknown`](crate::spend::Charge::Unknown), charges the call as
     /// one whose usage never arrived; [`Meter`](crate::spend::Meter) reads
     /// the usage the body reports.
-    fn charge(&mut self) -> crate::spend::Charge {
-        crate::spend::Charge::Unknown
+    fn charge(&mut self) -> crate::breaker::spend::Charge {
+        crate::breaker::spend::Charge::Unknown
     }
 }
 

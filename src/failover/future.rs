@@ -19,6 +19,7 @@ use super::by_kind::Rules;
 use super::hedge::Hedging;
 use super::race::Race;
 use super::select::{Selection, Walk};
+use super::then::{then, Then};
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
 use crate::classify::Classify;
@@ -26,7 +27,7 @@ use crate::classify::ErrorKind;
 use crate::guard::{self, Judged};
 use crate::retry::AttemptError;
 use crate::rng::Rng;
-use crate::{Fallback, Outcome};
+use crate::Fallback;
 
 pin_project! {
     /// Response future of [`Failover`].
@@ -143,16 +144,6 @@ where
             .field("upstreams", &self.routes.len())
             .finish_non_exhaustive()
     }
-}
-
-/// What to do after an attempt.
-pub(super) enum Then {
-    /// Return this answer.
-    Return,
-    /// The circuit was open: try the next upstream at once.
-    Skip,
-    /// The upstream failed: pause, then try the next one.
-    Fallback,
 }
 
 impl<S, Req, C, B> Future for ResponseFuture<S, Req, C>
@@ -346,12 +337,5 @@ fn grant(circuits: &[LastResortCircuit]) -> Option<usize> {
         if breakers[i].as_ref().is_some_and(Breaker::grant_last_resort) {
             return Some(i);
         }
-    }
-}
-
-pub(super) fn then(outcome: Outcome) -> Then {
-    match outcome {
-        Outcome::Failure | Outcome::RateLimited { .. } | Outcome::QuotaExhausted => Then::Fallback,
-        _ => Then::Return,
     }
 }

@@ -103,6 +103,7 @@ mod hedge;
 mod latency;
 mod race;
 mod select;
+mod then;
 
 pub use self::by_kind::{FallbackTo, RuleError};
 pub use self::future::ResponseFuture;

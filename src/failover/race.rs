@@ -11,8 +11,8 @@ use tokio::time::{Instant, Sleep};
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
-use super::future::{then, Then};
 use super::hedge::Hedging;
+use super::then::{then, Then};
 use super::Route;
 use crate::classify::Classify;
 use crate::guard::{self, Judged};

@@ -3,6 +3,7 @@
 mod builder;
 mod error;
 mod shedding;
+mod spending;
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ pub(crate) use self::builder::sealed;
 pub use self::builder::{Build, Builder};
 pub use self::error::ConfigError;
 pub use self::shedding::{InFlightLimit, TripMode};
+pub use self::spending::SpendGuard;
 
 /// Which calls the rate rules look at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +84,7 @@ pub(crate) struct Config {
     pub(crate) any_change: Arc<tokio::sync::Notify>,
     /// Gives each breaker its observer (the `metrics` feature's).
     pub(crate) observer: Option<Observer>,
-    pub(crate) spend: Option<crate::breaker::spend::SpendGuard>,
+    pub(crate) spend: Option<SpendGuard>,
 }
 
 impl fmt::Debug for Config {
@@ -140,7 +142,8 @@ impl Default for Config {
             volume_guard: None,
             quota_gate: None,
             pace: false,
-            max_rate_limit_wait: crate::classify::MAX_RETRY_AFTER,
+            // `classify::MAX_RETRY_AFTER` is this bound too.
+            max_rate_limit_wait: MAX_DURATION,
             in_flight_limit: Some(InFlightLimit::default()),
             ramp: DEFAULT_RAMP,
             seed: None,
@@ -331,7 +334,7 @@ impl Config {
         if self.max_rate_limit_wait.is_zero() {
             return Err(E::ZeroRateLimitWait);
         }
-        crate::breaker::spend::validate(self.spend.as_ref())?;
+        spending::validate(self.spend.as_ref())?;
         if self.probe_timeout.is_some_and(|t| t.is_zero()) {
             return Err(E::ZeroProbeTimeout);
         }
