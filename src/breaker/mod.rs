@@ -41,7 +41,9 @@
 
 mod admission;
 mod changed;
+mod clock;
 mod config;
+mod control;
 pub(crate) use config::MAX_DURATION;
 mod counters;
 mod graded;
@@ -73,6 +75,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::changed::Changed;
+pub(crate) use self::clock::{nanos, past};
 // Only the `metrics` feature makes observers (and times first bytes).
 pub(crate) use self::config::{sealed, Config, SharedRules};
 pub use self::config::{Build, Builder, ConfigError, InFlightLimit, TripMode, Window};
@@ -456,76 +459,6 @@ impl Breaker {
         self.shared.snapshot()
     }
 
-    /// Rejects every call until [`reset`](Self::reset). Does not advance the
-    /// reopen backoff.
-    ///
-    /// ```
-    /// # use tower_circuit_breaker::{Breaker, State};
-    /// let breaker = Breaker::builder().build().unwrap();
-    /// breaker.force_open();
-    /// assert!(breaker.admit().is_err());
-    /// assert_eq!(breaker.state(), State::ForcedOpen);
-    /// ```
-    pub fn force_open(&self) {
-        self.shared
-            .set_manual(State::ForcedOpen, Reason::ForcedOpen);
-    }
-
-    /// Admits every call and records nothing, until [`reset`](Self::reset).
-    ///
-    /// ```
-    /// # use tower_circuit_breaker::{Breaker, Outcome, State};
-    /// let breaker = Breaker::builder().consecutive_failures(1).build().unwrap();
-    /// breaker.disable();
-    /// breaker.admit().unwrap().record(Outcome::Failure);
-    /// assert_eq!(breaker.state(), State::Disabled);
-    /// ```
-    pub fn disable(&self) {
-        self.shared.set_manual(State::Disabled, Reason::Disabled);
-    }
-
-    /// Closes the circuit with an empty window and the reopen backoff reset.
-    /// Lifetime counters are kept.
-    ///
-    /// ```
-    /// # use tower_circuit_breaker::{Breaker, State};
-    /// let breaker = Breaker::builder().build().unwrap();
-    /// breaker.force_open();
-    /// breaker.reset();
-    /// assert_eq!(breaker.state(), State::Closed);
-    /// ```
-    pub fn reset(&self) {
-        self.shared.set_manual(State::Closed, Reason::Reset);
-    }
-
-    /// Whether the breaker is in metrics-only (shadow) mode.
-    ///
-    /// ```
-    /// # use tower_circuit_breaker::Breaker;
-    /// let breaker = Breaker::builder().metrics_only(true).build().unwrap();
-    /// assert!(breaker.is_metrics_only());
-    /// ```
-    #[inline]
-    pub fn is_metrics_only(&self) -> bool {
-        self.shared.hot.metrics_only.load(Ordering::Acquire)
-    }
-
-    /// Turns shadow mode on or off: the breaker keeps recording and making
-    /// transitions, but admits the calls it would have rejected (counted in
-    /// [`Counters::would_reject`]).
-    ///
-    /// ```
-    /// # use tower_circuit_breaker::Breaker;
-    /// let breaker = Breaker::builder().build().unwrap();
-    /// breaker.set_metrics_only(true);
-    /// breaker.force_open();
-    /// assert!(breaker.admit().is_ok(), "shadow mode never rejects");
-    /// assert_eq!(breaker.snapshot().counters.would_reject, 1);
-    /// ```
-    pub fn set_metrics_only(&self, on: bool) {
-        self.shared.hot.metrics_only.store(on, Ordering::Release);
-    }
-
     /// A future that completes at the next state change after this call,
     /// including one that comes with time alone (the end of the open
     /// period), which it waits for in its own task.
@@ -646,161 +579,4 @@ impl Breaker {
     pub(crate) fn shared_rules(&self) -> SharedRules {
         self.shared.config.shared_rules()
     }
-}
-
-// === impl Shared: time ===
-
-impl Shared {
-    #[inline]
-    fn now(&self) -> u64 {
-        nanos(Instant::now().saturating_duration_since(self.epoch))
-    }
-
-    /// Whether the moment `ns` after `epoch` is still to come. Compares
-    /// instants, so that the paths that only need that answer (an open
-    /// circuit turning a call away) read the clock without turning the
-    /// reading into a count of nanoseconds.
-    ///
-    /// For a moment many calls ask about (the end of the open period, the
-    /// next probe deadline, a rate limit's reset); see [`moment`].
-    #[inline]
-    fn before(&self, ns: u64) -> bool {
-        match moment(self.epoch, ns) {
-            Some(at) => Instant::now() < at,
-            None => true,
-        }
-    }
-
-    /// [`before`](Self::before), for a moment of one call's own (when it
-    /// turns slow), which no other call asks about.
-    #[inline]
-    fn before_own(&self, ns: u64) -> bool {
-        match self.epoch.checked_add(Duration::from_nanos(ns)) {
-            Some(at) => Instant::now() < at,
-            None => true,
-        }
-    }
-
-    /// The moment `ns` after `epoch`.
-    #[inline]
-    fn deadline(&self, ns: u64) -> Deadline {
-        Deadline {
-            epoch: self.epoch,
-            ns,
-        }
-    }
-
-    /// The breaker's observer, if it has one.
-    #[inline(always)]
-    pub(super) fn observer(&self) -> Option<&dyn Observe> {
-        #[cfg(feature = "metrics")]
-        return self.observer.as_deref();
-        #[cfg(not(feature = "metrics"))]
-        None
-    }
-
-    #[inline]
-    fn load(&self) -> Packed {
-        Packed(self.hot.state.load(Ordering::Acquire))
-    }
-
-    /// The next moment time alone changes the state; `u64::MAX` for none.
-    fn next_deadline(&self) -> u64 {
-        match self.load().state() {
-            State::Open | State::HalfOpen => self.hot.open_until.load(Ordering::Acquire),
-            _ => u64::MAX,
-        }
-    }
-
-    fn set_open_until(&self, until: u64) {
-        self.hot.open_until.store(until, Ordering::Release);
-    }
-
-    /// Applies the deadlines that have passed and returns the state.
-    fn touch(&self) -> State {
-        let now = self.now();
-        if now >= self.hot.open_until.load(Ordering::Acquire) {
-            let mut ctl = lock(&self.control);
-            let mut events = Events::default();
-            self.catch_up(&mut ctl, now, &mut events);
-            drop(ctl);
-            self.emit(events);
-        }
-        self.load().state()
-    }
-
-    /// Under the control lock: applies every deadline that has passed by
-    /// `now`, each at the moment it came, so that a breaker nobody touched
-    /// for a while tells the same story as one touched all along.
-    fn catch_up(&self, ctl: &mut Control, now: u64, events: &mut Events) {
-        loop {
-            match self.load().state() {
-                State::Open => {
-                    let until = self.hot.open_until.load(Ordering::Acquire);
-                    if now < until {
-                        break;
-                    }
-                    events.push(self.transition(ctl, State::HalfOpen, Reason::OpenElapsed, until));
-                }
-                State::HalfOpen => {
-                    let Some((at, expiry)) = ctl.cycle.pop_due(now) else {
-                        break;
-                    };
-                    if expiry == Expiry::Failed {
-                        // No response head by the probe deadline: a failed
-                        // probe now; its late outcome will be dropped.
-                        ctl.cycle.failures += 1;
-                        self.counters.incr(Counter::ProbeFailures);
-                        if let Some((to, reason)) = self.verdict(ctl) {
-                            events.push(self.transition(ctl, to, reason, at));
-                        }
-                    }
-                }
-                _ => break,
-            }
-        }
-        self.remark(ctl);
-    }
-}
-
-// === helpers ===
-
-thread_local! {
-    /// The last moment [`moment`] worked out on this thread, and from what.
-    static MOMENT: Cell<Option<(Instant, u64, Option<Instant>)>> = const { Cell::new(None) };
-}
-
-/// The moment `ns` after `epoch`; `None` past what an `Instant` can hold.
-///
-/// An open circuit asks for the same moment (the end of its open period)
-/// on every call it turns away, so each thread keeps the last answer: a
-/// pure function of its arguments, worked out again whenever they change.
-/// That saves the addition of a duration to an instant, whose cost also
-/// depends on the two values' nanoseconds.
-#[inline]
-fn moment(epoch: Instant, ns: u64) -> Option<Instant> {
-    if let Ok(Some((e, n, at))) = MOMENT.try_with(Cell::get)
-        && n == ns
-        && e == epoch
-    {
-        return at;
-    }
-    let at = epoch.checked_add(Duration::from_nanos(ns));
-    let _ = MOMENT.try_with(|m| m.set(Some((epoch, ns, at))));
-    at
-}
-
-/// The first moment past a deadline: a call or probe that started at
-/// `start` (ns) and may take `limit` ns is past it from the nanosecond after
-/// `start + limit`. Held exactly its limit, it is still in flight. Every
-/// deadline in the core (the slow threshold, in closed and half-open alike,
-/// the probe timeout and the probe lease) is this one comparison:
-/// `now >= past(start, limit)`. Saturates: `u64::MAX` is never.
-#[inline]
-pub(crate) const fn past(start: u64, limit: u64) -> u64 {
-    start.saturating_add(limit).saturating_add(1)
-}
-
-pub(crate) fn nanos(d: Duration) -> u64 {
-    d.as_nanos().min(u128::from(u64::MAX)) as u64
 }

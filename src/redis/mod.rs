@@ -84,6 +84,7 @@
 mod builder;
 mod conn;
 mod control;
+mod messages;
 mod script;
 mod supervise;
 mod tracked;

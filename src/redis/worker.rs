@@ -5,17 +5,16 @@ use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use ::redis::{Msg, Value};
-use futures_core::Stream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::rng::Rng;
 
-use super::conn::{Conn, Failure, Messages};
+use super::conn::{Conn, Failure};
+use super::messages::{next, ready, schema_of, wait};
 use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
 use super::turns::{self, Ask, Desk};
@@ -578,39 +577,6 @@ impl Drop for Worker {
             t.breaker.remote().set_turns(None);
         }
     }
-}
-
-// === helpers ===
-
-/// The schema of a message that is not of this one's format: `vN ...`, or
-/// the first schema's `<state> <epoch> <key>`.
-fn schema_of(text: &str) -> Option<u32> {
-    let mut parts = text.splitn(3, ' ');
-    let first = parts.next()?;
-    if let Some(n) = first.strip_prefix('v').and_then(|n| n.parse::<u32>().ok()) {
-        return Some(n);
-    }
-    let epoch = parts.next()?.parse::<u64>().ok()?;
-    let named = parts.next().is_some_and(|n| !n.is_empty());
-    (matches!(first, "open" | "closed") && epoch > 0 && named).then_some(1)
-}
-
-/// The next message if one is already here: `None` if none is, and
-/// `Some(None)` if the subscription ended (left to `next` to see).
-async fn ready(stream: &mut Messages) -> Option<Option<Msg>> {
-    std::future::poll_fn(|cx| match stream.as_mut().poll_next(cx) {
-        Poll::Ready(Some(msg)) => Poll::Ready(Some(Some(msg))),
-        Poll::Ready(None) | Poll::Pending => Poll::Ready(None),
-    })
-    .await
-}
-
-async fn next(stream: &mut Messages) -> Option<Msg> {
-    std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
-}
-
-async fn wait(changed: &mut Pin<Box<dyn Future<Output = ()> + Send>>) {
-    changed.as_mut().await
 }
 
 #[cfg(test)]
