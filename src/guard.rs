@@ -13,7 +13,7 @@
 //!   [`Classify::classify_response`]; a deferred verdict moves the permit into
 //!   a [`BodyGuard`] that the end of the body settles;
 //! - where an attempt is judged on its head alone (retry, failover) and the
-//!   classifier defers, [`head_outcome`] decides.
+//!   classifier defers, its [`Classify::head_outcome`] decides.
 //!
 //! Adapters only shuffle types: which error the classifier sees, how a
 //! rejection is reported, how a body is wrapped.
@@ -26,9 +26,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 
 use crate::breaker::{CircuitOpen, Outcome, Permit, Signal};
-use crate::classify::{
-    exhausted_reset, parse_retry_after, Classify, ClassifyStream, ErrorRef, LlmClassifier, Verdict,
-};
+use crate::classify::{Classify, ClassifyStream, ErrorRef, Verdict};
 use crate::deadline::StreamElapsed;
 use crate::spend::Charge;
 
@@ -78,32 +76,6 @@ pub(crate) fn error_outcome<C: Classify>(classifier: &C, error: ErrorRef<'_>) ->
     }
 }
 
-/// How long a response head says a used-up rate limit lasts, for pacing:
-/// nothing when it carries `Retry-After` (which wins, and which a
-/// rate-limited outcome carries itself), else the reset of a limit whose
-/// remaining count is `0`.
-fn exhausted_for(headers: &HeaderMap) -> Option<Duration> {
-    match parse_retry_after(headers) {
-        Some(_) => None,
-        None => exhausted_reset(headers),
-    }
-}
-
-/// What a response head says when the classifier waits for the body, for
-/// the callers that must decide on the head (retry, failover).
-pub(crate) fn head_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
-    match status.as_u16() {
-        429 | 409 => Outcome::RateLimited {
-            retry_after: LlmClassifier::retry_after(headers),
-        },
-        402 => Outcome::QuotaExhausted,
-        500.. => Outcome::Failure,
-        400..=499 => Outcome::Ignored,
-        // A success streams to the caller as it is.
-        _ => Outcome::Success,
-    }
-}
-
 /// What a finished attempt said, judged on its head: for the layers that
 /// look at an attempt the breaker has recorded already (retry, failover).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +99,7 @@ where
             let (status, headers) = (response.status(), response.headers());
             Judged::Said(match classifier.classify_response(status, headers) {
                 Verdict::Done(outcome) => outcome,
-                Verdict::Defer(_) => head_outcome(status, headers),
+                Verdict::Defer(_) => classifier.head_outcome(status, headers),
             })
         }
         Err(error) if error.circuit_open().is_some() => Judged::Rejected,
@@ -210,7 +182,7 @@ impl Guard {
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<BodyGuard<C::Stream>> {
-        self.permit.head_came(|| exhausted_for(headers));
+        self.permit.head_came(|| classifier.pacing_wait(headers));
         match status.as_u16() {
             200..=299 => {}
             429 => {
@@ -228,7 +200,7 @@ impl Guard {
         match classifier.classify_response(status, headers) {
             Verdict::Done(outcome) => {
                 self.permit
-                    .finish_announced(outcome, &|| LlmClassifier::retry_after(headers));
+                    .finish_announced(outcome, &|| classifier.announced_wait(headers));
                 None
             }
             Verdict::Defer(stream) => Some(BodyGuard(Some((self.permit.take(), stream)))),
@@ -251,11 +223,11 @@ impl Guard {
     ) -> BodyGuard<Held<C::Stream>> {
         if at_first_frame {
             // Pacing reads the head now; time to head waits for a frame.
-            if let Some(wait) = exhausted_for(headers) {
+            if let Some(wait) = classifier.pacing_wait(headers) {
                 self.permit.pace_for(wait);
             }
         } else {
-            self.permit.head_came(|| exhausted_for(headers));
+            self.permit.head_came(|| classifier.pacing_wait(headers));
         }
         if !status.is_success() {
             self.waive();
@@ -266,7 +238,7 @@ impl Guard {
             }
             Verdict::Done(outcome) => {
                 self.permit
-                    .finish_announced(outcome, &|| LlmClassifier::retry_after(headers));
+                    .finish_announced(outcome, &|| classifier.announced_wait(headers));
                 BodyGuard::decided()
             }
             Verdict::Defer(stream) => BodyGuard(Some((self.permit.take(), Held::Stream(stream)))),
@@ -523,6 +495,50 @@ mod tests {
         assert_eq!(
             error_outcome(&crate::classify::HttpClassifier, &io),
             Outcome::Failure
+        );
+    }
+
+    /// Defers every head to the body, and says a 400 is the upstream's
+    /// failure: the layers that judge on the head take its word.
+    struct Strict;
+
+    struct ToTheEnd;
+
+    impl ClassifyStream for ToTheEnd {
+        fn on_end(self) -> Outcome {
+            Outcome::Success
+        }
+    }
+
+    impl Classify for Strict {
+        type Stream = ToTheEnd;
+
+        fn classify_response(&self, _: StatusCode, _: &HeaderMap) -> Verdict<Self::Stream> {
+            Verdict::Defer(ToTheEnd)
+        }
+
+        fn classify_error(&self, _: ErrorRef<'_>) -> Outcome {
+            Outcome::Failure
+        }
+
+        fn head_outcome(&self, status: StatusCode, _: &HeaderMap) -> Outcome {
+            match status.as_u16() {
+                400.. => Outcome::Failure,
+                _ => Outcome::Success,
+            }
+        }
+    }
+
+    #[test]
+    fn a_deferred_head_is_judged_by_the_classifiers_own_head_rule() {
+        let bad = Response::builder().status(400).body(()).unwrap();
+        let result: Result<_, crate::BoxError> = Ok(bad);
+        assert_eq!(judge(&Strict, &result), Judged::Said(Outcome::Failure));
+        // The default rule ignores a 400.
+        let ok: Result<_, crate::BoxError> = Ok(Response::builder().status(400).body(()).unwrap());
+        assert_eq!(
+            judge(&crate::classify::LlmClassifier::default(), &ok),
+            Judged::Said(Outcome::Ignored)
         );
     }
 }

@@ -143,11 +143,12 @@ impl Refusal for tower_circuit_breaker::Error {
     }
 }
 
-/// The error of `stack::Stack`: a boxed `CircuitOpen` is a rejection.
+/// The error of `stack::Stack`: a box holding a rejection (the crate's
+/// `Error` around a `CircuitOpen`, found as users find it) is a rejection.
 impl Refusal for tower_circuit_breaker::BoxError {
     #[inline]
     fn ended(&self) -> Ended {
-        if self.is::<tower_circuit_breaker::CircuitOpen>() {
+        if tower_circuit_breaker::CircuitOpen::find(&**self).is_some() {
             Ended::Rejected
         } else {
             Ended::Failed

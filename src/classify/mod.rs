@@ -42,6 +42,7 @@ pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_
 pub use crate::breaker::Outcome;
 
 use std::error::Error as StdError;
+use std::time::Duration;
 
 use ::http::{HeaderMap, StatusCode};
 
@@ -174,6 +175,77 @@ pub trait Classify {
     /// assert_eq!(HttpClassifier.classify_error(&error), Outcome::Failure);
     /// ```
     fn classify_error(&self, error: ErrorRef<'_>) -> Outcome;
+
+    /// What a response head says when a layer must decide on the head alone
+    /// ([`RetryPolicy`](crate::RetryPolicy), [`Failover`](crate::Failover))
+    /// and [`classify_response`](Self::classify_response) deferred to the
+    /// body. The default: 429 and 409 a rate limit (waiting
+    /// [`announced_wait`](Self::announced_wait)), 402 a quota, a 5xx a
+    /// failure, another 4xx ignored, anything else a success.
+    ///
+    /// ```
+    /// use http::{HeaderMap, StatusCode};
+    /// use tower_circuit_breaker::classify::{Classify, LlmClassifier};
+    /// use tower_circuit_breaker::Outcome;
+    ///
+    /// let mut h = HeaderMap::new();
+    /// h.insert("retry-after", "3".parse().unwrap());
+    /// let c = LlmClassifier::default();
+    /// assert_eq!(
+    ///     c.head_outcome(StatusCode::TOO_MANY_REQUESTS, &h),
+    ///     Outcome::RateLimited { retry_after: Some(std::time::Duration::from_secs(3)) }
+    /// );
+    /// assert_eq!(c.head_outcome(StatusCode::BAD_GATEWAY, &h), Outcome::Failure);
+    /// ```
+    fn head_outcome(&self, status: StatusCode, headers: &HeaderMap) -> Outcome {
+        match status.as_u16() {
+            429 | 409 => Outcome::RateLimited {
+                retry_after: self.announced_wait(headers),
+            },
+            402 => Outcome::QuotaExhausted,
+            500.. => Outcome::Failure,
+            400..=499 => Outcome::Ignored,
+            // A success streams to the caller as it is.
+            _ => Outcome::Success,
+        }
+    }
+
+    /// How long a rate-limited or quota answer asks callers to wait, read
+    /// from its head when a verdict carries no wait of its own. The default
+    /// reads `Retry-After`, then the reset of a used-up
+    /// `x-ratelimit-*` limit ([`LlmClassifier::retry_after`]).
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, HttpClassifier};
+    ///
+    /// let mut h = http::HeaderMap::new();
+    /// h.insert("retry-after", "7".parse().unwrap());
+    /// assert_eq!(HttpClassifier.announced_wait(&h), Some(std::time::Duration::from_secs(7)));
+    /// ```
+    fn announced_wait(&self, headers: &HeaderMap) -> Option<Duration> {
+        LlmClassifier::retry_after(headers)
+    }
+
+    /// How long a used-up rate limit lasts, for pacing
+    /// ([`Builder::pace_rate_limits`](crate::Builder::pace_rate_limits)):
+    /// nothing when the head carries `Retry-After` (which wins, and which a
+    /// rate-limited outcome carries itself), else the reset of a limit whose
+    /// remaining count is `0`.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::classify::{Classify, HttpClassifier};
+    ///
+    /// let mut h = http::HeaderMap::new();
+    /// h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+    /// h.insert("x-ratelimit-reset-requests", "2s".parse().unwrap());
+    /// assert_eq!(HttpClassifier.pacing_wait(&h), Some(std::time::Duration::from_secs(2)));
+    /// ```
+    fn pacing_wait(&self, headers: &HeaderMap) -> Option<Duration> {
+        match parse_retry_after(headers) {
+            Some(_) => None,
+            None => exhausted_reset(headers),
+        }
+    }
 }
 
 /// Finishes a deferred classification while the body streams.

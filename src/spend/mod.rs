@@ -185,6 +185,18 @@ impl<C: Classify> Classify for Meter<C> {
     fn classify_error(&self, error: ErrorRef<'_>) -> Outcome {
         self.inner.classify_error(error)
     }
+
+    fn head_outcome(&self, status: StatusCode, headers: &HeaderMap) -> Outcome {
+        self.inner.head_outcome(status, headers)
+    }
+
+    fn announced_wait(&self, headers: &HeaderMap) -> Option<std::time::Duration> {
+        self.inner.announced_wait(headers)
+    }
+
+    fn pacing_wait(&self, headers: &HeaderMap) -> Option<std::time::Duration> {
+        self.inner.pacing_wait(headers)
+    }
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {
