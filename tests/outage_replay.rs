@@ -1156,6 +1156,24 @@ fn no_two_labels_of_the_figure_overlap() {
 }
 
 #[test]
+fn cost_labels_of_equal_costs_are_set_apart() {
+    // Two stacks whose costs end at the same dollar: their labels would
+    // fall on one line.
+    let mut twice = replayed("seed-000-night.toml").clone();
+    let mut copy = twice.stack("failover").unwrap().clone();
+    copy.name = "failover-again";
+    twice.stacks.push(copy);
+    let (_, layout) = svg::svg_with_layout(&twice);
+    let cost = |name: &str| {
+        let s = twice.stack(name).unwrap();
+        let text = format!("{name} ${:.2}", s.all.cost_usd);
+        layout.labels.iter().find(|l| l.text == text).cloned()
+    };
+    let (a, b) = (cost("failover").unwrap(), cost("failover-again").unwrap());
+    assert!(!a.overlaps(&b), "{a:?} {b:?}");
+}
+
+#[test]
 fn wait_lines_break_where_no_request_was_answered() {
     let replay = replayed("seed-000-night.toml");
     let (drawn, layout) = svg::svg_with_layout(replay);

@@ -54,7 +54,7 @@ const BARS: f64 = 56.0;
 /// Height of one upstream's attempt bars.
 const ATTEMPTS: f64 = 20.0;
 /// Height of a stack's wait chart.
-const WAITS: f64 = 40.0;
+const WAITS: f64 = 48.0;
 const BAND: f64 = 10.0;
 const GAP: f64 = 8.0;
 const COST: f64 = 80.0;
@@ -877,21 +877,55 @@ fn draw_stack(
             .collect()
     };
     let p99 = answered_p(0.99);
-    let slowest = nice_ceiling(p99.iter().flatten().copied().fold(0.0, f64::max));
+    let p50 = answered_p(0.5);
+    // A log scale from the decade below the fastest p50 to the decade above
+    // the slowest p99: a failover's 1 s to 3 s reads beside its 100 s spike.
+    let fastest = p50.iter().flatten().copied().fold(f64::INFINITY, f64::min);
+    let slowest = p99.iter().flatten().copied().fold(0.0, f64::max);
+    let lo = if fastest.is_finite() {
+        fastest.max(0.01).log10().floor()
+    } else {
+        -1.0
+    };
+    let hi = slowest.max(0.01).log10().ceil().max(lo + 1.0);
+    let wait_y = |v: f64| {
+        let v = v.max(10f64.powf(lo)).log10();
+        y + WAITS - WAITS * (v - lo) / (hi - lo)
+    };
     c.row_label("answered wait p50, p99", y + WAITS / 2.0 - 2.0, 10.0, "");
     c.row_label(
-        &format!("0 to {} s", fmt_num(slowest)),
+        &format!(
+            "log scale, {} to {} s",
+            fmt_num(10f64.powf(lo)),
+            fmt_num(10f64.powf(hi))
+        ),
         y + WAITS / 2.0 + 10.0,
         9.0,
         r##" fill="#666""##,
     );
     c.raw(format_args!(
-        r##"<line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-width="0.5"/><line x1="{LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#eee" stroke-width="0.5"/>"##,
+        r##"<line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-width="0.5"/>"##,
         LEFT + bin_px * bins as f64,
         y + WAITS,
         y + WAITS,
-        LEFT + bin_px * bins as f64,
     ));
+    let mut decade = lo;
+    while decade <= hi + 1e-9 {
+        let at = wait_y(10f64.powf(decade));
+        c.raw(format_args!(
+            r##"<line x1="{LEFT}" x2="{:.1}" y1="{at:.1}" y2="{at:.1}" stroke="#e8e8e8" stroke-width="0.5"/>"##,
+            LEFT + bin_px * bins as f64,
+        ));
+        c.text(
+            &format!("{} s", fmt_num(10f64.powf(decade))),
+            LEFT + bin_px * bins as f64 + 4.0,
+            at + 3.0,
+            8.0,
+            Anchor::Start,
+            r##" fill="#666""##,
+        );
+        decade += 1.0;
+    }
     if p99.iter().all(Option::is_none) {
         c.text(
             "no request answered",
@@ -903,17 +937,12 @@ fn draw_stack(
         );
     }
     for (p, values, colour, dash) in [
-        (
-            0.5,
-            answered_p(0.5),
-            "#555555",
-            r#" stroke-dasharray="3,2""#,
-        ),
+        (0.5, p50, "#555555", r#" stroke-dasharray="3,2""#),
         (0.99, p99, "#000000", ""),
     ] {
         let runs = runs_of(&values);
         for run in &runs {
-            let at = |b: usize| y + WAITS - WAITS * values[b].unwrap_or(0.0) / slowest;
+            let at = |b: usize| wait_y(values[b].unwrap_or(0.0));
             // A run of one bin is drawn across its bin, so it shows.
             let points: Vec<String> = if run.len() == 1 {
                 let b = run[0];
@@ -1025,17 +1054,6 @@ pub fn runs_of(values: &[Option<f64>]) -> Vec<Vec<usize>> {
         runs.push(run);
     }
     runs
-}
-
-/// The next of 1, 2, 5 times a power of ten at or above `x`.
-fn nice_ceiling(x: f64) -> f64 {
-    let x = x.max(0.01);
-    let p = 10f64.powf(x.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * p)
-        .find(|&v| v >= x - 1e-12)
-        .unwrap_or(10.0 * p)
 }
 
 fn fmt_num(x: f64) -> String {
