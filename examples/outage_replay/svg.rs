@@ -48,7 +48,7 @@ const MARKER: &str = "#333333";
 // === geometry ===
 
 const WIDTH: f64 = 1200.0;
-const LEFT: f64 = 200.0;
+const LEFT: f64 = 215.0;
 /// Height of a stack's request bars.
 const BARS: f64 = 56.0;
 /// Height of one upstream's attempt bars.
@@ -354,7 +354,7 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
     for u in &setup.upstreams {
         let label = match u.capacity {
             Some(cap) => format!(
-                "{} (capacity {} + queue {})",
+                "{} ({} slots + {} queue)",
                 u.name, cap.concurrent, cap.queue
             ),
             None => u.name.clone(),
