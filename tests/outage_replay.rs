@@ -22,6 +22,9 @@ mod scenario;
 #[path = "../examples/outage_replay/seeds.rs"]
 mod seeds;
 #[allow(dead_code)]
+#[path = "../examples/outage_replay/svg.rs"]
+mod svg;
+
 #[path = "../examples/outage_replay/sweep.rs"]
 mod sweep;
 
@@ -995,6 +998,282 @@ fn a_short_half_open_period_stays_visible() {
     let (svg, layout) = report::svg_with_layout(&only);
     let pixmap = render(&svg);
     assert!(pixels(&pixmap, report::HALF_OPEN, Some((0.0, layout.legend))) >= 10);
+}
+
+// === the figure, panel by panel ===
+
+/// The figure rendered with its labels, in DejaVu Sans (`None`: the font is
+/// not installed here).
+fn render_with_text(svg: &str) -> Option<resvg::tiny_skia::Pixmap> {
+    let mut options = resvg::usvg::Options::default();
+    for face in ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf"] {
+        let font = std::fs::read(Path::new("/usr/share/fonts/truetype/dejavu").join(face)).ok()?;
+        options.fontdb_mut().load_font_data(font);
+    }
+    options.font_family = "DejaVu Sans".to_owned();
+    let tree = resvg::usvg::Tree::from_str(svg, &options).unwrap();
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    Some(pixmap)
+}
+
+/// The figures `scenarios/README.md` shows, as PNGs under `docs/`.
+const PNG_FIGURES: [&str; 2] = ["seed-000-night", "retry-overload-metastable"];
+
+#[test]
+#[ignore = "writes docs/replay-*.png: cargo test --release --test outage_replay -- --ignored the_figures_are_drawn_to_png"]
+fn the_figures_are_drawn_to_png() {
+    for name in PNG_FIGURES {
+        let drawn = svg::svg(replayed(&format!("{name}.toml")));
+        let pixmap = render_with_text(&drawn).expect("DejaVu Sans under /usr/share/fonts");
+        let path = Path::new(ROOT).join(format!("docs/replay-{name}.png"));
+        pixmap.save_png(&path).unwrap();
+    }
+}
+
+#[test]
+fn the_figure_has_one_panel_per_quantity() {
+    let replay = replayed("seed-000-night.toml");
+    let (drawn, layout) = svg::svg_with_layout(replay);
+    let pixmap = render(&drawn);
+    assert_eq!(pixmap.height() as f64, layout.height.round());
+    let mut want: Vec<(Option<&str>, &str)> = vec![(None, "ground truth")];
+    for s in &replay.stacks {
+        for q in ["requests", "attempts", "answered wait"] {
+            want.push((Some(s.name), q));
+        }
+        if !matches!(s.name, "no-breaker" | "naive-failover") {
+            want.push((Some(s.name), "breaker state"));
+        }
+    }
+    want.push((None, "cost"));
+    let got: Vec<(Option<&str>, &str)> = layout
+        .panels
+        .iter()
+        .map(|p| (p.stack.as_deref(), p.quantity))
+        .collect();
+    assert_eq!(got, want);
+    // One below the other, none over another.
+    for w in layout.panels.windows(2) {
+        assert!(w[0].y0 < w[0].y1 && w[0].y1 <= w[1].y0, "{w:?}");
+    }
+    // The attempts panel counts every stack's attempts, the retry storm
+    // and the breaker's few alike.
+    for s in &replay.stacks {
+        let attempts = s.attempt_log.iter().filter(|a| !a.probe).count();
+        assert!(
+            drawn.contains(&format!(": {attempts} attempts (")),
+            "{}",
+            s.name
+        );
+    }
+    // Answers the fallback gave are drawn in its own colour.
+    let (_, y0, y1) = layout
+        .bars
+        .iter()
+        .find(|(n, _, _)| n == "failover")
+        .unwrap();
+    let fallback = svg::ANSWERED_BY[1];
+    assert!(pixels(&pixmap, fallback, Some((*y0, *y1))) > 100);
+    let (_, y0, y1) = layout.bars.iter().find(|(n, _, _)| n == "breaker").unwrap();
+    assert_eq!(pixels(&pixmap, fallback, Some((*y0, *y1))), 0);
+}
+
+#[test]
+fn no_two_labels_of_the_figure_overlap() {
+    for name in [
+        "seed-000-night",
+        "retry-overload-metastable",
+        "seed-002-failover",
+    ] {
+        let replay = replayed(&format!("{name}.toml"));
+        let (drawn, layout) = svg::svg_with_layout(replay);
+        // Every text drawn was measured.
+        assert_eq!(
+            drawn.matches("<text ").count(),
+            layout.labels.len(),
+            "{name}"
+        );
+        for (i, a) in layout.labels.iter().enumerate() {
+            assert!(
+                a.x0 >= 0.0 && a.x1 <= layout.width && a.y0 >= 0.0 && a.y1 <= layout.height,
+                "{name}: {a:?} leaves the picture"
+            );
+            for b in &layout.labels[..i] {
+                assert!(!a.overlaps(b), "{name}: {a:?} over {b:?}");
+            }
+        }
+        // None of the ones a reader needs was left out for want of room.
+        for s in &replay.stacks {
+            let cost = format!("{} ${:.2}", s.name, s.all.cost_usd);
+            assert!(
+                layout.labels.iter().any(|l| l.text == cost),
+                "{name}: {cost}"
+            );
+        }
+        let marks = drawn.matches(r#"stroke-dasharray="4,3""#).count() - 1;
+        let labelled = layout
+            .labels
+            .iter()
+            .filter(|l| l.text.contains(" fails ") || l.text.contains(" heals "))
+            .count();
+        assert_eq!(labelled, marks, "{name}");
+        // The estimate is no narrower than the text drawn in DejaVu Sans.
+        let Some(_) = render_with_text(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1\" height=\"1\"/>",
+        ) else {
+            continue;
+        };
+        let mut options = resvg::usvg::Options::default();
+        for face in ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf"] {
+            let font =
+                std::fs::read(Path::new("/usr/share/fonts/truetype/dejavu").join(face)).unwrap();
+            options.fontdb_mut().load_font_data(font);
+        }
+        let tree = resvg::usvg::Tree::from_str(&drawn, &options).unwrap();
+        let mut texts = Vec::new();
+        fn walk(group: &resvg::usvg::Group, out: &mut Vec<resvg::usvg::Rect>) {
+            for node in group.children() {
+                match node {
+                    resvg::usvg::Node::Text(t) => out.push(t.abs_bounding_box()),
+                    resvg::usvg::Node::Group(g) => walk(g, out),
+                    _ => {}
+                }
+            }
+        }
+        walk(tree.root(), &mut texts);
+        assert_eq!(texts.len(), layout.labels.len(), "{name}");
+        for (drawn, est) in texts.iter().zip(&layout.labels) {
+            assert!(
+                f64::from(drawn.left()) >= est.x0 - 0.5 && f64::from(drawn.right()) <= est.x1 + 0.5,
+                "{name}: {:?} is drawn {drawn:?}, estimated {est:?}",
+                est.text
+            );
+        }
+    }
+}
+
+#[test]
+fn cost_labels_of_equal_costs_are_set_apart() {
+    // Two stacks whose costs end at the same dollar: their labels would
+    // fall on one line.
+    let mut twice = replayed("seed-000-night.toml").clone();
+    let mut copy = twice.stack("failover").unwrap().clone();
+    copy.name = "failover-again";
+    twice.stacks.push(copy);
+    let (_, layout) = svg::svg_with_layout(&twice);
+    let cost = |name: &str| {
+        let s = twice.stack(name).unwrap();
+        let text = format!("{name} ${:.2}", s.all.cost_usd);
+        layout.labels.iter().find(|l| l.text == text).cloned()
+    };
+    let (a, b) = (cost("failover").unwrap(), cost("failover-again").unwrap());
+    assert!(!a.overlaps(&b), "{a:?} {b:?}");
+}
+
+#[test]
+fn wait_lines_break_where_no_request_was_answered() {
+    let replay = replayed("seed-000-night.toml");
+    let (drawn, layout) = svg::svg_with_layout(replay);
+    let bins = layout
+        .waits
+        .iter()
+        .flat_map(|w| w.runs.iter().flatten())
+        .max()
+        .unwrap()
+        + 1;
+    for line in &layout.waits {
+        let s = stack(replay, &line.stack);
+        let mut answered = std::collections::BTreeSet::new();
+        for r in s
+            .requests
+            .iter()
+            .filter(|r| r.fate == engine::Fate::Succeeded)
+        {
+            answered.insert(((r.arrival_s / layout.bin_s) as usize).min(bins - 1));
+        }
+        let drawn_bins: Vec<usize> = line.runs.iter().flatten().copied().collect();
+        assert_eq!(
+            drawn_bins,
+            answered.iter().copied().collect::<Vec<_>>(),
+            "{}",
+            line.stack
+        );
+        for run in &line.runs {
+            assert!(
+                run.windows(2).all(|w| w[1] == w[0] + 1),
+                "{}: {run:?}",
+                line.stack
+            );
+        }
+    }
+    // Drawn as one polyline per run, no point further than a bin from the
+    // one before it.
+    let runs: usize = layout.waits.iter().map(|w| w.runs.len()).sum();
+    let lines: Vec<&str> = drawn
+        .split(r#"<polyline class="wait" points=""#)
+        .skip(1)
+        .collect();
+    assert_eq!(lines.len(), runs);
+    for line in lines {
+        let xs: Vec<f64> = line
+            .split('"')
+            .next()
+            .unwrap()
+            .split(' ')
+            .map(|p| p.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            xs.windows(2).all(|w| w[1] - w[0] <= layout.bin_px + 0.2),
+            "{xs:?}"
+        );
+    }
+    // No breaker answers nobody from 120 s to 600 s: a gap, not a ramp.
+    let p99 = layout
+        .waits
+        .iter()
+        .find(|w| w.stack == "no-breaker" && w.p == 0.99)
+        .unwrap();
+    let gap = |b: usize| !p99.runs.iter().flatten().any(|&d| d == b);
+    let mid = (360.0 / layout.bin_s) as usize;
+    assert!(gap(mid), "{:?}", p99.runs);
+    assert!(p99.runs.len() >= 2);
+}
+
+#[test]
+fn attempts_refused_for_load_are_drawn_where_the_script_says_healthy() {
+    let replay = replayed("retry-overload-metastable.toml");
+    let (drawn, layout) = svg::svg_with_layout(replay);
+    let s = stack(replay, "no-breaker");
+    let upstream = &replay.setup.upstreams[0];
+    let refused = s
+        .attempt_log
+        .iter()
+        .filter(|a| svg::refused_by_load(upstream, replay.setup.answer_within(), a))
+        .count();
+    assert!(refused > 100, "{refused}");
+    assert!(drawn.contains(&format!(
+        "; {refused} refused for load while the script says"
+    )));
+    // Drawn in their own colour in the no-breaker stack's attempts.
+    let panel = layout
+        .panels
+        .iter()
+        .find(|p| p.stack.as_deref() == Some("no-breaker") && p.quantity == "attempts")
+        .unwrap();
+    let pixmap = render(&drawn);
+    assert!(
+        pixels(
+            &pixmap,
+            svg::REFUSED_BY_LOAD,
+            Some((panel.y0 + 12.0, panel.y1))
+        ) > 50
+    );
 }
 
 const FIGURE: &str = "docs/outage-replay-seed-000-night.svg";

@@ -136,7 +136,7 @@ pub struct AttemptRecord {
     pub request: usize,
     /// Whether the upstream failed this attempt (5xx, hang, reset, stream error).
     pub failed: bool,
-    kind: Kind,
+    pub kind: Kind,
     /// How long it ran: to its response head, or until it was given up.
     ran: Duration,
     /// What the upstream billed for it.

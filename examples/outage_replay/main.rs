@@ -55,6 +55,7 @@ mod figures;
 mod report;
 mod scenario;
 mod seeds;
+mod svg;
 mod sweep;
 
 use std::path::PathBuf;
@@ -234,7 +235,7 @@ fn main() -> ExitCode {
         print!("{}", engine::routing_table(std::slice::from_ref(&replay)));
     }
     if let Some(path) = svg {
-        if let Err(e) = std::fs::write(&path, report::svg(&replay)) {
+        if let Err(e) = std::fs::write(&path, svg::svg(&replay)) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
