@@ -128,18 +128,22 @@ impl Shared {
                 );
             }
         }
-        let mut watched = None;
+        let (mut watched, mut counted) = (None, false);
         if self.is_guarded() {
             match self.admit_guarded(fallback) {
                 Guarded::Pass => {}
+                Guarded::Count => counted = true,
                 Guarded::Watch(f) => watched = Some(f),
                 Guarded::Reject(cause) => return self.reject_guarded(cause, fallback),
             }
         }
         let Some(in_flight) = &self.in_flight else {
-            return Ok(match watched {
-                Some(f) => self.admit_watched(generation, f),
-                None => Permit::new(self, generation, Kind::Closed, 0, fallback),
+            return Ok(match (watched, counted) {
+                (Some(f), _) => self.admit_watched(generation, f),
+                (None, true) => {
+                    self.counted(Permit::new(self, generation, Kind::Closed, 0, fallback))
+                }
+                (None, false) => Permit::new(self, generation, Kind::Closed, 0, fallback),
             });
         };
         let now = self.now();
@@ -168,7 +172,11 @@ impl Shared {
             in_flight.finish(id, || now);
             (kind, id) = (Kind::Closed, 0);
         }
-        Ok(Permit::new(self, generation, kind, id, fallback))
+        let permit = Permit::new(self, generation, kind, id, fallback);
+        Ok(match counted {
+            true => self.counted(permit),
+            false => permit,
+        })
     }
 
     /// Calls still hanging past the slow threshold are slow now, not when

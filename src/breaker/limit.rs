@@ -36,9 +36,11 @@
 //!   ends after a window without any signal and an unbounded limit.
 //!
 //! While no signal came for a window (a calm circuit), a closed admission
-//! pays one more load of a flag on the state's cache line, nothing else:
-//! calls in flight are read off the lifetime counters, and only while
-//! watching.
+//! pays one more load of a flag on the state's cache line, nothing else.
+//! While watching, the calls in flight are the breaker's counters summed at
+//! most once per 1/1024 step, plus a counter of the calls admitted since
+//! the watch began (one atomic add as such a call is admitted, one as it
+//! ends).
 //!
 //! The ramp: when probes close the circuit, calls with a fallback are
 //! admitted with a share rising linearly from 0 to 1 over
@@ -132,6 +134,20 @@ pub(crate) struct Limiter {
     ramp_ns: u64,
     /// The current limit; `u64::MAX` for none.
     limit: AtomicU64,
+    /// Calls in flight admitted while a watch is on (with a fallback or
+    /// not): counted up at admission and down as each ends (every one is
+    /// recorded, dropped ones included). Reading it is one load, where
+    /// summing the breaker's striped counters for every watched admission
+    /// cost several times the closed path.
+    watched: AtomicU64,
+    /// The calls in flight that `watched` does not hold (admitted before the
+    /// watch began), as of the last exact count: the striped counters are
+    /// summed at most once per 1/1024 step, and the calls counted since are
+    /// added to it.
+    uncounted: AtomicU64,
+    /// When that exact count was taken; `u64::MAX` to take it at the next
+    /// watched admission (a watch began).
+    summed_at: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -175,6 +191,9 @@ pub(super) enum Guarded {
     Pass,
     /// A watched call, with the calls in flight as it was admitted.
     Watch(u32),
+    /// A call with a fallback, admitted while a watch is on: counted in the
+    /// calls in flight, its outcome not watched.
+    Count,
     Reject(Rejection),
 }
 
@@ -194,6 +213,9 @@ impl Limiter {
             min_signals: u64::from(l.min_signals),
             ramp_ns: nanos(ramp),
             limit: AtomicU64::new(u64::MAX),
+            watched: AtomicU64::new(0),
+            uncounted: AtomicU64::new(0),
+            summed_at: AtomicU64::new(u64::MAX),
             inner: Mutex::new(Inner::default()),
         })
     }
@@ -325,8 +347,32 @@ impl Shared {
         }
     }
 
-    fn in_flight_now(&self) -> u64 {
-        self.counters.sum().in_flight
+    /// The calls in flight: those counted while watching, plus the others
+    /// as of the last exact count (see [`Limiter::uncounted`]), taken again
+    /// when 1/1024 of a step (a millisecond by default) has passed: calls
+    /// from before the watch end within a call's time, and their ends are
+    /// seen within that.
+    fn in_flight_now(&self, l: &Limiter, now: u64) -> u64 {
+        let at = l.summed_at.load(Ordering::Acquire);
+        let since = now.saturating_sub(at);
+        if at == u64::MAX || since >= l.step_ns / 1024 {
+            let counted = l.watched.load(Ordering::Acquire);
+            let exact = self.counters.sum().in_flight;
+            l.uncounted
+                .store(exact.saturating_sub(counted), Ordering::Release);
+            l.summed_at.store(now, Ordering::Release);
+            return exact;
+        }
+        l.watched.load(Ordering::Acquire) + l.uncounted.load(Ordering::Acquire)
+    }
+
+    /// A counted call ended, however it ended.
+    #[cold]
+    pub(super) fn counted_ended(&self) {
+        if let Some(l) = &self.limiter {
+            let was = l.watched.fetch_sub(1, Ordering::AcqRel);
+            debug_assert!(was > 0, "a counted call ended twice");
+        }
     }
 
     /// A closed admission while a watch or a ramp is on.
@@ -356,6 +402,10 @@ impl Shared {
                 }
                 None => Guarded::Pass,
             };
+            let decided = match decided {
+                Guarded::Pass if inner.watch.is_some() => Guarded::Count,
+                other => other,
+            };
             self.set_guarded(&inner);
             return decided;
         }
@@ -370,7 +420,7 @@ impl Shared {
             return Guarded::Pass;
         }
         drop(inner);
-        let f = self.in_flight_now();
+        let f = self.in_flight_now(l, now);
         if f >= l.limit.load(Ordering::Acquire) {
             return Guarded::Reject(Rejection::InFlightLimit);
         }
@@ -393,6 +443,7 @@ impl Shared {
             }
             // The first signal: watch from now on.
             inner.watch = Some(Watch::new(now));
+            l.summed_at.store(u64::MAX, Ordering::Release);
         }
         let Some(watch) = inner.watch.as_deref_mut() else {
             return;
@@ -414,7 +465,7 @@ impl Shared {
                 watch.probe = None;
             }
             if trial || (judged == Judged::Grows && (due || l.current().is_none())) {
-                let f = self.in_flight_now().max(1);
+                let f = self.in_flight_now(l, now).max(1);
                 let before = l.limit.load(Ordering::Acquire);
                 let from = before.min(f);
                 // A trial falls less far: it only has to move the calls in
@@ -457,7 +508,17 @@ impl Shared {
     /// Admits a watched call.
     #[inline]
     pub(super) fn admit_watched(self: &Arc<Self>, generation: u64, f: u32) -> Permit {
-        Permit::new(self, generation, Kind::Watched, f, false)
+        self.counted(Permit::new(self, generation, Kind::Watched, f, false))
+    }
+
+    /// Counts `permit` in the calls in flight while watching.
+    #[cold]
+    pub(super) fn counted(&self, mut permit: Permit) -> Permit {
+        if let Some(l) = &self.limiter {
+            l.watched.fetch_add(1, Ordering::AcqRel);
+            permit.count_in_flight();
+        }
+        permit
     }
 
     /// Rejects a call the limit or the ramp refused.

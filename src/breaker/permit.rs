@@ -61,6 +61,9 @@ pub(super) struct Ticket {
     pub(super) graded: bool,
     /// The breaker has a spend guard and the call is not charged yet.
     pub(super) metered: bool,
+    /// Counted in the in-flight limit's calls in flight (admitted while it
+    /// watches): its end counts it out.
+    pub(super) counted: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -120,6 +123,11 @@ impl Permit {
         Permit::make(shared, generation, kind, id, fallback, metered)
     }
 
+    /// Marks the call as counted in the in-flight limit's calls in flight.
+    pub(super) fn count_in_flight(&mut self) {
+        self.ticket.counted = true;
+    }
+
     #[inline(always)]
     fn make(
         shared: &Arc<Shared>,
@@ -140,6 +148,7 @@ impl Permit {
                 fallback,
                 graded: false,
                 metered,
+                counted: false,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -395,8 +404,9 @@ impl Permit {
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
         let plain_success = outcome == Outcome::Success
-            // One test for both: a call still to charge is never plain.
-            && !(self.ticket.graded | self.ticket.metered)
+            // One test for all: a call still to charge, or to count out of
+            // the calls in flight, is never plain.
+            && !(self.ticket.graded | self.ticket.metered | self.ticket.counted)
             && (self.ticket.kind == Kind::Closed
                 || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
         if !plain_success {

@@ -20,6 +20,9 @@ impl Shared {
         outcome: Outcome,
         announced: &dyn Fn() -> Option<Duration>,
     ) {
+        if permit.counted {
+            self.counted_ended();
+        }
         if *head == Head::Pending {
             // Only tracked calls and probes are timed to their heads.
             *head = match permit.kind {
