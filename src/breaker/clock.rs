@@ -2,6 +2,7 @@
 //! epoch, and compared with the clock whenever the breaker is touched.
 
 use super::*;
+use crate::sync::thread_local;
 
 impl Shared {
     #[inline]

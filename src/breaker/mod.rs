@@ -101,7 +101,7 @@ use self::volume::VolumeGuard;
 pub use self::window::InFlightRing;
 use self::window::{InFlight, Rates};
 use crate::rng::Rng;
-use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
+use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 
 /// A handle to one circuit breaker. Cheap to clone; every clone shares the
 /// same state.
