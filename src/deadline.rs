@@ -272,6 +272,10 @@ impl StreamDeadlines {
     /// ([`DeadlineError::TooLong`]), and a first-frame or stall deadline
     /// longer than the total stream time (it could never pass).
     ///
+    /// # Errors
+    ///
+    /// A [`DeadlineError`] naming the deadline that could never work.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_circuit_breaker::deadline::{DeadlineError, StreamDeadlines};

@@ -78,6 +78,10 @@ impl<C, P> CircuitBreakerLayer<C, P> {
     /// the first frame, stalls and the total time (see
     /// [`deadline`](crate::deadline) for an example). Refuses deadlines that
     /// cannot work with a [`DeadlineError`].
+    ///
+    /// # Errors
+    ///
+    /// A [`DeadlineError`] from [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate).
     pub fn stream_deadlines(
         self,
         deadlines: StreamDeadlines,

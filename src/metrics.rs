@@ -385,6 +385,10 @@ impl Meter {
 
     #[cold]
     /// Microseconds since the meter was made, wrapped to 32 bits.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "wrapping to 32 bits is the point: only differences are read"
+    )]
     fn micros(&self) -> u32 {
         Instant::now()
             .saturating_duration_since(self.epoch)

@@ -92,6 +92,10 @@ impl<S, C, P> CircuitBreaker<S, C, P> {
     /// and the total time (see [`deadline`](crate::deadline)). Refuses
     /// deadlines that cannot work with a [`DeadlineError`].
     ///
+    /// # Errors
+    ///
+    /// A [`DeadlineError`] from [`StreamDeadlines::validate`](crate::deadline::StreamDeadlines::validate).
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_circuit_breaker::deadline::StreamDeadlines;

@@ -340,6 +340,12 @@ impl Breaker {
     /// without a lock; open ones reject; half-open ones admit up to the probe
     /// budget.
     ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`] when the circuit rejects the call: open, half-open
+    /// with its probes taken, forced open, shedding, pacing or over a spend
+    /// budget (its [`reason`](CircuitOpen::reason) says which).
+    ///
     /// ```
     /// use tower_circuit_breaker::{Breaker, Outcome};
     /// let breaker = Breaker::builder().build().unwrap();
@@ -355,6 +361,11 @@ impl Breaker {
     /// refused (see [`HasFallback`](crate::HasFallback)): the slow-call rule
     /// and the ramp after half-open apply to it, the in-flight limit does
     /// not.
+    ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`], as [`admit`](Self::admit), and also wherever a
+    /// call with a fallback is moved elsewhere rather than admitted.
     ///
     /// ```
     /// use std::time::Duration;

@@ -98,13 +98,21 @@ impl Shared {
         let c = &self.config;
         let base = nanos(c.open) as f64;
         let cap = nanos(c.open_max()) as f64;
-        let grown = (base * c.backoff_multiplier.powi(ctl.reopens.min(1024) as i32)).min(cap);
+        let reopens = i32::try_from(ctl.reopens.min(1024)).unwrap_or(1024);
+        let grown = (base * c.backoff_multiplier.powi(reopens)).min(cap);
         let jitter = if c.jitter > 0.0 {
             c.jitter * ctl.rng.unit()
         } else {
             0.0
         };
-        ((grown * (1.0 - jitter)) as u64).max(1)
+        // `as` saturates: `grown` is at most the cap, which came from a u64.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a float in [0, cap], cap a u64, converted by a saturating `as`"
+        )]
+        let ns = (grown * (1.0 - jitter)) as u64;
+        ns.max(1)
     }
 
     /// Traces each transition and calls the listeners, outside the control
@@ -123,7 +131,7 @@ impl Shared {
                 from = t.from.as_str(),
                 to = t.to.as_str(),
                 reason = t.reason.as_str(),
-                open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
+                open_for_ms = t.open_for.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 "circuit {}",
                 t.to
             );

@@ -152,7 +152,7 @@ fn retry_pushback(headers: &HeaderMap) -> Option<Duration> {
     }
     // A server asking for more than the cap has asked for "a long time"; the
     // digits past the cap (however many) change nothing, so stop reading there.
-    let cap = MAX_PUSHBACK.as_millis() as u64;
+    let cap = u64::try_from(MAX_PUSHBACK.as_millis()).unwrap_or(u64::MAX);
     let mut ms: u64 = 0;
     for b in value.bytes() {
         ms = ms * 10 + u64::from(b - b'0');

@@ -97,6 +97,10 @@ impl<S, Req, C> Failover<S, Req, C> {
     /// [`Ignored`](crate::Outcome::Ignored). A member index the failover
     /// does not have is a [`RuleError`].
     ///
+    /// # Errors
+    ///
+    /// A [`RuleError`] when `to` names a member the failover does not have.
+    ///
     /// ```
     /// use tower::ServiceExt;
     /// use tower_circuit_breaker::classify::ErrorKind;

@@ -164,6 +164,10 @@ impl Hedge {
     /// time to first byte ([`Latency`]), or after `initial` while the member
     /// has fewer than [`Latency::MIN_SAMPLES`] samples.
     ///
+    /// # Errors
+    ///
+    /// A [`HedgeError`] when `percentile` is not within `(0, 100]`.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_circuit_breaker::failover::Hedge;
@@ -192,6 +196,10 @@ impl Hedge {
 
     /// Hedges at most `percent` % of the first attempts over the last 10 s
     /// (`0..=1000`; the default is 10 %).
+    ///
+    /// # Errors
+    ///
+    /// A [`HedgeError`] when `percent` is outside the retry budget's range.
     ///
     /// ```
     /// use std::time::Duration;

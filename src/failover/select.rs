@@ -291,6 +291,11 @@ impl Selection {
         };
         let e = *lock(estimates.get(member)?);
         e.at?;
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "an average of u64 nanoseconds, converted by a saturating `as`"
+        )]
         Some(Duration::from_nanos(e.ns as u64))
     }
 
@@ -325,6 +330,11 @@ impl Selection {
                 // count them, then pick by rank.
                 let n = (0..breakers.len()).filter(|&i| eligible(i)).count();
                 let nth = |k: usize| (0..breakers.len()).filter(|&i| eligible(i)).nth(k);
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a float in [0, below), converted by a saturating `as`"
+                )]
                 let draw = |below: usize| ((rng.unit() * below as f64) as usize).min(below - 1);
                 let (a, b) = match n {
                     0 => return 0,
@@ -364,6 +374,11 @@ impl<S, Req, C> Failover<S, Req, C> {
     /// instead of always the primary; the others follow in their order.
     /// The selection must cover every member: a count that differs is a
     /// [`SelectionError`].
+    ///
+    /// # Errors
+    ///
+    /// A [`SelectionError`] when the selection covers a different number of
+    /// members than the failover has.
     ///
     /// ```
     /// use tower_circuit_breaker::failover::{Failover, Selection};

@@ -149,6 +149,11 @@ impl KeySecret {
     /// should be random (say 32 random bytes, or their hex or base64 text).
     /// Any length above the minimum is accepted: the bytes are compressed to
     /// a 128-bit key.
+    ///
+    /// # Errors
+    ///
+    /// A [`KeySecretError`] when the secret is shorter than
+    /// [`MIN_LEN`](Self::MIN_LEN).
     pub fn new(secret: impl AsRef<[u8]>) -> Result<KeySecret, KeySecretError> {
         let secret = secret.as_ref();
         if secret.len() < Self::MIN_LEN {

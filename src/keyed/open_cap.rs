@@ -82,6 +82,11 @@ impl OpenCap {
 
     /// How many of `keys` may be open at once: the share, rounded down,
     /// and never fewer than one.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a float in [0, keys], converted by a saturating `as`"
+    )]
     pub(super) fn allowed(&self, keys: usize) -> usize {
         ((self.share * keys as f64).floor() as usize).max(1)
     }

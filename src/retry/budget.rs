@@ -97,12 +97,20 @@ impl RetryBudget {
     /// Retries at most `percent` % of first attempts over the last 10 s
     /// (`20.0` for 20 %), with no minimum. `percent` must be within
     /// `0..=1000`.
+    ///
+    /// # Errors
+    ///
+    /// A [`RetryBudgetError`] when `percent` is outside `0..=1000`.
     pub fn new(percent: f64) -> Result<Self, RetryBudgetError> {
         RetryBudget::with_min_per_sec(percent, 0)
     }
 
     /// [`new`](Self::new), plus `min_per_sec` retries a second that need no
     /// first attempts.
+    ///
+    /// # Errors
+    ///
+    /// A [`RetryBudgetError`] when `percent` is outside `0..=1000`.
     pub fn with_min_per_sec(percent: f64, min_per_sec: u32) -> Result<Self, RetryBudgetError> {
         if !(0.0..=1000.0).contains(&percent) {
             return Err(RetryBudgetError::Percent(percent));

@@ -308,6 +308,12 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
 
 impl<C: Clone, D: StackDeadlines, P: StackSelect> StackBuilder<C, D, P> {
     /// Checks that the pieces fit and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`StackError`]: the breaker's, the deadlines' or the health probe's
+    /// own settings are invalid, or the pieces do not fit together
+    /// ([`StackError::Misfit`]).
     pub fn build(mut self) -> Result<StackLayer<C, D, P>, StackError> {
         use StackError::Misfit;
         let attempt = self.attempt_timeout;

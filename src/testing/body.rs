@@ -147,7 +147,8 @@ pub(super) async fn respond(
 /// ever again, with the connection open.
 fn token_stream(tokens_for: Duration, last: Option<Bytes>) -> Response<ScriptedBody> {
     let head = Instant::now();
-    let count = tokens_for.as_nanos().div_ceil(TOKEN_GAP.as_nanos()) as u32;
+    let count =
+        u32::try_from(tokens_for.as_nanos().div_ceil(TOKEN_GAP.as_nanos())).unwrap_or(u32::MAX);
     event_stream(Kind::Tokens {
         head,
         sent: 0,

@@ -322,10 +322,12 @@ impl ScriptBuilder {
     }
 
     /// Checks the phases and builds the script.
+    ///
+    /// # Errors
+    ///
+    /// A [`ScriptError`] when there is no phase, the phases are out of order,
+    /// a phase has no answer or a probability is outside `0..=1`.
     pub fn build(self) -> Result<Script, ScriptError> {
-        if self.phases.is_empty() {
-            return Err(ScriptError::NoPhases);
-        }
         let mut phases: Vec<Compiled> = Vec::with_capacity(self.phases.len());
         for (i, phase) in self.phases.into_iter().enumerate() {
             if let Some(prev) = phases.last_mut() {
@@ -358,7 +360,9 @@ impl ScriptBuilder {
                 answers: phase.answers,
             });
         }
-        let last = phases.last().expect("at least one phase");
+        let Some(last) = phases.last() else {
+            return Err(ScriptError::NoPhases);
+        };
         if self.end.is_none()
             && last
                 .answers

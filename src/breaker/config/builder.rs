@@ -113,6 +113,11 @@ impl Build for Breaker {
 
 impl<T: Build> Builder<T> {
     /// Validates the configuration and builds.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting out of range or two settings
+    /// that contradict each other.
     pub fn build(self) -> Result<T, ConfigError> {
         T::build_from(self)
     }
