@@ -12,20 +12,18 @@ use crate::breaker::{Breaker, InFlightLimit, Transition, TripMode};
 /// [`CircuitBreakerLayer::builder`](crate::CircuitBreakerLayer::builder), a
 /// layer) from a validated configuration.
 ///
-/// Defaults follow the numbers of a typical LLM outage: a count window of 20
-/// calls, a 50 % failure rate once 20 calls are seen, 30 s open, reopen
-/// backoff doubling up to two open durations (60 s) with 10 % jitter, 3
-/// probes and 2 successes to close, each probe failed if its response head
-/// has not come within the open duration.
+/// Defaults follow the numbers of a typical LLM outage: a count window of 20 calls, a 50 %
+/// failure rate once 20 calls are seen, 30 s open, reopen backoff doubling up to two open
+/// durations (60 s) with 10 % jitter, 3 probes and 2 successes to close, each probe failed if
+/// its response head has not come within the open duration.
 ///
 /// # Upper bounds
 ///
-/// Settings at which a circuit could not trip, half-open and close in any
-/// useful time are [`ConfigError`]s: `open_duration`, `max_open_duration`
-/// and `probe_timeout` above a week; `probes` above 65,536; a count window,
-/// `min_calls` or `consecutive_failures` above 2^20; `counter_stripes` above
-/// 1,024. Durations that mean "never" (a probe lease, a slow-call threshold,
-/// a volume-guard period) saturate instead.
+/// Settings at which a circuit could not trip, half-open and close in any useful time are
+/// [`ConfigError`]s: `open_duration`, `max_open_duration` and `probe_timeout` above a week;
+/// `probes` above 65,536; a count window, `min_calls` or `consecutive_failures` above 2^20;
+/// `counter_stripes` above 1,024. Durations that mean "never" (a probe lease, a slow-call
+/// threshold, a volume-guard period) saturate instead.
 ///
 /// # Example
 ///
@@ -83,17 +81,18 @@ impl<T: Build> Default for Builder<T> {
     }
 }
 
-/// What a [`Builder`] can build: a [`Breaker`], a
-/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) or
-/// [`KeyedBreakers`](crate::keyed::KeyedBreakers).
+/// What a [`Builder`] can build: a [`Breaker`], a [`CircuitBreakerLayer`](crate::CircuitBreakerLayer)
+/// or [`KeyedBreakers`](crate::keyed::KeyedBreakers).
 pub trait Build: sealed::Sealed + Sized {
     /// Settings only this target has.
     #[doc(hidden)]
     type Extra: Default + Clone + fmt::Debug;
+    /// What `build` refuses a configuration with: a [`ConfigError`], or the target's own error.
+    type Error;
 
     /// Builds from a validated configuration.
     #[doc(hidden)]
-    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError>;
+    fn build_from(builder: Builder<Self>) -> Result<Self, Self::Error>;
 }
 
 pub(crate) mod sealed {
@@ -104,6 +103,7 @@ impl sealed::Sealed for Breaker {}
 
 impl Build for Breaker {
     type Extra = ();
+    type Error = ConfigError;
 
     fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
         builder.config.validate()?;
@@ -113,7 +113,7 @@ impl Build for Breaker {
 
 impl<T: Build> Builder<T> {
     /// Validates the configuration and builds.
-    pub fn build(self) -> Result<T, ConfigError> {
+    pub fn build(self) -> Result<T, T::Error> {
         T::build_from(self)
     }
 
