@@ -57,22 +57,18 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use ::async_openai::error::OpenAIError;
 use ::async_openai::middleware::retry::{OpenAIRetry, OpenAIRetryLayer};
 use ::async_openai::middleware::{HttpRequestFactory, ReqwestService};
-use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::Classify;
 use crate::guard::Guard;
-use crate::integrations::{record_response, DefaultClassifier};
+use crate::integrations::DefaultClassifier;
 use crate::service::Select;
 use crate::CircuitBreakerLayer;
 
@@ -324,16 +320,10 @@ where
 
     fn call(&mut self, request: HttpRequestFactory) -> Self::Future {
         match Guard::admit(&self.select, &request) {
-            Ok(guard) => ResponseFuture {
-                kind: Kind::Called {
-                    future: self.inner.call(request),
-                    guard,
-                    classifier: self.classifier.clone(),
-                },
-            },
-            Err(open) => ResponseFuture {
-                kind: Kind::Rejected { error: Some(open) },
-            },
+            Ok(guard) => {
+                ResponseFuture::called(self.inner.call(request), guard, self.classifier.clone())
+            }
+            Err(open) => ResponseFuture::rejected(open),
         }
     }
 }
@@ -436,91 +426,72 @@ impl<S, C: Clone, P: Clone> Layer<S> for OpenAiCircuitBreakerLayer<C, P> {
     }
 }
 
-// === impl ResponseFuture ===
+// === ResponseFuture ===
 
-pin_project! {
-    /// Response future of [`OpenAiCircuitBreaker`].
-    ///
-    /// Dropping it before it completes releases the call's permit as
-    /// [`Ignored`](crate::Outcome::Ignored).
-    ///
-    /// ```
-    /// use async_openai::{config::OpenAIConfig, error::OpenAIError, Client};
-    /// use tower_circuit_breaker::{async_openai::{circuit_open, http_service}, Breaker};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// // Every call of the client goes through a `ResponseFuture`; a rejected one
-    /// // completes at once, without a request.
-    /// let breaker = Breaker::builder().build().unwrap();
-    /// let config = OpenAIConfig::new().with_api_base("http://127.0.0.1:9/v1");
-    /// let client = Client::with_config(config)
-    ///     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
-    /// breaker.force_open();
-    /// let err: OpenAIError = client.models().list().await.unwrap_err();
-    /// assert!(circuit_open(&err).is_some());
-    /// # }
-    /// ```
-    pub struct ResponseFuture<F, C> {
-        #[pin]
-        kind: Kind<F, C>,
+/// Response future of [`OpenAiCircuitBreaker`]: the crate's one
+/// [`ResponseFuture`](crate::future::ResponseFuture), answering
+/// `reqwest::Response` and failing with `OpenAIError`.
+///
+/// Dropping it before it completes releases the call's permit as
+/// [`Ignored`](crate::Outcome::Ignored).
+///
+/// ```
+/// use async_openai::{config::OpenAIConfig, error::OpenAIError, Client};
+/// use tower_circuit_breaker::{async_openai::{circuit_open, http_service}, Breaker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // Every call of the client goes through a `ResponseFuture`; a rejected one
+/// // completes at once, without a request.
+/// let breaker = Breaker::builder().build().unwrap();
+/// let config = OpenAIConfig::new().with_api_base("http://127.0.0.1:9/v1");
+/// let client = Client::with_config(config)
+///     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
+/// breaker.force_open();
+/// let err: OpenAIError = client.models().list().await.unwrap_err();
+/// assert!(circuit_open(&err).is_some());
+/// # }
+/// ```
+pub type ResponseFuture<F, C> = crate::future::ResponseFuture<F, C, adapter::OpenAi>;
+
+mod adapter {
+    use ::async_openai::error::OpenAIError;
+
+    use crate::breaker::CircuitOpen;
+    use crate::classify::ErrorRef;
+    use crate::future::Adapt;
+    use crate::integrations::ReqwestAdapter;
+
+    /// async-openai's types: `reqwest::Response`s in and out, `OpenAIError`.
+    #[derive(Debug)]
+    pub struct OpenAi;
+
+    impl Adapt for OpenAi {
+        type Refused = CircuitOpen;
+
+        fn reject(open: CircuitOpen) -> CircuitOpen {
+            open
+        }
     }
-}
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F, C> {
-        Called {
-            #[pin]
-            future: F,
-            guard: Guard,
-            classifier: C,
-        },
-        Rejected {
-            error: Option<CircuitOpen>,
-        },
-    }
-}
+    impl<E: Into<OpenAIError>> ReqwestAdapter<E> for OpenAi {
+        type Error = OpenAIError;
 
-impl<F, C> fmt::Debug for ResponseFuture<F, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
+        /// `OpenAIError::Reqwest` goes to the classifier as the
+        /// `reqwest::Error`, `OpenAIError::Boxed` as the boxed error; the
+        /// other variants are raised on the caller's side, before or
+        /// instead of a call.
+        fn error(error: E, judge: impl FnOnce(Option<ErrorRef<'_>>)) -> OpenAIError {
+            let error = error.into();
+            judge(match &error {
+                OpenAIError::Reqwest(e) => Some(e),
+                OpenAIError::Boxed(e) => Some(&**e),
+                _ => None,
+            });
+            error
+        }
 
-impl<F, E, C> Future for ResponseFuture<F, C>
-where
-    F: Future<Output = Result<::reqwest::Response, E>>,
-    E: Into<OpenAIError>,
-    C: Classify,
-    C::Stream: Send + Sync + 'static,
-{
-    type Output = Result<::reqwest::Response, OpenAIError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Called {
-                future,
-                guard,
-                classifier,
-            } => {
-                assert!(!guard.is_finished(), "polled after completion");
-                Poll::Ready(match ready!(future.poll(cx)) {
-                    Ok(response) => Ok(record_response(guard, classifier, response)),
-                    Err(error) => {
-                        let error = error.into();
-                        match &error {
-                            OpenAIError::Reqwest(e) => guard.on_error(classifier, e),
-                            OpenAIError::Boxed(e) => guard.on_error(classifier, &**e),
-                            // Raised on the caller's side, before or instead of a call.
-                            _ => guard.on_caller_error(),
-                        }
-                        Err(error)
-                    }
-                })
-            }
-            KindProj::Rejected { error } => Poll::Ready(Err(OpenAIError::Boxed(Box::new(
-                error.take().expect("polled after completion"),
-            )))),
+        fn refused(open: CircuitOpen) -> OpenAIError {
+            OpenAIError::Boxed(Box::new(open))
         }
     }
 }

@@ -19,7 +19,12 @@ use crate::guard::{BodyGuard, Guard, Held};
 use crate::{BoxError, Error};
 
 pin_project! {
-    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker).
+    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker), and of
+    /// every adapter that sends a call through a breaker (the async-openai
+    /// service's [`ResponseFuture`](crate::async_openai::ResponseFuture) and
+    /// reqwest's [`SendFuture`](crate::reqwest::SendFuture) are this future
+    /// with their own types): the call is admitted, sent, and its answer or
+    /// error judged the same way whatever sent it.
     ///
     /// Dropping it before it completes releases the call's permit as
     /// [`Ignored`](crate::Outcome::Ignored).
@@ -40,28 +45,34 @@ pin_project! {
     /// assert!(future.await.unwrap_err().is_circuit_open());
     /// # }
     /// ```
-    pub struct ResponseFuture<F, C> {
+    pub struct ResponseFuture<F, C, A = Http>
+    where
+        A: Adapt,
+    {
         #[pin]
-        kind: Kind<F, C>,
+        kind: Kind<F, C, A>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, C> {
+    enum Kind<F, C, A>
+    where
+        A: Adapt,
+    {
         Called {
             #[pin]
             future: F,
             guard: Guard,
             classifier: C,
         },
-        Rejected {
-            error: Option<CircuitOpen>,
+        Refused {
+            error: Option<A::Refused>,
         },
     }
 }
 
-impl<F, C> ResponseFuture<F, C> {
+impl<F, C, A: Adapt> ResponseFuture<F, C, A> {
     pub(crate) fn called(future: F, guard: Guard, classifier: C) -> Self {
         ResponseFuture {
             kind: Kind::Called {
@@ -73,26 +84,31 @@ impl<F, C> ResponseFuture<F, C> {
     }
 
     pub(crate) fn rejected(error: CircuitOpen) -> Self {
+        Self::refused(A::reject(error))
+    }
+
+    /// A call that was never made: rejected, or (for an adapter that
+    /// builds the request itself) not built.
+    pub(crate) fn refused(error: A::Refused) -> Self {
         ResponseFuture {
-            kind: Kind::Rejected { error: Some(error) },
+            kind: Kind::Refused { error: Some(error) },
         }
     }
 }
 
-impl<F, C> std::fmt::Debug for ResponseFuture<F, C> {
+impl<F, C, A: Adapt> std::fmt::Debug for ResponseFuture<F, C, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, C, B, E> Future for ResponseFuture<F, C>
+impl<F, C, A, T, E> Future for ResponseFuture<F, C, A>
 where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: Body,
-    E: Into<BoxError>,
+    F: Future<Output = Result<T, E>>,
     C: Classify,
+    A: Adapter<T, E, C::Stream>,
 {
-    type Output = Result<Response<ResponseBody<B, C::Stream>>, Error>;
+    type Output = Result<A::Response, A::Error>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -103,23 +119,146 @@ where
                 classifier,
             } => {
                 assert!(!guard.is_finished(), "polled after completion");
-                let (head, body) = match ready!(future.poll(cx)) {
-                    Ok(response) => response.into_parts(),
-                    Err(error) => {
-                        let error = error.into();
-                        guard.on_error(classifier, &*error);
-                        return Poll::Ready(Err(Error::from_inner(error)));
-                    }
-                };
-                let body = match guard.on_head(classifier, head.status, &head.headers) {
-                    None => ResponseBody::decided(body),
-                    Some(pending) => ResponseBody::guarded(body, pending),
-                };
-                Poll::Ready(Ok(Response::from_parts(head, body)))
+                let answer = ready!(future.poll(cx));
+                Poll::Ready(judged::<A, _, _, _>(guard, classifier, answer))
             }
-            KindProj::Rejected { error } => Poll::Ready(Err(Error::open(
+            KindProj::Refused { error } => Poll::Ready(Err(A::refused(
                 error.take().expect("polled after completion"),
             ))),
+        }
+    }
+}
+
+/// Judges a finished call through `guard`, whatever adapter made it: the
+/// answer's head goes to [`Guard::on_head`] (a verdict deferred to the body
+/// rides in a [`ResponseBody`]), the error the classifier is to see to
+/// [`Guard::on_error`], and an error raised on the caller's side before or
+/// instead of a call is [`Ignored`](crate::Outcome::Ignored). The adapter
+/// only shuffles its types.
+#[inline]
+pub(crate) fn judged<A, T, E, C>(
+    guard: &mut Guard,
+    classifier: &C,
+    answer: Result<T, E>,
+) -> Result<A::Response, A::Error>
+where
+    C: Classify,
+    A: Adapter<T, E, C::Stream>,
+{
+    match answer {
+        Ok(answer) => Ok(A::answer(
+            answer,
+            |status, headers| guard.on_head(classifier, status, headers),
+            ResponseBody::guarded,
+        )),
+        Err(error) => Err(A::error(error, |inner| match inner {
+            Some(inner) => guard.on_error(classifier, inner),
+            None => guard.on_caller_error(),
+        })),
+    }
+}
+
+// === adapters ===
+
+pub(crate) use self::adapt::{Adapt, Adapter, Http};
+
+/// How an adapter's types meet the one response future. Sealed: the
+/// adapters are the crate's.
+pub(crate) mod adapt {
+    use http::{HeaderMap, Response, StatusCode};
+    use http_body::Body;
+
+    use crate::body::ResponseBody;
+    use crate::breaker::CircuitOpen;
+    use crate::classify::{ClassifyStream, ErrorRef};
+    use crate::{BoxError, Error};
+
+    /// What a future holds for a call that was never made.
+    pub trait Adapt {
+        /// A rejection, or the adapter's own error from before the call.
+        type Refused;
+
+        /// The rejection as this adapter holds it.
+        fn reject(open: CircuitOpen) -> Self::Refused;
+    }
+
+    /// The types of one adapter: what its inner call answers (`T`) and
+    /// fails with (`E`), and what its caller gets, for a classifier whose
+    /// stream classifier is `S`.
+    pub trait Adapter<T, E, S: ClassifyStream>: Adapt {
+        /// The body a deferred verdict rides in.
+        type Body: Body;
+        /// What the caller gets for an answer.
+        type Response;
+        /// What the caller gets for an error or a refusal.
+        type Error;
+
+        /// Shows `head` the answer's status and headers; where it returns
+        /// a pending verdict, rebuilds the answer with its body wrapped by
+        /// `wrap` to carry it.
+        fn answer<P>(
+            answer: T,
+            head: impl FnOnce(StatusCode, &HeaderMap) -> Option<P>,
+            wrap: impl FnOnce(Self::Body, P) -> ResponseBody<Self::Body, S>,
+        ) -> Self::Response;
+
+        /// Shows `judge` the error the classifier is to see (`None`: raised
+        /// on the caller's side, not by the upstream), and returns the
+        /// caller's error.
+        fn error(error: E, judge: impl FnOnce(Option<ErrorRef<'_>>)) -> Self::Error;
+
+        /// The caller's error for a call never made.
+        fn refused(refused: Self::Refused) -> Self::Error;
+    }
+
+    /// The tower service's types: `http::Response`s in and out, the
+    /// crate's [`Error`].
+    #[derive(Debug)]
+    pub struct Http;
+
+    impl Adapt for Http {
+        type Refused = CircuitOpen;
+
+        #[inline]
+        fn reject(open: CircuitOpen) -> CircuitOpen {
+            open
+        }
+    }
+
+    impl<B, E, S> Adapter<Response<B>, E, S> for Http
+    where
+        B: Body,
+        E: Into<BoxError>,
+        S: ClassifyStream,
+    {
+        type Body = B;
+        type Response = Response<ResponseBody<B, S>>;
+        type Error = Error;
+
+        #[inline]
+        fn answer<P>(
+            answer: Response<B>,
+            head: impl FnOnce(StatusCode, &HeaderMap) -> Option<P>,
+            wrap: impl FnOnce(B, P) -> ResponseBody<B, S>,
+        ) -> Self::Response {
+            let (parts, body) = answer.into_parts();
+            let body = match head(parts.status, &parts.headers) {
+                None => ResponseBody::decided(body),
+                Some(pending) => wrap(body, pending),
+            };
+            Response::from_parts(parts, body)
+        }
+
+        #[inline]
+        fn error(error: E, judge: impl FnOnce(Option<ErrorRef<'_>>)) -> Error {
+            let error = error.into();
+            judge(Some(&*error));
+            Error::from_inner(error)
+        }
+
+        #[inline]
+        fn refused(open: CircuitOpen) -> Error {
+            Error::open(open)
         }
     }
 }

@@ -167,7 +167,6 @@ impl Guard {
 
     /// The call failed on the caller's side, before or instead of reaching
     /// the upstream.
-    #[cfg(feature = "async-openai")]
     #[inline]
     pub(crate) fn on_caller_error(&mut self) {
         self.permit.finish(Outcome::Ignored);
@@ -327,6 +326,63 @@ impl<S: ClassifyStream> ClassifyStream for Held<S> {
     }
 }
 
+// === reading a body ===
+
+/// How a body's stream came to a verdict (see [`read_frame`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum End {
+    /// A frame decided the call.
+    Decided(Outcome),
+    /// The body failed.
+    Broke,
+    /// The body ended.
+    Ended,
+}
+
+impl End {
+    /// The call's outcome: the deciding frame's, or what `stream` says of a
+    /// body that failed or ended.
+    #[inline]
+    pub(crate) fn outcome<S: ClassifyStream>(self, stream: S) -> Outcome {
+        match self {
+            End::Decided(outcome) => outcome,
+            End::Broke => stream.on_error(),
+            End::Ended => stream.on_end(),
+        }
+    }
+}
+
+/// Shows `stream` what one poll of a body gave (a data frame, trailers, an
+/// error or the end) and says whether the call is decided; `ended` says
+/// whether the body has nothing more to give. The one reading of a body:
+/// the [`BodyGuard`] of a call and a health probe's body both go through
+/// it.
+#[inline]
+pub(crate) fn read_frame<S: ClassifyStream, D: Buf, E>(
+    stream: &mut S,
+    frame: &Option<Result<Frame<D>, E>>,
+    ended: impl FnOnce() -> bool,
+) -> Option<End> {
+    let decided = match frame {
+        Some(Ok(frame)) => {
+            if let Some(data) = frame.data_ref() {
+                stream.on_data(data.chunk())
+            } else if let Some(trailers) = frame.trailers_ref() {
+                stream.on_trailers(trailers)
+            } else {
+                None
+            }
+        }
+        Some(Err(_)) => return Some(End::Broke),
+        None => return Some(End::Ended),
+    };
+    match decided {
+        Some(outcome) => Some(End::Decided(outcome)),
+        None if ended() => Some(End::Ended),
+        None => None,
+    }
+}
+
 // === BodyGuard ===
 
 /// The permit and stream classifier of a call whose verdict waits for the
@@ -364,23 +420,8 @@ impl<S: ClassifyStream> BodyGuard<S> {
         let Some((_, stream)) = self.0.as_mut() else {
             return;
         };
-        let decided = match frame {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    stream.on_data(data.chunk())
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    stream.on_trailers(trailers)
-                } else {
-                    None
-                }
-            }
-            Some(Err(_)) => return self.settle(S::on_error),
-            None => return self.settle(S::on_end),
-        };
-        if let Some(outcome) = decided {
-            self.settle(|_| outcome);
-        } else if ended() {
-            self.settle(S::on_end);
+        if let Some(end) = read_frame(stream, frame, ended) {
+            self.settle(|stream| end.outcome(stream));
         }
     }
 

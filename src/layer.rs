@@ -131,6 +131,7 @@ impl sealed::Sealed for CircuitBreakerLayer {}
 
 impl Build for CircuitBreakerLayer {
     type Extra = ();
+    type Error = ConfigError;
 
     fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
         Ok(CircuitBreakerLayer::new(

@@ -51,8 +51,9 @@ use http::Extensions;
 
 use crate::breaker::{Breaker, CircuitOpen};
 use crate::classify::{Classify, ErrorRef};
+use crate::future::judged;
 use crate::guard::Guard;
-use crate::integrations::{record_response, DefaultClassifier};
+use crate::integrations::DefaultClassifier;
 use crate::service::Select;
 use crate::CircuitBreakerLayer;
 
@@ -232,12 +233,42 @@ where
         // The guard lives in this future: dropping the call records nothing
         // but `Ignored`.
         let mut guard = Guard::admit(&self.select, &request).map_err(Error::middleware)?;
-        match next.run(request, extensions).await {
-            Ok(response) => Ok(record_response(&mut guard, &self.classifier, response)),
-            Err(error) => {
-                guard.on_error(&self.classifier, inner_error(&error));
-                Err(error)
-            }
+        let answer = next.run(request, extensions).await;
+        judged::<adapter::Middleware, _, _, _>(&mut guard, &self.classifier, answer)
+    }
+}
+
+mod adapter {
+    use reqwest_middleware::Error;
+
+    use crate::breaker::CircuitOpen;
+    use crate::classify::ErrorRef;
+    use crate::future::Adapt;
+    use crate::integrations::ReqwestAdapter;
+
+    /// reqwest-middleware's types: a `reqwest::Response` in and out,
+    /// `reqwest_middleware::Error`.
+    #[derive(Debug)]
+    pub(crate) struct Middleware;
+
+    impl Adapt for Middleware {
+        type Refused = CircuitOpen;
+
+        fn reject(open: CircuitOpen) -> CircuitOpen {
+            open
+        }
+    }
+
+    impl ReqwestAdapter<Error> for Middleware {
+        type Error = Error;
+
+        fn error(error: Error, judge: impl FnOnce(Option<ErrorRef<'_>>)) -> Error {
+            judge(Some(super::inner_error(&error)));
+            error
+        }
+
+        fn refused(open: CircuitOpen) -> Error {
+            Error::middleware(open)
         }
     }
 }

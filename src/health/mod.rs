@@ -89,6 +89,7 @@ use tower_service::Service;
 
 use crate::breaker::{Breaker, Outcome, State};
 use crate::classify::{Classify, ClassifyStream, Verdict};
+use crate::guard::{error_outcome, read_frame};
 use crate::keyed::KeyedBreakers;
 use crate::rng::Rng;
 use crate::BoxError;
@@ -290,7 +291,7 @@ where
         let ready = poll_fn(|cx| service.poll_ready(cx)).await;
         match ready.map_err(Into::into) {
             Ok(()) => classify(classifier, service.call(request).await.map_err(Into::into)).await,
-            Err(e) => classifier.classify_error(&*e),
+            Err(e) => error_outcome(classifier, &*e),
         }
     };
     tokio::time::timeout(timeout, attempt)
@@ -400,15 +401,18 @@ async fn join_all<T: Future<Output = ()>>(futures: Vec<T>) {
     .await;
 }
 
-/// Classifies a probe's answer, reading its body to the end when the
-/// classifier defers.
+/// Classifies a probe's answer as the guard judges a call: an error by the
+/// guard's error rule (a breaker's rejection inside it is
+/// [`Outcome::Ignored`], a passed stream deadline a failure, anything else
+/// the classifier's), a head by the classifier, and a deferred verdict by
+/// reading the body to its end as a call's body is read.
 async fn classify<C: Classify, RB: Body>(
     classifier: &C,
     answer: Result<Response<RB>, BoxError>,
 ) -> Outcome {
     let response = match answer {
         Ok(response) => response,
-        Err(e) => return classifier.classify_error(&*e),
+        Err(e) => return error_outcome(classifier, &*e),
     };
     let (head, body) = response.into_parts();
     let mut stream = match classifier.classify_response(head.status, &head.headers) {
@@ -416,22 +420,13 @@ async fn classify<C: Classify, RB: Body>(
         Verdict::Defer(stream) => stream,
     };
     let mut body = std::pin::pin!(body);
+    if body.is_end_stream() {
+        return stream.on_end();
+    }
     loop {
-        match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            Some(Ok(frame)) => {
-                let decided = if let Some(data) = frame.data_ref() {
-                    stream.on_data(bytes::Buf::chunk(data))
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    stream.on_trailers(trailers)
-                } else {
-                    None
-                };
-                if let Some(outcome) = decided {
-                    return outcome;
-                }
-            }
-            Some(Err(_)) => return stream.on_error(),
-            None => return stream.on_end(),
+        let frame = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        if let Some(end) = read_frame(&mut stream, &frame, || body.is_end_stream()) {
+            return end.outcome(stream);
         }
     }
 }

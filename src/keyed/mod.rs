@@ -72,7 +72,7 @@
 //! use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 //! use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State};
 //!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_circuit_breaker::ConfigError> {
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_circuit_breaker::keyed::KeyedConfigError> {
 //! let breakers = KeyedBreakers::builder()
 //!     .consecutive_failures(3)
 //!     .max_keys(10_000)
@@ -100,7 +100,7 @@ mod shards;
 mod tests;
 
 pub use self::select::Keyed;
-pub use self::settings::KeyedSettings;
+pub use self::settings::{KeyedConfigError, KeyedSettings};
 
 pub use self::key::{
     authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
@@ -199,27 +199,30 @@ impl sealed::Sealed for KeyedBreakers {}
 
 impl Build for KeyedBreakers {
     type Extra = KeyedSettings;
+    type Error = KeyedConfigError;
 
-    fn build_from(builder: Builder<Self>) -> Result<Self, crate::ConfigError> {
+    fn build_from(builder: Builder<Self>) -> Result<Self, KeyedConfigError> {
         let (mut config, extra) = (builder.config, builder.extra);
         config.validate()?;
         if extra.max_keys == 0 || extra.idle_timeout.is_zero() {
-            return Err(crate::ConfigError::KeyBounds);
+            return Err(KeyedConfigError::KeyBounds);
         }
         if let Some(share) = extra.max_open_share
             && !(share > 0.0 && share <= 1.0)
         {
-            return Err(crate::ConfigError::MaxOpenShare(share));
+            return Err(KeyedConfigError::MaxOpenShare(share));
         }
         let mut overrides = extra
             .key_overrides
             .into_iter()
             .map(|(key, f)| {
                 let c = f(Builder::<Breaker>::with_config(config.clone())).config;
-                c.validate()?;
-                Ok((key, c))
+                match c.validate() {
+                    Ok(()) => Ok((key, c)),
+                    Err(error) => Err(KeyedConfigError::Override { key, error }),
+                }
             })
-            .collect::<Result<Vec<_>, crate::ConfigError>>()?;
+            .collect::<Result<Vec<_>, KeyedConfigError>>()?;
         // Many breakers: keep each small until its key is busy.
         config.stripes_when_busy = true;
         config.counter_stripes = config

@@ -1,11 +1,12 @@
-//! The settings only a keyed set has, and the builder methods that set them.
+//! The settings only a keyed set has, the builder methods that set them, and
+//! [`KeyedConfigError`] for those that cannot work.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::KeyedBreakers;
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, ConfigError};
 use crate::Builder;
 
 /// The settings only a keyed set has: its bounds and per-key overrides.
@@ -55,9 +56,10 @@ impl fmt::Debug for KeyedSettings {
 }
 
 impl KeyedSettings {
-    /// The per-key overrides, in the order they were given.
-    pub(crate) fn overrides_mut(&mut self) -> impl Iterator<Item = &mut Override> {
-        self.key_overrides.iter_mut().map(|(_, f)| f)
+    /// The per-key overrides, each with its key, in the order they were
+    /// given.
+    pub(crate) fn overrides_mut(&mut self) -> impl Iterator<Item = (&str, &mut Override)> {
+        self.key_overrides.iter_mut().map(|(key, f)| (&**key, f))
     }
 }
 
@@ -110,11 +112,11 @@ impl Builder<KeyedBreakers> {
     /// goes half-open ([`Reason::OpenKeysCap`](crate::Reason::OpenKeysCap)),
     /// so its probes find out whether it healed. See the [module
     /// docs](crate::keyed#a-cap-on-open-keys). Default: no cap. A share
-    /// outside `(0, 1]` is a [`ConfigError::MaxOpenShare`](crate::ConfigError::MaxOpenShare).
+    /// outside `(0, 1]` is a [`KeyedConfigError::MaxOpenShare`].
     ///
     /// ```
-    /// use tower_circuit_breaker::keyed::KeyedBreakers;
-    /// use tower_circuit_breaker::{ConfigError, Outcome, Reason, State};
+    /// use tower_circuit_breaker::keyed::{KeyedBreakers, KeyedConfigError};
+    /// use tower_circuit_breaker::{Outcome, Reason, State};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// // Ten keys, at most 20 % of them open.
@@ -138,7 +140,7 @@ impl Builder<KeyedBreakers> {
     /// assert_eq!(set.get("model-2").unwrap().state(), State::Open);
     ///
     /// let bad = KeyedBreakers::builder().max_open_share(1.5).build().unwrap_err();
-    /// assert_eq!(bad, ConfigError::MaxOpenShare(1.5));
+    /// assert_eq!(bad, KeyedConfigError::MaxOpenShare(1.5));
     /// # }
     /// ```
     pub fn max_open_share(mut self, share: f64) -> Self {
@@ -146,10 +148,12 @@ impl Builder<KeyedBreakers> {
         self
     }
 
-    /// Settings for one key, starting from the shared ones.
+    /// Settings for one key, starting from the shared ones. Settings that
+    /// cannot work are a [`KeyedConfigError::Override`] naming the key.
     ///
     /// ```
-    /// use tower_circuit_breaker::keyed::KeyedBreakers;
+    /// use tower_circuit_breaker::keyed::{KeyedBreakers, KeyedConfigError};
+    /// use tower_circuit_breaker::ConfigError;
     ///
     /// let set = KeyedBreakers::builder()
     ///     .failure_rate(0.5)
@@ -157,6 +161,15 @@ impl Builder<KeyedBreakers> {
     ///     .build()
     ///     .unwrap();
     /// # let _ = set;
+    ///
+    /// let err = KeyedBreakers::builder()
+    ///     .override_key("flaky-model", |b| b.probes(0))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(
+    ///     &err,
+    ///     KeyedConfigError::Override { key, error: ConfigError::ZeroProbes } if &**key == "flaky-model"
+    /// ));
     /// ```
     pub fn override_key(
         mut self,
@@ -165,5 +178,75 @@ impl Builder<KeyedBreakers> {
     ) -> Self {
         self.extra.key_overrides.push((key.into(), Arc::new(f)));
         self
+    }
+}
+
+// === KeyedConfigError ===
+
+/// A keyed set's configuration that
+/// [`Builder::build`](crate::Builder::build) refused: the breaker settings
+/// every key shares (a [`ConfigError`]), one key's override, or the set's
+/// own bounds.
+///
+/// ```
+/// use tower_circuit_breaker::keyed::{KeyedBreakers, KeyedConfigError};
+/// use tower_circuit_breaker::ConfigError;
+///
+/// let err = KeyedBreakers::builder().max_keys(0).build().unwrap_err();
+/// assert_eq!(err, KeyedConfigError::KeyBounds);
+///
+/// // The breaker settings every key shares are checked as a breaker's are.
+/// let err = KeyedBreakers::builder().probes(0).build().unwrap_err();
+/// assert_eq!(err, KeyedConfigError::Breaker(ConfigError::ZeroProbes));
+/// assert_eq!(err.to_string(), "half-open must admit at least one probe");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum KeyedConfigError {
+    /// The breaker settings every key shares cannot work.
+    Breaker(ConfigError),
+    /// One key's [`override_key`](crate::Builder::override_key) settings
+    /// cannot work.
+    Override {
+        /// The key.
+        key: Box<str>,
+        /// What is wrong with its settings.
+        error: ConfigError,
+    },
+    /// Room for no key (`max_keys` is zero), or a zero idle timeout.
+    KeyBounds,
+    /// The cap on open keys is not a share in `(0, 1]`.
+    MaxOpenShare(f64),
+}
+
+impl fmt::Display for KeyedConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedConfigError::Breaker(e) => fmt::Display::fmt(e, f),
+            KeyedConfigError::Override { key, error } => write!(f, "key '{key}': {error}"),
+            KeyedConfigError::KeyBounds => {
+                f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
+            }
+            KeyedConfigError::MaxOpenShare(share) => write!(
+                f,
+                "the share of keys that may be open must be in (0, 1], got {share}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyedConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KeyedConfigError::Breaker(e) => Some(e),
+            KeyedConfigError::Override { error, .. } => Some(error),
+            KeyedConfigError::KeyBounds | KeyedConfigError::MaxOpenShare(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for KeyedConfigError {
+    fn from(e: ConfigError) -> Self {
+        KeyedConfigError::Breaker(e)
     }
 }

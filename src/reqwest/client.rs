@@ -1,18 +1,14 @@
 //! [`ReqwestClient`]: a breaker in front of a `reqwest::Client`, and the
 //! request builder extension that sends through it.
 
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::classify::Classify;
 use crate::classify::HttpClassifier;
+use crate::future::ResponseFuture;
 use crate::guard::Guard;
-use crate::integrations::record_response;
 use crate::{Breaker, CircuitBreakerLayer, Error, Select};
 
 use super::Pending;
@@ -240,18 +236,12 @@ where
     P: Select<::reqwest::Request>,
 {
     match Guard::admit(select, &request) {
-        Ok(guard) => SendFuture {
-            kind: SendKind::Called {
-                future: Service::call(&mut client.clone(), request),
-                guard,
-                classifier: classifier.clone(),
-            },
-        },
-        Err(open) => SendFuture {
-            kind: SendKind::Done {
-                error: Some(Error::open(open)),
-            },
-        },
+        Ok(guard) => SendFuture::called(
+            Service::call(&mut client.clone(), request),
+            guard,
+            classifier.clone(),
+        ),
+        Err(open) => SendFuture::rejected(open),
     }
 }
 
@@ -328,93 +318,70 @@ impl RequestBuilderExt for ::reqwest::RequestBuilder {
     {
         match self.build_split() {
             (client, Ok(request)) => send(layer.select(), layer.classifier(), &client, request),
-            (_, Err(error)) => SendFuture {
-                kind: SendKind::Done {
-                    error: Some(Error::from_inner(Box::new(error))),
-                },
-            },
+            (_, Err(error)) => SendFuture::refused(Error::from_inner(Box::new(error))),
         }
     }
 }
 
 // === SendFuture ===
 
-pin_project! {
-    /// Response future of [`ReqwestClient`] and
-    /// [`RequestBuilderExt::send_through`].
-    ///
-    /// Dropping it before it completes releases the call's permit as
-    /// [`Ignored`](crate::Outcome::Ignored).
-    ///
-    /// ```
-    /// use tower_circuit_breaker::reqwest::RequestBuilderExt;
-    /// use tower_circuit_breaker::CircuitBreakerLayer;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let layer = CircuitBreakerLayer::builder().build().unwrap();
-    /// layer.breaker().force_open();
-    /// // A rejected call completes at once, without a request.
-    /// let err = reqwest::Client::new()
-    ///     .get("http://127.0.0.1:9/v1/models")
-    ///     .send_through(&layer)
-    ///     .await
-    ///     .unwrap_err();
-    /// assert!(err.is_circuit_open());
-    /// # }
-    /// ```
-    pub struct SendFuture<C> {
-        #[pin]
-        kind: SendKind<C>,
+/// Response future of [`ReqwestClient`] and
+/// [`RequestBuilderExt::send_through`]: the crate's one
+/// [`ResponseFuture`](crate::future::ResponseFuture), answering
+/// `reqwest::Response` and failing with the crate's [`Error`].
+///
+/// Dropping it before it completes releases the call's permit as
+/// [`Ignored`](crate::Outcome::Ignored).
+///
+/// ```
+/// use tower_circuit_breaker::reqwest::RequestBuilderExt;
+/// use tower_circuit_breaker::CircuitBreakerLayer;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let layer = CircuitBreakerLayer::builder().build().unwrap();
+/// layer.breaker().force_open();
+/// // A rejected call completes at once, without a request.
+/// let err = reqwest::Client::new()
+///     .get("http://127.0.0.1:9/v1/models")
+///     .send_through(&layer)
+///     .await
+///     .unwrap_err();
+/// assert!(err.is_circuit_open());
+/// # }
+/// ```
+pub type SendFuture<C> = ResponseFuture<Pending, C, adapter::Reqwest>;
+
+mod adapter {
+    use crate::breaker::CircuitOpen;
+    use crate::classify::ErrorRef;
+    use crate::future::Adapt;
+    use crate::integrations::ReqwestAdapter;
+    use crate::Error;
+
+    /// reqwest's own types: a `reqwest::Response` in and out, the crate's
+    /// [`Error`] holding the `reqwest::Error` or the rejection, or the
+    /// builder's error of a request that was never sent.
+    #[derive(Debug)]
+    pub struct Reqwest;
+
+    impl Adapt for Reqwest {
+        type Refused = Error;
+
+        fn reject(open: CircuitOpen) -> Error {
+            Error::open(open)
+        }
     }
-}
 
-pin_project! {
-    #[project = SendProj]
-    enum SendKind<C> {
-        Called {
-            #[pin]
-            future: Pending,
-            guard: Guard,
-            classifier: C,
-        },
-        Done {
-            error: Option<Error>,
-        },
-    }
-}
+    impl ReqwestAdapter<::reqwest::Error> for Reqwest {
+        type Error = Error;
 
-impl<C> fmt::Debug for SendFuture<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendFuture").finish_non_exhaustive()
-    }
-}
+        fn error(error: ::reqwest::Error, judge: impl FnOnce(Option<ErrorRef<'_>>)) -> Error {
+            judge(Some(&error));
+            Error::from_inner(Box::new(error))
+        }
 
-impl<C> Future for SendFuture<C>
-where
-    C: Classify,
-    C::Stream: Send + Sync + 'static,
-{
-    type Output = Result<::reqwest::Response, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            SendProj::Called {
-                future,
-                guard,
-                classifier,
-            } => {
-                assert!(!guard.is_finished(), "polled after completion");
-                Poll::Ready(match ready!(future.poll(cx)) {
-                    Ok(response) => Ok(record_response(guard, classifier, response)),
-                    Err(error) => {
-                        guard.on_error(classifier, &error);
-                        Err(Error::from_inner(Box::new(error)))
-                    }
-                })
-            }
-            SendProj::Done { error } => {
-                Poll::Ready(Err(error.take().expect("polled after completion")))
-            }
+        fn refused(refused: Error) -> Error {
+            refused
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::breaker::{Breaker, Builder, Config, Window};
 use crate::classify::HttpClassifier;
 use crate::deadline::StreamDeadlines;
 use crate::health::{HealthProbeBuilder, MakeHealthRequest};
-use crate::keyed::{Keyed, KeyedBreakers};
+use crate::keyed::{Keyed, KeyedBreakers, KeyedConfigError};
 use crate::retry::RetryPolicy;
 
 /// Builds a [`StackLayer`]; see the [module docs](super).
@@ -378,14 +378,19 @@ impl<C: Clone, D: StackDeadlines, P: StackSelect> StackBuilder<C, D, P> {
             // is: its override applies to the shared settings as the user
             // gave them, before the stack capped them.
             let given = breaker.config.probe_timeout;
-            for f in settings.overrides_mut() {
+            for (key, f) in settings.overrides_mut() {
                 let user = Arc::clone(f);
                 let unchecked = move |mut b: Builder<Breaker>| {
                     b.config.probe_timeout = given;
                     user(b)
                 };
                 let own = unchecked(breaker.clone());
-                own.config.validate()?;
+                own.config
+                    .validate()
+                    .map_err(|error| KeyedConfigError::Override {
+                        key: key.into(),
+                        error,
+                    })?;
                 fits(&own.config, attempt)?;
                 *f = Arc::new(move |b| cap_probe_deadline(unchecked(b), attempt));
             }

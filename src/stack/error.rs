@@ -5,6 +5,7 @@ use std::fmt;
 use crate::breaker::ConfigError;
 use crate::deadline::DeadlineError;
 use crate::health::HealthProbeError;
+use crate::keyed::KeyedConfigError;
 
 /// Why [`StackBuilder::build`](super::StackBuilder::build) refused.
 ///
@@ -27,6 +28,9 @@ pub enum StackError {
     Deadline(DeadlineError),
     /// The health probe's settings are invalid on their own.
     HealthProbe(HealthProbeError),
+    /// The keyed set's own settings (its bounds, a key's override) are
+    /// invalid; the breaker settings its keys share are a `Breaker` error.
+    Keyed(KeyedConfigError),
     /// Each piece is valid, but they do not fit together.
     Misfit(&'static str),
 }
@@ -37,6 +41,7 @@ impl fmt::Display for StackError {
             StackError::Breaker(e) => fmt::Display::fmt(e, f),
             StackError::Deadline(e) => fmt::Display::fmt(e, f),
             StackError::HealthProbe(e) => fmt::Display::fmt(e, f),
+            StackError::Keyed(e) => fmt::Display::fmt(e, f),
             StackError::Misfit(why) => write!(f, "stack does not fit: {why}"),
         }
     }
@@ -48,6 +53,7 @@ impl std::error::Error for StackError {
             StackError::Breaker(e) => Some(e),
             StackError::Deadline(e) => Some(e),
             StackError::HealthProbe(e) => Some(e),
+            StackError::Keyed(e) => Some(e),
             StackError::Misfit(_) => None,
         }
     }
@@ -68,5 +74,14 @@ impl From<DeadlineError> for StackError {
 impl From<HealthProbeError> for StackError {
     fn from(e: HealthProbeError) -> Self {
         StackError::HealthProbe(e)
+    }
+}
+
+impl From<KeyedConfigError> for StackError {
+    fn from(e: KeyedConfigError) -> Self {
+        match e {
+            KeyedConfigError::Breaker(e) => StackError::Breaker(e),
+            e => StackError::Keyed(e),
+        }
     }
 }

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use crate::breaker::{Breaker, Builder, ConfigError};
+use super::error::StackError;
+use crate::breaker::{Breaker, Builder};
 use crate::deadline::StreamDeadlines;
 use crate::keyed::{Keyed, KeyedBreakers, KeyedSettings};
 use crate::retry::{KeyedWatch, RetryPolicy};
@@ -66,7 +67,7 @@ pub trait StackSelect: Clone + sealed::Sealed {
 
     /// Builds from the checked configuration.
     #[doc(hidden)]
-    fn build(config: Builder<Breaker>, spec: Self::Spec) -> Result<Self, ConfigError>;
+    fn build(config: Builder<Breaker>, spec: Self::Spec) -> Result<Self, StackError>;
 
     /// The stack's retry, watching these breakers.
     #[doc(hidden)]
@@ -85,8 +86,8 @@ impl StackSelect for Breaker {
         None
     }
 
-    fn build(config: Builder<Breaker>, (): ()) -> Result<Self, ConfigError> {
-        config.build()
+    fn build(config: Builder<Breaker>, (): ()) -> Result<Self, StackError> {
+        Ok(config.build()?)
     }
 
     fn watched_by(&self, retry: RetryPolicy<()>) -> RetryPolicy<()> {
@@ -106,7 +107,7 @@ impl<K: Clone + fmt::Debug> StackSelect for Keyed<K> {
         Some(settings)
     }
 
-    fn build(config: Builder<Breaker>, (settings, key): Self::Spec) -> Result<Self, ConfigError> {
+    fn build(config: Builder<Breaker>, (settings, key): Self::Spec) -> Result<Self, StackError> {
         let mut builder = config.into_builder::<KeyedBreakers>();
         builder.extra = settings;
         Ok(Keyed::new(builder.build()?, key))

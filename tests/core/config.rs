@@ -379,3 +379,38 @@ async fn a_panicking_listener_never_reaches_the_caller() {
     assert_eq!(after.load(Ordering::SeqCst), 2, "later listeners still run");
     assert_eq!(b.snapshot().counters.listener_panics, 2);
 }
+
+/// A keyed set's own settings are the keyed set's errors, in a stack too;
+/// the breaker settings its keys share stay the core's.
+#[test]
+fn a_keyed_stack_reports_the_keyed_sets_errors_apart_from_the_breakers() {
+    use tower_circuit_breaker::keyed::{self, KeyedBreakers, KeyedConfigError};
+    use tower_circuit_breaker::stack::{Stack, StackError};
+
+    let build = |set| Stack::keyed(set, keyed::header("x-model")).build();
+    assert_eq!(
+        build(KeyedBreakers::builder().max_keys(0)).unwrap_err(),
+        StackError::Keyed(KeyedConfigError::KeyBounds)
+    );
+    assert_eq!(
+        build(KeyedBreakers::builder().max_open_share(2.0)).unwrap_err(),
+        StackError::Keyed(KeyedConfigError::MaxOpenShare(2.0))
+    );
+    let err =
+        build(KeyedBreakers::builder().override_key("gpt-4o", |b| b.jitter(1.0))).unwrap_err();
+    assert_eq!(
+        err,
+        StackError::Keyed(KeyedConfigError::Override {
+            key: "gpt-4o".into(),
+            error: ConfigError::Jitter(1.0)
+        })
+    );
+    assert_eq!(
+        err.to_string(),
+        "key 'gpt-4o': jitter must be in [0, 1), got 1"
+    );
+    assert_eq!(
+        build(KeyedBreakers::builder().probes(0)).unwrap_err(),
+        StackError::Breaker(ConfigError::ZeroProbes)
+    );
+}

@@ -14,7 +14,9 @@ use tokio::net::TcpListener;
 use tokio::time::advance;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::error::Rejection;
-use tower_circuit_breaker::keyed::{self, Key, KeySecret, KeySecretError, KeyedBreakers};
+use tower_circuit_breaker::keyed::{
+    self, Key, KeySecret, KeySecretError, KeyedBreakers, KeyedConfigError,
+};
 use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, ConfigError, Outcome, State};
 
 fn set() -> tower_circuit_breaker::Builder<KeyedBreakers> {
@@ -181,7 +183,17 @@ async fn overrides_apply_to_their_key_only() {
         .override_key("x", |b| b.probes(0))
         .build()
         .unwrap_err();
-    assert_eq!(bad, ConfigError::ZeroProbes);
+    assert_eq!(
+        bad,
+        KeyedConfigError::Override {
+            key: "x".into(),
+            error: ConfigError::ZeroProbes
+        }
+    );
+    assert_eq!(
+        bad.to_string(),
+        "key 'x': half-open must admit at least one probe"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -327,7 +339,19 @@ async fn volume_guard_is_per_key() {
 async fn bad_key_bounds_are_config_errors() {
     assert_eq!(
         KeyedBreakers::builder().max_keys(0).build().unwrap_err(),
-        ConfigError::KeyBounds
+        KeyedConfigError::KeyBounds
+    );
+    assert_eq!(
+        KeyedBreakers::builder()
+            .idle_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err(),
+        KeyedConfigError::KeyBounds
+    );
+    // The breaker settings the keys share are the core's errors, wrapped.
+    assert_eq!(
+        KeyedBreakers::builder().probes(0).build().unwrap_err(),
+        KeyedConfigError::Breaker(ConfigError::ZeroProbes)
     );
     assert_eq!(
         Breaker::builder()
@@ -644,7 +668,10 @@ fn a_share_outside_zero_to_one_is_a_config_error() {
             .max_open_share(bad)
             .build()
             .unwrap_err();
-        assert!(matches!(err, ConfigError::MaxOpenShare(_)), "{bad}: {err}");
+        assert!(
+            matches!(err, KeyedConfigError::MaxOpenShare(_)),
+            "{bad}: {err}"
+        );
     }
     assert!(KeyedBreakers::builder().max_open_share(1.0).build().is_ok());
 }

@@ -5,6 +5,12 @@
 #[path = "../support_openai/mod.rs"]
 mod support_openai;
 
+#[cfg(all(
+    feature = "reqwest",
+    feature = "reqwest-middleware",
+    feature = "async-openai"
+))]
+mod one_verdict;
 #[cfg(feature = "tonic")]
 mod tonic_status;
 #[cfg(feature = "async-openai")]

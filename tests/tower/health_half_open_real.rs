@@ -150,3 +150,53 @@ async fn over_real_connections_a_slow_healthy_health_probe_ends_the_open_period_
         "closed within seconds: {log:?}"
     );
 }
+
+/// A health probe is judged by the guard's own rules, as a call is: sent
+/// through a stack whose inner breaker is open, the probe comes back with
+/// that breaker's rejection, which says nothing of the upstream. A call
+/// through an outer breaker records it `Ignored`; the probe finds the same,
+/// where the classifier alone (every error a failure) would say `Failure`.
+#[tokio::test(start_paused = true)]
+async fn over_a_real_connection_a_probe_rejected_further_in_is_ignored_as_a_call_is() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let app = Router::new().route(
+        "/health",
+        get(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+            async { "ok" }
+        }),
+    );
+    let addr = serve(app).await;
+    let inner = Breaker::builder().name("inner").build().unwrap();
+    inner.force_open();
+    let stack = CircuitBreakerLayer::new(inner.clone())
+        .with_classifier(HttpClassifier)
+        .layer(http_client());
+
+    // A call: the outer breaker records the inner one's rejection as Ignored.
+    let outer = Breaker::builder().name("outer").build().unwrap();
+    let err = CircuitBreakerLayer::new(outer.clone())
+        .with_classifier(HttpClassifier)
+        .layer(stack.clone())
+        .oneshot(get_req(addr, "/health"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.circuit_open().and_then(|o| o.key()), Some("inner"));
+    let counters = outer.snapshot().counters;
+    assert_eq!((counters.ignored, counters.failures), (1, 0));
+
+    // A probe through the same stack is judged the same way.
+    let mut prober = HealthProbe::builder(Duration::from_secs(1))
+        .build(stack, HttpClassifier, move |_: &Breaker| {
+            get_req(addr, "/health")
+        })
+        .unwrap();
+    assert_eq!(prober.probe(&outer).await, Outcome::Ignored);
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the upstream saw nothing");
+
+    // Once the inner breaker admits again, the probe reaches the upstream.
+    inner.reset();
+    assert_eq!(prober.probe(&outer).await, Outcome::Success);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}

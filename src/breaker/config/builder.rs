@@ -5,27 +5,25 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Config, ConfigError, Window};
+use super::{Build, Config, Window};
 use crate::breaker::{Breaker, InFlightLimit, Transition, TripMode};
 
 /// Builds a [`Breaker`] (or, through
 /// [`CircuitBreakerLayer::builder`](crate::CircuitBreakerLayer::builder), a
 /// layer) from a validated configuration.
 ///
-/// Defaults follow the numbers of a typical LLM outage: a count window of 20
-/// calls, a 50 % failure rate once 20 calls are seen, 30 s open, reopen
-/// backoff doubling up to two open durations (60 s) with 10 % jitter, 3
-/// probes and 2 successes to close, each probe failed if its response head
-/// has not come within the open duration.
+/// Defaults follow the numbers of a typical LLM outage: a count window of 20 calls, a 50 %
+/// failure rate once 20 calls are seen, 30 s open, reopen backoff doubling up to two open
+/// durations (60 s) with 10 % jitter, 3 probes and 2 successes to close, each probe failed if
+/// its response head has not come within the open duration.
 ///
 /// # Upper bounds
 ///
-/// Settings at which a circuit could not trip, half-open and close in any
-/// useful time are [`ConfigError`]s: `open_duration`, `max_open_duration`
-/// and `probe_timeout` above a week; `probes` above 65,536; a count window,
-/// `min_calls` or `consecutive_failures` above 2^20; `counter_stripes` above
-/// 1,024. Durations that mean "never" (a probe lease, a slow-call threshold,
-/// a volume-guard period) saturate instead.
+/// Settings at which a circuit could not trip, half-open and close in any useful time are
+/// [`ConfigError`](crate::ConfigError)s: `open_duration`, `max_open_duration` and `probe_timeout` above a week;
+/// `probes` above 65,536; a count window, `min_calls` or `consecutive_failures` above 2^20;
+/// `counter_stripes` above 1,024. Durations that mean "never" (a probe lease, a slow-call
+/// threshold, a volume-guard period) saturate instead.
 ///
 /// # Example
 ///
@@ -83,42 +81,14 @@ impl<T: Build> Default for Builder<T> {
     }
 }
 
-/// What a [`Builder`] can build: a [`Breaker`], a
-/// [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) or
-/// [`KeyedBreakers`](crate::keyed::KeyedBreakers).
-pub trait Build: sealed::Sealed + Sized {
-    /// Settings only this target has.
-    #[doc(hidden)]
-    type Extra: Default + Clone + fmt::Debug;
-
-    /// Builds from a validated configuration.
-    #[doc(hidden)]
-    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError>;
-}
-
-pub(crate) mod sealed {
-    pub trait Sealed {}
-}
-
-impl sealed::Sealed for Breaker {}
-
-impl Build for Breaker {
-    type Extra = ();
-
-    fn build_from(builder: Builder<Self>) -> Result<Self, ConfigError> {
-        builder.config.validate()?;
-        Ok(Breaker::from_config(builder.config))
-    }
-}
-
 impl<T: Build> Builder<T> {
     /// Validates the configuration and builds.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the first setting out of range or two settings
-    /// that contradict each other.
-    pub fn build(self) -> Result<T, ConfigError> {
+    /// The type's own error ([`ConfigError`](crate::ConfigError) for a breaker) naming the first
+    /// setting out of range or two settings that contradict each other.
+    pub fn build(self) -> Result<T, T::Error> {
         T::build_from(self)
     }
 
@@ -380,7 +350,7 @@ impl<T: Build> Builder<T> {
     /// for `max`, and the first call after that asks the upstream again.
     /// Default 7 days ([`MAX_RETRY_AFTER`](crate::classify::MAX_RETRY_AFTER),
     /// beyond which a header is not believed at all), so a setting above it
-    /// changes nothing. Zero is a [`ConfigError`].
+    /// changes nothing. Zero is a [`ConfigError`](crate::ConfigError).
     ///
     /// ```
     /// use std::time::Duration;

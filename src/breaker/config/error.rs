@@ -96,10 +96,6 @@ pub enum ConfigError {
     },
     /// The volume guard allows zero calls or has a zero period.
     VolumeGuard,
-    /// Keyed breakers with room for no key, or a zero idle timeout.
-    KeyBounds,
-    /// A keyed set's cap on open keys is not a share in `(0, 1]`.
-    MaxOpenShare(f64),
     /// Graded admission's `K` is outside `[2.5, 10)` (or not a number).
     GradedK(f64),
     /// Graded admission's own window is zero.
@@ -172,14 +168,7 @@ impl fmt::Display for ConfigError {
             ConfigError::VolumeGuard => {
                 f.write_str("volume guard needs a limit of at least 1 and a non-zero period")
             }
-            ConfigError::KeyBounds => {
-                f.write_str("keyed breakers need max_keys >= 1 and a non-zero idle timeout")
-            }
             ConfigError::SpendGuard(why) => write!(f, "spend guard: {why}"),
-            ConfigError::MaxOpenShare(share) => write!(
-                f,
-                "the share of keys that may be open must be in (0, 1], got {share}"
-            ),
             ConfigError::InFlightLimit(why) => write!(f, "in-flight limit: {why}"),
             ConfigError::GradedK(k) => {
                 write!(f, "graded admission's K must be in [2.5, 10), got {k}")

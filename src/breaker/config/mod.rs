@@ -1,5 +1,6 @@
 //! Breaker configuration, its builder and its validation.
 
+mod build;
 mod builder;
 mod error;
 mod shedding;
@@ -12,8 +13,9 @@ use std::time::Duration;
 use super::observe::Observer;
 use super::state::Transition;
 
-pub(crate) use self::builder::sealed;
-pub use self::builder::{Build, Builder};
+pub(crate) use self::build::sealed;
+pub use self::build::Build;
+pub use self::builder::Builder;
 pub use self::error::ConfigError;
 pub use self::shedding::{InFlightLimit, TripMode};
 pub use self::spending::SpendGuard;
