@@ -289,7 +289,10 @@ where
     let attempt = async {
         let ready = poll_fn(|cx| service.poll_ready(cx)).await;
         match ready.map_err(Into::into) {
-            Ok(()) => classify(classifier, service.call(request).await.map_err(Into::into)).await,
+            Ok(()) => {
+                let answer = service.call(request).await.map_err(Into::into);
+                classify(classifier, answer, breaker).await
+            }
             Err(e) => classifier.classify_error(&*e),
         }
     };
@@ -405,6 +408,7 @@ async fn join_all<T: Future<Output = ()>>(futures: Vec<T>) {
 async fn classify<C: Classify, RB: Body>(
     classifier: &C,
     answer: Result<Response<RB>, BoxError>,
+    breaker: &Breaker,
 ) -> Outcome {
     let response = match answer {
         Ok(response) => response,
@@ -427,11 +431,18 @@ async fn classify<C: Classify, RB: Body>(
                     None
                 };
                 if let Some(outcome) = decided {
+                    breaker.charge_health_probe(|| stream.charge());
                     return outcome;
                 }
             }
-            Some(Err(_)) => return stream.on_error(),
-            None => return stream.on_end(),
+            Some(Err(_)) => {
+                breaker.charge_health_probe(|| stream.charge());
+                return stream.on_error();
+            }
+            None => {
+                breaker.charge_health_probe(|| stream.charge());
+                return stream.on_end();
+            }
         }
     }
 }
