@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::shared::Fleet;
+#[cfg_attr(not(feature = "redis"), allow(unused_imports))]
+pub(crate) use self::shared::Shape;
 pub use super::config::SpendGuard;
 use super::spent::SLICES;
 pub use super::spent::{Period, Spend, Unit};
@@ -88,10 +91,22 @@ pub(super) struct Ledger {
 }
 
 struct Book {
+    /// This breaker's own charges, by slice.
     slices: Box<[u64]>,
     /// Absolute index of the newest slice.
     newest: u64,
+    /// This breaker's own charges of the period.
     spent: u64,
+    /// Charged here and not yet handed to a shared-state backend.
+    unsent: u64,
+    /// Handed to the backend and not yet in a reply of the store.
+    sending: u64,
+    /// The fleet's spend as the backend last read it; `None` while the
+    /// breaker decides on its own spend (no backend, or the store
+    /// unreachable).
+    fleet: Option<Fleet>,
+    /// The last reading of the fleet's spend found it at the budget.
+    fleet_over: bool,
     warned: bool,
     observed: u64,
     observed_sum: u64,
@@ -123,6 +138,10 @@ impl Ledger {
                 slices: vec![0; slices].into_boxed_slice(),
                 newest: offset / slice_ns,
                 spent: 0,
+                unsent: 0,
+                sending: 0,
+                fleet: None,
+                fleet_over: false,
                 warned: false,
                 observed: 0,
                 observed_sum: 0,
@@ -158,9 +177,10 @@ impl Ledger {
             return Err(Arc::clone(record));
         }
         self.roll(&mut book, now);
-        if book.spent >= self.guard.budget {
-            let at = self.resets_at(&book);
-            return Err(self.block(&mut book, at));
+        let spent = self.total(&book, now);
+        if spent >= self.guard.budget {
+            let at = self.resets_at(&book, now);
+            return Err(self.block(&mut book, at, spent));
         }
         book.record = None;
         self.blocked_until.store(0, Ordering::Release);
@@ -168,10 +188,10 @@ impl Ledger {
     }
 
     /// Refuses calls until `at`, and makes what the rejections say.
-    fn block(&self, book: &mut Book, at: u64) -> Arc<SpendExceeded> {
+    fn block(&self, book: &mut Book, at: u64, spent: u64) -> Arc<SpendExceeded> {
         let record = Arc::new(SpendExceeded {
             budget: self.guard.budget,
-            spent: book.spent,
+            spent,
             unit: self.guard.unit,
             period: self.guard.period,
             resets_at: self.epoch + Duration::from_nanos(at),
@@ -206,29 +226,70 @@ impl Ledger {
         if cost == 0 {
             return Crossed::Nothing;
         }
+        self.add(&mut book, cost, now)
+    }
+
+    /// Adds `cost` to the current slice, and settles.
+    fn add(&self, book: &mut Book, cost: u64, now: u64) -> Crossed {
         let at = (book.newest % book.slices.len() as u64) as usize;
         book.slices[at] = book.slices[at].saturating_add(cost);
         book.spent = book.spent.saturating_add(cost);
+        book.unsent = book.unsent.saturating_add(cost);
+        self.settle(book, now)
+    }
+
+    /// Blocks admissions if the period's spend reached the budget, or warns
+    /// if it reached the warning threshold; says which it crossed first.
+    fn settle(&self, book: &mut Book, now: u64) -> Crossed {
+        let spent = self.total(book, now);
         let budget = self.guard.budget;
-        if book.spent >= budget {
+        if spent >= budget {
             let first = self.blocked_until.load(Ordering::Acquire) == 0;
-            let until = self.resets_at(&book);
-            self.block(&mut book, until);
+            let until = self.resets_at(book, now);
+            self.block(book, until, spent);
             book.warned = true;
             return if first {
-                Crossed::Budget(book.spent)
+                Crossed::Budget(spent)
             } else {
                 Crossed::Nothing
             };
         }
         if let Some(f) = self.guard.warn_at
             && !book.warned
-            && book.spent as f64 >= f * budget as f64
+            && spent as f64 >= f * budget as f64
         {
             book.warned = true;
-            return Crossed::Warning(book.spent);
+            return Crossed::Warning(spent);
         }
         Crossed::Nothing
+    }
+
+    /// What the period's calls cost at `now`: this breaker's own, or, in
+    /// shared mode, the fleet's as last read plus what this breaker charged
+    /// since.
+    fn total(&self, book: &Book, now: u64) -> u64 {
+        let Some(fleet) = &book.fleet else {
+            return book.spent;
+        };
+        fleet.live(now).map(|(_, amount)| amount).fold(
+            book.sending.saturating_add(book.unsent),
+            u64::saturating_add,
+        )
+    }
+
+    /// Charges a health probe's answer at `now`: what its usage reports, and
+    /// nothing when none came. It feeds neither the running average nor the
+    /// counts of calls.
+    fn charge_probe(&self, charge: Charge, now: u64) -> Crossed {
+        let (Charge::Observed(cost) | Charge::Estimated(cost)) = charge else {
+            return Crossed::Nothing;
+        };
+        if cost == 0 {
+            return Crossed::Nothing;
+        }
+        let mut book = lock(&self.book);
+        self.roll(&mut book, now);
+        self.add(&mut book, cost, now)
     }
 
     /// Ages out the slices that left the period by `now`.
@@ -249,14 +310,46 @@ impl Ledger {
             .guard
             .warn_at
             .map_or(self.guard.budget as f64, |f| f * self.guard.budget as f64);
-        if (book.spent as f64) < level {
+        if (self.total(book, now) as f64) < level {
             book.warned = false;
         }
     }
 
     /// The first moment (ns since the epoch) the spend falls below the
-    /// budget again, with no more charges.
-    fn resets_at(&self, book: &Book) -> u64 {
+    /// budget again, with no more charges; never before `now + 1`.
+    fn resets_at(&self, book: &Book, now: u64) -> u64 {
+        let at = match &book.fleet {
+            None => self.own_reset(book),
+            Some(fleet) => {
+                // What this breaker charged since the last read ages out
+                // last: a period from now at the latest.
+                let mut remaining = self.total(book, now);
+                let mut at = None;
+                for (out, amount) in fleet.live(now) {
+                    remaining = remaining.saturating_sub(amount);
+                    if remaining < self.guard.budget {
+                        at = Some(out);
+                        break;
+                    }
+                }
+                at.unwrap_or_else(|| self.period_end(book, now))
+            }
+        };
+        at.max(now.saturating_add(1))
+    }
+
+    /// When a charge made at `now` has left the period at the latest.
+    fn period_end(&self, book: &Book, now: u64) -> u64 {
+        match self.guard.period {
+            Period::Rolling(d) => now.saturating_add(super::nanos(d)),
+            Period::UtcHour | Period::UtcDay => (book.newest + 1)
+                .saturating_mul(self.slice_ns)
+                .saturating_sub(self.offset),
+        }
+    }
+
+    /// [`resets_at`](Self::resets_at) over this breaker's own charges.
+    fn own_reset(&self, book: &Book) -> u64 {
         let n = book.slices.len() as u64;
         let mut remaining = book.spent;
         let first = (book.newest + 1).saturating_sub(n);
@@ -276,12 +369,13 @@ impl Ledger {
     pub(super) fn snapshot(&self, now: u64) -> Spend {
         let mut book = lock(&self.book);
         self.roll(&mut book, now);
+        let spent = self.total(&book, now);
         Spend {
             budget: self.guard.budget,
-            spent: book.spent,
+            spent,
             unit: self.guard.unit,
             period: self.guard.period,
-            exceeded: book.spent >= self.guard.budget,
+            exceeded: spent >= self.guard.budget,
             observed_calls: book.observed,
             unknown_calls: book.unknown,
         }
@@ -300,9 +394,18 @@ impl super::Shared {
         let Some(ledger) = &self.spend else {
             return;
         };
+        let crossed = ledger.charge(charge, self.now());
+        self.tell(crossed);
+    }
+
+    /// Logs a crossing (and counts a warning).
+    fn tell(&self, crossed: Crossed) {
+        let Some(ledger) = &self.spend else {
+            return;
+        };
         let guard = ledger.guard();
         let key = self.name.as_deref().unwrap_or("");
-        match ledger.charge(charge, self.now()) {
+        match crossed {
             Crossed::Nothing => {}
             Crossed::Warning(spent) => {
                 tracing::warn!(
@@ -326,6 +429,22 @@ impl super::Shared {
                     "spend budget exceeded; calls are rejected until it resets"
                 );
             }
+        }
+    }
+}
+
+impl super::Breaker {
+    /// Charges a health probe (see [`crate::health`]) what its answer's
+    /// usage reports, asked of `charge` only when the breaker has a spend
+    /// guard. A probe is the breaker's own request: the guard never turns
+    /// it away, and a probe whose usage never came costs nothing (not the
+    /// unknown cost of a user's call, which would charge a one-token
+    /// completion as an average call at every interval).
+    pub(crate) fn charge_health_probe(&self, charge: impl FnOnce() -> Charge) {
+        let s = &self.shared;
+        if let Some(ledger) = &s.spend {
+            let crossed = ledger.charge_probe(charge(), s.now());
+            s.tell(crossed);
         }
     }
 }
@@ -355,5 +474,6 @@ impl fmt::Display for Amount {
     }
 }
 
+mod shared;
 #[cfg(test)]
 mod tests;

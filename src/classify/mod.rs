@@ -35,6 +35,7 @@ pub use self::grpc::{GrpcClassifier, GrpcStream};
 pub use self::http::{parse_retry_after, HttpClassifier, MAX_RETRY_AFTER};
 pub use self::kind::ErrorKind;
 pub(crate) use self::llm::exhausted_reset;
+pub(crate) use self::llm::json;
 pub(crate) use self::llm::MAX_KIND_BODY;
 pub use self::llm::{parse_rate_limit_reset, LlmClassifier, LlmEvents, LlmStream};
 pub use self::sse::{ClassifyEvent, SseEvent, SseScanner, SseStream, DEFAULT_MAX_LINE};

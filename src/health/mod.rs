@@ -290,7 +290,10 @@ where
     let attempt = async {
         let ready = poll_fn(|cx| service.poll_ready(cx)).await;
         match ready.map_err(Into::into) {
-            Ok(()) => classify(classifier, service.call(request).await.map_err(Into::into)).await,
+            Ok(()) => {
+                let answer = service.call(request).await.map_err(Into::into);
+                classify(classifier, answer, breaker).await
+            }
             Err(e) => error_outcome(classifier, &*e),
         }
     };
@@ -409,6 +412,7 @@ async fn join_all<T: Future<Output = ()>>(futures: Vec<T>) {
 async fn classify<C: Classify, RB: Body>(
     classifier: &C,
     answer: Result<Response<RB>, BoxError>,
+    breaker: &Breaker,
 ) -> Outcome {
     let response = match answer {
         Ok(response) => response,
@@ -421,11 +425,13 @@ async fn classify<C: Classify, RB: Body>(
     };
     let mut body = std::pin::pin!(body);
     if body.is_end_stream() {
+        breaker.charge_health_probe(|| stream.charge());
         return stream.on_end();
     }
     loop {
         let frame = poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
         if let Some(end) = read_frame(&mut stream, &frame, || body.is_end_stream()) {
+            breaker.charge_health_probe(|| stream.charge());
             return end.outcome(stream);
         }
     }

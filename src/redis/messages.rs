@@ -1,14 +1,36 @@
-//! Reading the events channel: what is already here, the next message, a
-//! wake-up, and the schema of a message in another format.
+//! The events channel: what is already here, the next message, a wake-up,
+//! the schema of a message in another format, and the news of a spent
+//! budget.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
-use ::redis::Msg;
+use ::redis::{Msg, Value};
 use futures_core::Stream;
 
-use super::conn::Messages;
+use super::conn::{Conn, Failure, Messages};
+
+/// Tells the other replicas that the fleet's spend of each breaker of
+/// `spent` (its name and the epoch this replica knows) reached the
+/// budget, as `v2 spent <epoch> <name>`, so they read it within a round
+/// trip rather than at their next call.
+pub(super) async fn announce_spent(
+    conn: &mut Conn,
+    channel: &str,
+    spent: Vec<(Arc<str>, u64)>,
+    limit: Duration,
+) -> Result<(), Failure> {
+    for (name, epoch) in spent {
+        let message = format!("v2 spent {epoch} {name}");
+        let mut cmd = ::redis::cmd("PUBLISH");
+        cmd.arg(channel).arg(message);
+        let _receivers: Value = conn.query(&cmd, limit).await?;
+    }
+    Ok(())
+}
 
 /// The schema of a message that is not of this one's format: `vN ...`, or
 /// the first schema's `<state> <epoch> <key>`.

@@ -3,8 +3,9 @@
 //! When a service runs on several replicas, each one learning on its own that
 //! an upstream is down multiplies the damage by the number of replicas. A
 //! [`Backend`] keeps the breakers of every replica in step: a trip on one
-//! opens them all, outcomes are counted across replicas, and a half-open
-//! cycle admits `probes` calls in the whole cluster, not on each replica.
+//! opens them all, outcomes are counted across replicas, a half-open
+//! cycle admits `probes` calls in the whole cluster, not on each replica,
+//! and a [spend guard](crate::spend) holds one budget for the fleet.
 //!
 //! # Redis stays off the hot path
 //!

@@ -419,3 +419,91 @@ async fn the_script_ends_only_the_open_period_a_heal_was_found_in() {
     let fields: HashMap<String, String> = conn.hgetall(&keys.state).await.unwrap();
     assert_eq!(fields["reopens"], "3");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_sums_the_fleets_spend_by_slice_and_no_transition_clears_it() {
+    use crate::breaker::spend::Unit;
+    use ::redis::AsyncCommands;
+
+    let test = "the_script_sums_the_fleets_spend_by_slice_and_no_transition_clears_it";
+    let Some(mut conn) = live(test).await else {
+        return;
+    };
+    let prefix = unique("spend");
+    let keys = Keys::new(&prefix, "b");
+    let shape = Shape {
+        width: Duration::from_secs(600),
+        slices: 3,
+        unit: Unit::Tokens,
+        period: Period::Rolling(Duration::from_secs(1800)),
+    };
+    let spend = |amount| Request {
+        spend: Some(SpendReport { amount, shape }),
+        ..Request::default()
+    };
+    let slices = |reply: &[i64]| reply[Field::ALL.len()..].to_vec();
+
+    let first = sync(&mut conn, &prefix, spend(100)).await;
+    assert_eq!(field(&first, Field::Spent), 100, "{first:?}");
+    assert_eq!(slices(&first), [0, 0, 100]);
+    let left = field(&first, Field::SpendLeft);
+    assert!((1..=600_000).contains(&left), "{left} ms left");
+    // Another replica's charges join the same slice; what is not a slice
+    // of the period is dropped, not summed and not raised.
+    let _: () = conn.hset(&keys.spend, "garbage", "7").await.unwrap();
+    let _: () = conn.hset(&keys.spend, "1", "not a number").await.unwrap();
+    let second = sync(&mut conn, &prefix, spend(50)).await;
+    assert_eq!(field(&second, Field::Spent), 150, "{second:?}");
+    assert_eq!(slices(&second), [0, 0, 150]);
+    let stored: Vec<String> = conn.hkeys(&keys.spend).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+
+    // A trip clears the window, never the spend: money spent stays spent.
+    let trip = Request {
+        trip: true,
+        spend: Some(SpendReport { amount: 0, shape }),
+        ..Request::default()
+    };
+    let opened = sync(&mut conn, &prefix, trip).await;
+    assert_eq!(field(&opened, Field::Code), 1);
+    assert_eq!(field(&opened, Field::Spent), 150);
+    let parsed = Reply::parse(&Value::Array(
+        opened.iter().map(|&n| Value::Int(n)).collect(),
+    ))
+    .unwrap();
+    assert_eq!(parsed.spend.unwrap().slices, [0, 0, 150]);
+
+    // Without a guard the exchange neither adds nor reads spend.
+    let plain = sync(&mut conn, &prefix, Request::default()).await;
+    assert_eq!(field(&plain, Field::Spent), -1);
+    assert_eq!(plain.len(), Field::ALL.len());
+
+    // Slices that do not add up to the sum are not the script's: unread.
+    let mut forged = opened.clone();
+    *forged.last_mut().unwrap() += 1;
+    let forged = Reply::parse(&Value::Array(
+        forged.iter().map(|&n| Value::Int(n)).collect(),
+    ))
+    .unwrap();
+    assert!(forged.spend.is_none());
+}
+
+#[test]
+fn guards_of_other_units_or_periods_keep_apart() {
+    use crate::breaker::spend::Unit;
+    let shape = |unit, period| Shape {
+        width: Duration::from_secs(60),
+        slices: 60,
+        unit,
+        period,
+    };
+    let hour = Period::Rolling(Duration::from_secs(3600));
+    assert_eq!(
+        Keys::spend("svc", "gpt-4o", &shape(Unit::MicroDollars, hour)),
+        "{svc:gpt-4o}:v2:spend:usd_micros:r3600000"
+    );
+    assert_eq!(
+        Keys::spend("svc", "gpt-4o", &shape(Unit::Tokens, Period::UtcDay)),
+        "{svc:gpt-4o}:v2:spend:tokens:day"
+    );
+}

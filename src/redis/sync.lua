@@ -18,6 +18,9 @@
 -- KEYS[2]  window  hash: "c:<bucket>", "f:<bucket>", "s:<bucket>" counts
 -- KEYS[3]  probes  sorted set: probe lease id -> lease deadline (ms)
 -- KEYS[4]  votes   sorted set: replica id -> last failure or trip (ms)
+-- KEYS[5]  spend   hash: "<slice>" -> what the fleet's calls cost in it, the
+--                  slice numbered from the Unix epoch in A.spend_width ms
+--                  (so a slice of an hour or a day is a UTC hour or day)
 --
 -- A.channel    channel for transition messages
 -- A.name       breaker name (named in messages)
@@ -39,6 +42,9 @@
 --              answering in the open period of A.epoch
 -- A.gate       with A.trip: the trip is a quota gate, open this long (ms;
 --              0 = an ordinary trip)
+-- A.spend      what the replica's spend guard charged since last time
+-- A.spend_width, A.spend_slices   the guard's slice (ms; 0 = no guard) and
+--              the slices its period spans
 -- after them   pairs: probe lease id, "s" (succeeded) | "f" (failed) |
 --              "r" (released unused)
 --
@@ -46,7 +52,15 @@
 -- 4 disabled), R.remaining (ms until half-open), R.epoch, R.granted (1 if
 -- the claim was granted), R.reset (1 if the state is an operator's reset),
 -- R.gated (1 if the open period is a quota gate), and R.calls, R.failures,
--- R.slow: the summed window when this exchange added calls to it, else -1.
+-- R.slow: the summed window when this exchange added calls to it, else -1;
+-- R.spent: the fleet's spend of the period with A.spend added (-1 without a
+-- guard), R.spend_left (ms left in the current slice), and after the named
+-- fields the period's A.spend_slices slices, oldest first.
+--
+-- The spend is summed, never judged, as the window: each replica's guard
+-- compares the sum with its budget. It lives in its own key, which no
+-- transition clears; replicas of an earlier release of this schema send no
+-- spend and read none (their guards count their own calls only).
 --
 -- Time comes from this server's clock, and is trusted only within bounds: a
 -- deadline further out than the period it was set for means the clock went
@@ -69,7 +83,7 @@
 -- send none, and read a gate as an ordinary open period (which their own
 -- open cap may end early).
 
-local S, W, P, V = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local S, W, P, V, K = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 local function num(v)
   local n = tonumber(v)
@@ -142,7 +156,11 @@ local overdue = ARGV[A.overdue] == '1'
 local claim = ARGV[A.claim] or ''
 local heal = ARGV[A.heal] == '1'
 local gate = int(ARGV[A.gate], 0, 1e10, 0)
-local FIRST_REPORT = A.gate + 1
+-- Amounts stay below 2^53, where a Lua number still counts them exactly.
+local spend = int(ARGV[A.spend], 0, 1e15, 0)
+local spend_width = int(ARGV[A.spend_width], 0, 1e10, 0)
+local spend_n = int(ARGV[A.spend_slices], 1, 1000, 1)
+local FIRST_REPORT = A.spend_slices + 1
 
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -387,6 +405,46 @@ if half_open and claim ~= '' then
   end
 end
 
+-- === the fleet's spend ===
+
+-- Summed, never judged: the replicas' guards judge the sum.
+local spent, spend_left = -1, 0
+local spend_slices = {}
+if spend_width > 0 and K ~= nil then
+  own(K, 'hash')
+  local cur = math.floor(now / spend_width)
+  local oldest = cur - spend_n + 1
+  local have = {}
+  local stale = {}
+  local all = redis.call('HGETALL', K)
+  for i = 1, #all - 1, 2 do
+    local b, v = num(all[i]), num(all[i + 1])
+    if b == nil or b ~= math.floor(b) or b < oldest or b > cur
+        or v == nil or v < 0 or v > 1e15 or v ~= math.floor(v) then
+      stale[#stale + 1] = all[i]
+    else
+      local at = b - oldest + 1
+      have[at] = (have[at] or 0) + v
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', K, unpack(stale))
+  end
+  if spend > 0 then
+    local field = str(cur)
+    local v = num(redis.call('HGET', K, field)) or 0
+    redis.call('HSET', K, field, str(math.min(v + spend, 1e15)))
+    have[spend_n] = math.min((have[spend_n] or 0) + spend, 1e15)
+  end
+  redis.call('PEXPIRE', K, str((spend_n + 1) * spend_width))
+  spent = 0
+  for i = 1, spend_n do
+    spend_slices[i] = have[i] or 0
+    spent = spent + spend_slices[i]
+  end
+  spend_left = math.max((cur + 1) * spend_width - now, 1)
+end
+
 if changed then
   redis.call('PUBLISH', channel, 'v2 ' .. state .. ' ' .. str(epoch) .. ' ' .. name)
 end
@@ -421,4 +479,9 @@ out[R.gated] = was_gated
 out[R.calls] = w_calls
 out[R.failures] = w_fails
 out[R.slow] = w_slows
+out[R.spent] = spent
+out[R.spend_left] = spend_left
+for i = 1, #spend_slices do
+  out[R_LEN + i] = spend_slices[i]
+end
 return out

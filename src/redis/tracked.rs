@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::script::{Cluster, Keys, Reply, Request, Rule};
+use super::script::{Cluster, Keys, Reply, Request, Rule, SpendReport};
 use super::{Origin, Origins, Settings};
+use crate::breaker::spend::Shape;
 use crate::breaker::Counters;
 use crate::sync::lock;
 use crate::{Breaker, Reason, State};
@@ -72,6 +73,15 @@ pub(super) struct Tracked {
     /// Health-probe successes and failures when this replica's current
     /// streak of failed health probes began.
     pub(super) streak: (u64, u64),
+    /// The breaker's spend guard, as the store slices its period.
+    pub(super) spend: Option<Shape>,
+    /// Calls admitted at the last exchange that read the fleet's spend: a
+    /// guarded breaker that admitted calls since reads it at the next flush.
+    pub(super) spend_seen: u64,
+    /// A reading of the fleet's spend found it at the budget for the first
+    /// time, with this replica's charges: the other replicas are told at
+    /// once.
+    pub(super) announce: bool,
 }
 
 /// A request in flight, and what applying its reply needs.
@@ -87,8 +97,16 @@ pub(super) struct Pending {
 impl Tracked {
     pub(super) fn new(breaker: Breaker, name: Arc<str>, settings: &Settings) -> Tracked {
         let rule = Rule::new(&breaker.shared_rules(), settings.window);
+        let spend = breaker.remote().spend_shape();
+        let mut keys = Keys::new(&settings.prefix, &name);
+        if let Some(shape) = &spend {
+            keys.spend = Keys::spend(&settings.prefix, &name, shape);
+        }
         Tracked {
-            keys: Keys::new(&settings.prefix, &name),
+            keys,
+            spend,
+            spend_seen: 0,
+            announce: false,
             base: breaker.snapshot().counters,
             breaker,
             name,
@@ -292,8 +310,28 @@ impl Tracked {
             && (activity != std::mem::replace(&mut self.activity, activity)
                 || local != State::Closed
                 || !view_closed);
-        let needed = resync || self.force || self.dirty || inconsistent || !req.is_read();
+        // A guarded breaker reads the fleet's spend at every exchange it
+        // takes part in, and takes part in every flush after it admitted
+        // or charged anything.
+        let spend_due = self.spend.is_some()
+            && (c.admitted != self.spend_seen || self.breaker.remote().has_unsent_spend());
+        let needed =
+            resync || self.force || self.dirty || inconsistent || spend_due || !req.is_read();
+        if needed && let Some(shape) = self.spend {
+            self.spend_seen = c.admitted;
+            req.spend = Some(SpendReport {
+                amount: self.breaker.remote().take_spend(),
+                shape,
+            });
+        }
         needed.then_some((req, local))
+    }
+
+    /// The breaker's name and epoch, once, if the other replicas are to
+    /// be told that the fleet's spend reached its budget.
+    pub(super) fn spent_news(&mut self) -> Option<(Arc<str>, u64)> {
+        std::mem::take(&mut self.announce)
+            .then(|| (self.name.clone(), self.view.map_or(0, |v| v.epoch)))
     }
 
     /// Hands the breaker's half-open decisions back to the cluster.
@@ -312,6 +350,11 @@ impl Tracked {
         origins: &Origins,
     ) {
         let remote = self.breaker.remote();
+        // The fleet's spend holds whatever the circuit's state.
+        if let (Some(_), Some(spend)) = (self.spend, &reply.spend) {
+            let added = pending.request.spend.is_some_and(|s| s.amount > 0);
+            self.announce |= remote.fold_spend(&spend.slices, spend.left, added);
+        }
         let mut local = self.breaker.state();
         if local != pending.local {
             // It moved on while we asked (a fresh local trip, say): ask

@@ -36,6 +36,7 @@ fn held_open() -> (Tracked, Arc<AtomicUsize>) {
         reset: false,
         gated: false,
         window: None,
+        spend: None,
     };
     apply(&mut t, open, Request::default());
     assert_eq!(t.breaker.state(), State::Open);
@@ -136,6 +137,7 @@ async fn the_cluster_confirming_a_heal_leaves_the_healed_cycle_alone() {
         reset: false,
         gated: false,
         window: None,
+        spend: None,
     };
     apply(&mut t, healed, req);
     assert_eq!(t.breaker.state(), State::HalfOpen);
@@ -159,6 +161,7 @@ async fn another_replicas_heal_half_opens_this_one() {
         reset: false,
         gated: false,
         window: None,
+        spend: None,
     };
     apply(&mut t, healed, Request::default());
     // Its open period ends a nanosecond on.
@@ -181,6 +184,7 @@ async fn a_heal_the_cluster_did_not_take_gives_way_to_the_cluster() {
         reset: false,
         gated: false,
         window: None,
+        spend: None,
     };
     apply(&mut t, reopened, req);
     assert_eq!(t.breaker.state(), State::Open);

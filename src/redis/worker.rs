@@ -14,7 +14,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use crate::rng::Rng;
 
 use super::conn::{Conn, Failure};
-use super::messages::{next, ready, schema_of, wait};
+use super::messages::{announce_spent, next, ready, schema_of, wait};
 use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
 use super::turns::{self, Ask, Desk};
@@ -352,6 +352,7 @@ impl Worker {
         self.shared.store(false, Ordering::Release);
         for t in self.tracked.values_mut() {
             t.breaker.remote().set_shared(false);
+            t.breaker.remote().leave_spend();
             t.leases.clear();
             t.releases.clear();
         }
@@ -474,7 +475,9 @@ impl Worker {
             }
             pending = rest;
         }
-        Ok(())
+        let spent = self.tracked.values_mut().filter_map(Tracked::spent_news);
+        let spent: Vec<_> = spent.collect();
+        announce_spent(conn, &self.channel, spent, self.settings.timeout).await
     }
 
     async fn on_message(&mut self, conn: &mut Conn, msg: &Msg) -> Result<(), Failure> {
@@ -498,6 +501,18 @@ impl Worker {
             return Ok(());
         };
         if name.is_empty() || name.len() > MAX_KEY_LEN {
+            return Ok(());
+        }
+        if state == "spent" {
+            // Another replica found the fleet's spend over the budget: read
+            // it now. Nothing to discover for a key not in use here.
+            if let Some(t) = self.tracked.get_mut(name)
+                && t.spend.is_some()
+                && !t.dirty
+            {
+                t.dirty = true;
+                self.named.push(t.name.clone());
+            }
             return Ok(());
         }
         if let Some(t) = self.tracked.get_mut(name) {

@@ -29,6 +29,7 @@ async fn a_deadline_past_the_open_cap_is_capped_and_reported_overdue_by_the_loca
         reset: false,
         gated: false,
         window: None,
+        spend: None,
     };
     let p = pending(&t);
     let origins = Origins::default();

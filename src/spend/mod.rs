@@ -44,9 +44,27 @@
 //! The guard decides at admission and charges at completion: calls in
 //! flight when the budget runs out still complete and are charged, so a
 //! period's spend stays below the budget plus the calls in flight at the
-//! crossing times the largest cost of one call. A breaker of this crate
-//! shares its spend only within the process: with several replicas, each
-//! holds its own budget.
+//! crossing times the largest cost of one call.
+//!
+//! With several replicas sharing state through Redis (feature `redis`, see
+//! [`crate::redis`]), the replicas share one budget: each hands its charges
+//! to Redis off the hot path at every exchange, and decides on the fleet's
+//! sum. The spend of a period then stays below the budget plus (the calls
+//! in flight when it runs out + the calls the fleet admits in one exchange
+//! interval) times the largest cost of one call, across the fleet. While
+//! Redis is away, each replica holds the budget on its own calls.
+//!
+//! # Health probes
+//!
+//! A [`HealthProbe`](crate::health::HealthProbe) classified by a [`Meter`]
+//! is charged what its answer's usage reports (a one-token completion
+//! costs its tokens), so the budget counts what the provider bills. A
+//! probe is the breaker's own request, not a user's call: the guard never
+//! turns it away, it is not counted in
+//! [`Spend::observed_calls`](crate::spend::Spend::observed_calls) nor in
+//! the running average, and a probe whose usage never comes (a timeout, an
+//! answer without `usage`) costs nothing rather than the unknown cost of a
+//! user's call.
 //!
 //! # Shadow mode and warnings
 //!

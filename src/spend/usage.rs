@@ -1,11 +1,14 @@
 //! [`Usage`]: the tokens an answer says it used, read from the `usage` of
 //! an OpenAI, Anthropic or Gemini answer (JSON, or the events of a stream).
 //!
-//! A single pass over each JSON document picks out the few fields that
-//! count, without allocating or recursing; malformed or truncated input
-//! stops the walk and keeps what was found.
+//! One pass over each JSON document (the walk the LLM classifier reads
+//! error events with) picks out the few fields that count, without
+//! allocating or recursing; malformed or truncated input stops the walk and
+//! keeps what was found.
 
 use std::fmt;
+
+use crate::classify::json::{self, Visit};
 
 /// The tokens one answer used, and the model that answered.
 ///
@@ -209,7 +212,7 @@ impl UsageReader {
 
     /// Reads one JSON document (a body, or one event's data).
     pub(crate) fn read(&mut self, input: &[u8]) {
-        scan(self, input);
+        json::walk(input, self);
     }
 
     fn number(&mut self, role: Role, key: &[u8], v: u64) {
@@ -231,11 +234,13 @@ impl UsageReader {
     }
 }
 
-// === the scanner ===
+// === the walk ===
 
 /// What a JSON object is, for the fields inside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Anything else (and anything past the walk's depth).
+    #[default]
     Other,
     /// The document itself.
     Root,
@@ -249,8 +254,6 @@ enum Role {
     /// Gemini's `usageMetadata`.
     Gemini,
 }
-
-const MAX_DEPTH: usize = 8;
 
 fn role_of(parent: Role, key: &[u8], object: bool) -> Role {
     if !object {
@@ -267,88 +270,27 @@ fn role_of(parent: Role, key: &[u8], object: bool) -> Role {
     }
 }
 
-fn scan(r: &mut UsageReader, input: &[u8]) {
-    // Roles of the open containers; deeper ones are `Other`.
-    let mut stack = [Role::Other; MAX_DEPTH];
-    let mut objects = [false; MAX_DEPTH];
-    let mut depth = 0usize;
-    let mut key: Option<&[u8]> = None;
-    let mut i = 0;
-    let role_at = |stack: &[Role; MAX_DEPTH], depth: usize| {
-        depth
-            .checked_sub(1)
-            .and_then(|d| stack.get(d))
-            .copied()
-            .unwrap_or(Role::Other)
-    };
-    while let Some(&b) = input.get(i) {
-        match b {
-            b'{' | b'[' => {
-                let k = key.take().unwrap_or(b"");
-                let object = b == b'{';
-                let role = if depth == 0 {
-                    if object {
-                        Role::Root
-                    } else {
-                        Role::Other
-                    }
-                } else {
-                    role_of(role_at(&stack, depth), k, object)
-                };
-                if let (Some(s), Some(o)) = (stack.get_mut(depth), objects.get_mut(depth)) {
-                    *s = role;
-                    *o = object;
-                }
-                depth += 1;
-                i += 1;
+impl<'a> Visit<'a> for UsageReader {
+    type Frame = Role;
+
+    fn open(&mut self, depth: usize, parent: Option<Role>, key: &'a [u8], object: bool) -> Role {
+        match (depth, object) {
+            (0, true) => Role::Root,
+            (0, false) => Role::Other,
+            _ => role_of(parent.unwrap_or_default(), key, object),
+        }
+    }
+
+    fn value(&mut self, _: usize, frame: Option<Role>, key: &'a [u8], v: &'a [u8], string: bool) {
+        let role = frame.unwrap_or_default();
+        if string {
+            if matches!(role, Role::Root | Role::Envelope)
+                && (key == b"model" || key == b"modelVersion")
+            {
+                self.model = Some(Model::new(v));
             }
-            b'}' | b']' => {
-                if depth == 0 {
-                    return;
-                }
-                depth -= 1;
-                key = None;
-                i += 1;
-            }
-            b'"' => {
-                let Some((s, next)) = string(input, i) else {
-                    return;
-                };
-                i = next;
-                let in_object = depth
-                    .checked_sub(1)
-                    .and_then(|d| objects.get(d))
-                    .copied()
-                    .unwrap_or(false);
-                if in_object && key.is_none() {
-                    let j = skip_ws(input, i);
-                    if input.get(j) == Some(&b':') {
-                        key = Some(s);
-                        i = j + 1;
-                        continue;
-                    }
-                }
-                let role = role_at(&stack, depth);
-                if let Some(k) = key.take()
-                    && matches!(role, Role::Root | Role::Envelope)
-                    && (k == b"model" || k == b"modelVersion")
-                {
-                    r.model = Some(Model::new(s));
-                }
-            }
-            b',' | b':' | b' ' | b'\t' | b'\r' | b'\n' => i += 1,
-            _ => {
-                let end = input[i..]
-                    .iter()
-                    .position(|c| {
-                        matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n' | b':')
-                    })
-                    .map_or(input.len(), |p| i + p);
-                if let (Some(k), Some(v)) = (key.take(), count(&input[i..end])) {
-                    r.number(role_at(&stack, depth), k, v);
-                }
-                i = end.max(i + 1);
-            }
+        } else if let Some(n) = count(v) {
+            self.number(role, key, n);
         }
     }
 }
@@ -362,28 +304,4 @@ fn count(v: &[u8]) -> Option<u64> {
     Some(v.iter().fold(0u64, |n, d| {
         n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
     }))
-}
-
-/// The raw contents of the string starting at `input[start] == '"'` and
-/// the index after its closing quote; `None` if it never closes.
-fn string(input: &[u8], start: usize) -> Option<(&[u8], usize)> {
-    let mut i = start + 1;
-    while let Some(at) = input
-        .get(i..)
-        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
-    {
-        i += at;
-        if input[i] == b'"' {
-            return Some((&input[start + 1..i], i + 1));
-        }
-        i += 2;
-    }
-    None
-}
-
-fn skip_ws(input: &[u8], mut i: usize) -> usize {
-    while input.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
-        i += 1;
-    }
-    i
 }

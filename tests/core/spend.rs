@@ -1,5 +1,5 @@
 //! The spend guard's rules on a bare breaker: shadow mode, probes, the
-//! rejection's detail, and a disabled breaker.
+//! rejection's detail, a disabled breaker, and health probes' charges.
 
 use std::time::Duration;
 
@@ -101,4 +101,67 @@ fn a_zero_budget_is_a_config_error() {
         .build()
         .unwrap_err();
     assert_eq!(err.to_string(), "spend guard: the budget is zero");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_health_probe_is_charged_its_usage_and_never_the_unknown_cost() {
+    use tower_circuit_breaker::classify::LlmClassifier;
+    use tower_circuit_breaker::health::HealthProbe;
+    use tower_circuit_breaker::spend::{Meter, Prices};
+    use tower_circuit_breaker::BoxError;
+
+    let breaker = Breaker::builder()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(60))
+        .spend_guard(SpendGuard::tokens(1_000, Period::UtcDay).unknown_cost(500))
+        .build()
+        .unwrap();
+    // The first probe answers a one-token completion with its usage; the
+    // next ones answer without any.
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let upstream = tower::service_fn(move |_req: http::Request<String>| {
+        let first = !answered.swap(true, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let body = if first {
+                r#"{"model":"gpt-4o-mini","usage":{"prompt_tokens":8,"completion_tokens":1}}"#
+            } else {
+                r#"{"model":"gpt-4o-mini","choices":[]}"#
+            };
+            let mut res = http::Response::new(body.to_string());
+            res.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            Ok::<_, BoxError>(res)
+        }
+    });
+    let meter = Meter::new(LlmClassifier::new(), Prices::tokens());
+    let prober = HealthProbe::builder(Duration::from_secs(1))
+        .jitter(0.0)
+        .build(upstream, meter, |_: &Breaker| {
+            http::Request::post("http://upstream/v1/chat/completions")
+                .body(String::new())
+                .unwrap()
+        })
+        .unwrap();
+    tokio::spawn(prober.run(breaker.clone()));
+
+    call(&breaker, 100);
+    breaker.admit().unwrap().record(Outcome::Failure); // its usage never came: 500
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // The probe healed the circuit and cost its 9 tokens.
+    assert_eq!(breaker.state(), State::HalfOpen);
+    let spend = breaker.snapshot().spend.unwrap();
+    assert_eq!(spend.spent, 100 + 500 + 9);
+    // A probe is no user's call: the counts and the average are theirs.
+    assert_eq!((spend.observed_calls, spend.unknown_calls), (1, 1));
+    // Open again: probes whose usage never came cost nothing.
+    breaker.admit().unwrap().record(Outcome::Failure);
+    let before = breaker.snapshot().spend.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(breaker.snapshot().counters.health_probe_successes, 2);
+    let after = breaker.snapshot().spend.unwrap();
+    assert_eq!(
+        (after.spent, after.unknown_calls),
+        (before.spent, before.unknown_calls)
+    );
 }

@@ -20,6 +20,8 @@ mod redis_health;
 mod redis_overflow_key;
 #[cfg(feature = "redis")]
 mod redis_shared;
+#[cfg(feature = "redis")]
+mod redis_spend;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
 
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
         trials.extend(redis_health::trials());
         trials.extend(redis_overflow_key::trials());
         trials.extend(redis_shared::trials());
+        trials.extend(redis_spend::trials());
     }
     #[cfg(feature = "redis-tls")]
     trials.extend(redis_tls::trials());

@@ -127,6 +127,10 @@ impl<T: Build> Builder<T> {
     /// calls in flight as the budget runs out still complete and are
     /// charged: the spend of a period stays below the budget plus the
     /// calls in flight at the crossing times the largest cost of one call.
+    /// Shared through Redis, the budget is the fleet's, and the bound
+    /// across the fleet is the budget plus (the calls in flight + the
+    /// calls admitted in one exchange interval) times the largest cost of
+    /// one call (see [`crate::spend`]).
     ///
     /// ```
     /// use std::time::Duration;

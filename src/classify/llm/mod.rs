@@ -10,7 +10,7 @@ use super::sse::{SseStream, DEFAULT_MAX_LINE};
 use super::{Classify, ClassifyStream, ErrorKind, ErrorRef, Outcome, Verdict};
 
 mod events;
-mod json;
+pub(crate) mod json;
 mod kind;
 mod rate_limit;
 #[cfg(test)]
