@@ -217,7 +217,7 @@ pub use crate::body::ResponseBody;
 pub use crate::breaker::InFlightLimit;
 pub use crate::breaker::{
     Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Shed,
-    Snapshot, State, Transition, TripMode, Window, WindowStats,
+    Snapshot, State, Thresholds, Transition, TripMode, Window, WindowStats,
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error, Rejection};

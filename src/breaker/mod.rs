@@ -60,6 +60,7 @@ mod spare;
 pub(crate) mod spend;
 mod spent;
 mod state;
+mod thresholds;
 mod transition;
 mod turns;
 mod volume;
@@ -86,6 +87,7 @@ pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
 pub use self::state::{Counters, Reason, Shed, Snapshot, State, Transition, WindowStats};
+pub use self::thresholds::Thresholds;
 #[cfg(feature = "redis")]
 pub(crate) use self::turns::Turn;
 pub(crate) use self::turns::Turns;
