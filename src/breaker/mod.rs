@@ -38,6 +38,8 @@
 //! assert!(rejected.retry_after().unwrap() <= Duration::from_secs(30));
 //! # }
 //! ```
+//!
+//! [`tokio::time::Instant`]: https://docs.rs/tokio/1/tokio/time/struct.Instant.html
 
 mod admission;
 mod changed;

@@ -7,6 +7,21 @@
 //! server, or behind any tower stack. A `GET` serves the HTML page; a `GET`
 //! with `?format=json` in the query serves the JSON, which the page polls.
 //!
+//! # What it shows
+//!
+//! For each breaker (or key): its state, when it probes next, its window
+//! (calls, failures, slow calls and their rates) beside the trip rules
+//! they are judged by ([`Snapshot::thresholds`]), the failures in a row,
+//! its admitted and rejected calls, a spend guard's spend against its
+//! budget, and its last transitions. With the `redis` feature,
+//! `StatusPage::fleet` adds a backend's replicas alive and its quorum.
+//! The page lays the breakers out as a table on a wide screen and as cards
+//! on a narrow one; a long key wraps only after a separator (`/`, `:`,
+//! `.`, `_`, `@`, `-`), and a run too long for its column ends in an
+//! ellipsis, with the whole key in its title.
+//!
+//! [`Snapshot::thresholds`]: crate::Snapshot::thresholds
+//!
 //! # Mount it behind your own auth
 //!
 //! The page serves no secret: no header, body or URL of any request, only
@@ -280,7 +295,7 @@ impl StatusPage {
     /// `"utc_day"` or `{"rolling_ms"}`; else `null`) and `transitions` (the
     /// last few, newest first: `from`, `to`, `reason`, `ago_ms`).
     ///
-    /// Each fleet (see [`fleet`](Self::fleet); none without the `redis`
+    /// Each fleet (see `StatusPage::fleet`; none without the `redis`
     /// feature) has `name`, `alive`, `quorum` and `shared`.
     ///
     /// [`Snapshot::window`]: crate::Snapshot::window
