@@ -56,6 +56,8 @@
 //! assert!(matches!(&err, OpenAIError::Boxed(e) if e.is::<CircuitOpen>()));
 //! # Ok(()) }
 //! ```
+//!
+//! [`async_openai::Client`]: https://docs.rs/async-openai/0.43/async_openai/struct.Client.html
 
 use std::task::{Context, Poll};
 

@@ -63,6 +63,8 @@ pub struct Retried;
 /// request.mark_fallback();
 /// assert!(request.has_fallback());
 /// ```
+///
+/// [`http::Request`]: https://docs.rs/http/1/http/request/struct.Request.html
 pub trait Fallback {
     /// Whether the request carries [`HasFallback`].
     fn has_fallback(&self) -> bool;
@@ -131,6 +133,14 @@ impl Fallback for () {
     feature = "reqwest-middleware",
     feature = "async-openai"
 ))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "reqwest",
+        feature = "reqwest-middleware",
+        feature = "async-openai"
+    )))
+)]
 impl Fallback for ::reqwest::Request {
     #[inline]
     fn has_fallback(&self) -> bool {
@@ -144,6 +154,7 @@ impl Fallback for ::reqwest::Request {
 /// async-openai builds its requests inside the client, where no caller can
 /// mark them: they have no fallback, and marking one does nothing.
 #[cfg(feature = "async-openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-openai")))]
 impl Fallback for ::async_openai::middleware::HttpRequestFactory {
     #[inline]
     fn has_fallback(&self) -> bool {

@@ -120,7 +120,7 @@
 //!
 //! # How a request flows
 //!
-//! [`CircuitBreaker::call`](tower_service::Service::call) asks
+//! [`CircuitBreaker::call`](https://docs.rs/tower-service/0.3/tower_service/trait.Service.html#tymethod.call) asks
 //! [`Breaker::admit`] for a [`Permit`]. A closed circuit admits without a lock;
 //! an open one returns a ready [`future::ResponseFuture`] holding
 //! [`CircuitOpen`]. An admitted call runs the inner future; its response head
@@ -150,6 +150,8 @@
 //! - **pacing** ([`Builder::pace_rate_limits`]): a known rate limit makes
 //!   that key reject locally with [`Rejection::RateLimited`] until it
 //!   resets, so no call is spent to hear "429" again.
+//!
+//! [tower]: https://docs.rs/tower/0.5/tower/
 
 #![warn(
     missing_docs,
@@ -217,7 +219,7 @@ pub use crate::body::ResponseBody;
 pub use crate::breaker::InFlightLimit;
 pub use crate::breaker::{
     Breaker, Build, Builder, Changed, ConfigError, Counters, Permit, Reason, Remote, Shed,
-    Snapshot, State, Transition, TripMode, Window, WindowStats,
+    Snapshot, State, Thresholds, Transition, TripMode, Window, WindowStats,
 };
 pub use crate::classify::Outcome;
 pub use crate::error::{CircuitOpen, Error, Rejection};

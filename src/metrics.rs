@@ -105,6 +105,8 @@
 //! facade's `Recorder` has no call that removes a series. Keys come from requests: key by names
 //! the service controls (a model, a region), or hash credentials, never a
 //! raw credential header.
+//!
+//! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -44,6 +44,8 @@
 //! assert_eq!(open.unwrap().key(), Some("openai"));
 //! # Ok(()) }
 //! ```
+//!
+//! [`reqwest_middleware::Middleware`]: https://docs.rs/reqwest-middleware/0.5/reqwest_middleware/trait.Middleware.html
 
 use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
@@ -94,6 +96,8 @@ pub fn circuit_open(error: &Error) -> Option<&CircuitOpen> {
 ///     .build();
 /// # let _ = client;
 /// ```
+///
+/// [`reqwest_middleware::Middleware`]: https://docs.rs/reqwest-middleware/0.5/reqwest_middleware/trait.Middleware.html
 #[derive(Debug, Clone)]
 pub struct CircuitBreakerMiddleware<C = DefaultClassifier, P = Breaker> {
     select: P,

@@ -64,6 +64,8 @@
 //! assert!(res.headers().get("retry-after").is_none()); // forced open: no known end
 //! # }
 //! ```
+//!
+//! [`http::Response`]: https://docs.rs/http/1/http/response/struct.Response.html
 
 use std::time::Duration;
 

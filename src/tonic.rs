@@ -44,6 +44,8 @@
 //! # let _ = grpc;
 //! # Ok(()) }
 //! ```
+//!
+//! [`tonic::Status`]: https://docs.rs/tonic/0.14/tonic/struct.Status.html
 
 use std::fmt;
 use std::future::Future;
@@ -138,6 +140,8 @@ impl From<CircuitOpen> for Status {
 /// assert_eq!(status.code(), Code::Unavailable);
 /// # }
 /// ```
+///
+/// [`Status`]: https://docs.rs/tonic/0.14/tonic/struct.Status.html
 pub fn into_status_error(error: BoxError) -> BoxError {
     match CircuitOpen::find(&*error) {
         Some(open) => Box::new(Status::from(open.clone())),
@@ -171,6 +175,8 @@ pub fn into_status_error(error: BoxError) -> BoxError {
 /// assert_eq!(status.code(), tonic::Code::Unavailable);
 /// # }
 /// ```
+///
+/// [`Status`]: https://docs.rs/tonic/0.14/tonic/struct.Status.html
 #[derive(Debug, Clone)]
 pub struct RejectionStatus<S> {
     inner: S,

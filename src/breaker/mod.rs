@@ -38,6 +38,8 @@
 //! assert!(rejected.retry_after().unwrap() <= Duration::from_secs(30));
 //! # }
 //! ```
+//!
+//! [`tokio::time::Instant`]: https://docs.rs/tokio/1/tokio/time/struct.Instant.html
 
 mod admission;
 mod changed;
@@ -60,6 +62,7 @@ mod spare;
 pub(crate) mod spend;
 mod spent;
 mod state;
+mod thresholds;
 mod transition;
 mod turns;
 mod volume;
@@ -86,6 +89,7 @@ pub use self::outcome::Outcome;
 pub use self::permit::Permit;
 pub use self::remote::Remote;
 pub use self::state::{Counters, Reason, Shed, Snapshot, State, Transition, WindowStats};
+pub use self::thresholds::Thresholds;
 #[cfg(feature = "redis")]
 pub(crate) use self::turns::Turn;
 pub(crate) use self::turns::Turns;

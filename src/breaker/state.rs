@@ -367,7 +367,8 @@ pub struct Snapshot {
     /// The current state.
     pub state: State,
     /// The window: the live one while closed; while open or half-open, the
-    /// window that tripped the circuit.
+    /// window that tripped the circuit; while forced open or disabled from
+    /// closed, the window as it stood then.
     pub window: WindowStats,
     /// Current streak of consecutive failures.
     pub consecutive_failures: u64,
@@ -393,6 +394,8 @@ pub struct Snapshot {
     /// [`Builder::spend_guard`](crate::Builder::spend_guard)): its budget
     /// and what the current period's calls cost.
     pub spend: Option<super::spent::Spend>,
+    /// The trip rules the window and the streak are judged by.
+    pub thresholds: super::Thresholds,
 }
 
 /// What graded admission sheds (see

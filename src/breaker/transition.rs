@@ -64,6 +64,11 @@ impl Shared {
                     guard.clear();
                 }
             }
+            State::ForcedOpen | State::Disabled if from.state() == State::Closed => {
+                // Held as a trip's is: the window as it stood when the
+                // circuit left closed, reported until it closes again.
+                ctl.tripped = self.rates.stats(at);
+            }
             State::HalfOpen | State::ForcedOpen | State::Disabled => {}
         }
         // The deadline before the word: a reader that sees the new word
@@ -185,6 +190,7 @@ impl Shared {
             },
             shed: self.shed(word),
             spend: self.spend.as_ref().map(|ledger| ledger.snapshot(now)),
+            thresholds: super::Thresholds::of(&self.config),
         };
         drop(ctl);
         self.emit(events);

@@ -30,7 +30,7 @@ use crate::rng::Rng;
 use crate::Fallback;
 
 pin_project! {
-    /// Response future of [`Failover`].
+    /// Response future of [`Failover`](super::Failover).
     ///
     /// ```
     /// use tower::{Service, ServiceExt};

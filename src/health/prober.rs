@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 /// The crate starts no task for it: await it in a task of yours, or hand it
 /// to a runtime with [`spawn_on`](Self::spawn_on). It sleeps on Tokio's
 /// timers, so the runtime it runs on needs them
-/// ([`enable_time`](tokio::runtime::Builder::enable_time), which
+/// ([`enable_time`](https://docs.rs/tokio/1/tokio/runtime/struct.Builder.html#method.enable_time), which
 /// `#[tokio::main]` turns on).
 ///
 /// ```

@@ -506,6 +506,21 @@ impl Attachment {
         }
     }
 
+    /// What [`fleet`](Self::fleet) and [`is_shared`](Self::is_shared) read,
+    /// for a status page to keep.
+    #[cfg(feature = "status")]
+    pub(crate) fn view(&self) -> impl Fn() -> (Fleet, bool) + Send + Sync + 'static {
+        let (settings, shared) = (Arc::clone(&self.settings), Arc::clone(&self.shared));
+        move || {
+            let f = &settings.fleet;
+            let fleet = Fleet {
+                alive: f.alive.load(Ordering::Relaxed),
+                quorum: f.quorum.load(Ordering::Relaxed),
+            };
+            (fleet, shared.load(Ordering::Acquire))
+        }
+    }
+
     /// Stops sharing and waits for the background task to end; the breakers
     /// are back in local mode when this returns.
     ///

@@ -58,6 +58,8 @@
 //! assert!(CircuitOpen::find(&*err).is_some());
 //! # Ok(()) }
 //! ```
+//!
+//! [`reqwest::Client`]: https://docs.rs/reqwest/0.13/reqwest/struct.Client.html
 
 use std::fmt;
 use std::future::Future;
@@ -104,6 +106,8 @@ pub use self::client::{RequestBuilderExt, ReqwestClient, SendFuture};
 ///     .service(ReqwestService::<String>::new(reqwest::Client::new()));
 /// # let _ = client;
 /// ```
+///
+/// [`reqwest::Client`]: https://docs.rs/reqwest/0.13/reqwest/struct.Client.html
 pub struct ReqwestService<B = ::reqwest::Body> {
     client: ::reqwest::Client,
     _body: PhantomData<fn(B)>,

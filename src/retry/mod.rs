@@ -54,6 +54,8 @@
 //! assert!(err.is_circuit_open());
 //! # Ok(()) }
 //! ```
+//!
+//! [`tower::retry::Policy`]: https://docs.rs/tower/0.5/tower/retry/trait.Policy.html
 
 mod backoff;
 mod budget;

@@ -480,6 +480,8 @@ impl<S, C, D, P: StackSelect> Stack<S, C, D, P> {
     /// assert_eq!(client.breaker().state(), State::HalfOpen, "the probe found it healthy");
     /// # Ok(()) }
     /// ```
+    ///
+    /// [`Bytes`]: https://docs.rs/bytes/1/bytes/struct.Bytes.html
     pub fn health_prober<B, RB>(&self) -> Option<HealthProber>
     where
         S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,

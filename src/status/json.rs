@@ -4,13 +4,22 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::{Reason, Snapshot, State};
+use crate::breaker::{Reason, Snapshot, State, Thresholds, Window};
+use crate::spend::Period;
 
 /// One breaker as the page shows it.
 pub(super) struct Row {
     pub(super) breaker: Arc<str>,
     pub(super) key: Arc<str>,
     pub(super) snap: Snapshot,
+}
+
+/// A Redis backend's fleet.
+pub(super) struct Fleet {
+    pub(super) name: Arc<str>,
+    pub(super) alive: u32,
+    pub(super) quorum: u32,
+    pub(super) shared: bool,
 }
 
 /// One of its last transitions.
@@ -23,6 +32,7 @@ pub(super) struct Shown {
 
 pub(super) fn render<'a, I>(
     rows: &'a [Row],
+    fleets: &[Fleet],
     refresh: Duration,
     transitions: impl Fn(&'a Row) -> I,
 ) -> String
@@ -30,11 +40,20 @@ where
     I: Iterator<Item = Shown>,
 {
     let mut out = String::with_capacity(128 + rows.len() * 512);
-    let _ = write!(
-        out,
-        r#"{{"refresh_ms":{},"breakers":["#,
-        refresh.as_millis()
-    );
+    let _ = write!(out, r#"{{"refresh_ms":{},"fleets":["#, refresh.as_millis());
+    for (i, f) in fleets.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(r#"{"name":"#);
+        string(&mut out, &f.name);
+        let _ = write!(
+            out,
+            r#","alive":{},"quorum":{},"shared":{}}}"#,
+            f.alive, f.quorum, f.shared
+        );
+    }
+    out.push_str(r#"],"breakers":["#);
     for (i, row) in rows.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -82,16 +101,19 @@ where
             c.volume_limited,
             c.would_reject,
         );
+        thresholds(&mut out, &s.thresholds);
         match &s.spend {
             Some(sp) => {
                 let _ = write!(
                     out,
-                    r#","spend":{{"budget":{},"spent":{},"unit":"{}","exceeded":{}}}"#,
+                    r#","spend":{{"budget":{},"spent":{},"unit":"{}","exceeded":{},"period":"#,
                     sp.budget,
                     sp.spent,
                     sp.unit.as_str(),
                     sp.exceeded
                 );
+                period(&mut out, sp.period);
+                out.push('}');
             }
             None => out.push_str(r#","spend":null"#),
         }
@@ -113,6 +135,54 @@ where
     }
     out.push_str("]}");
     out
+}
+
+/// `"thresholds":{..}`: the trip rules, `null` for one that is off.
+fn thresholds(out: &mut String, t: &Thresholds) {
+    out.push_str(r#","thresholds":{"window":"#);
+    match t.window {
+        Window::Count(calls) => {
+            let _ = write!(out, r#"{{"calls":{calls}}}"#);
+        }
+        Window::Time { span, buckets } => {
+            let _ = write!(
+                out,
+                r#"{{"span_ms":{},"buckets":{buckets}}}"#,
+                span.as_millis()
+            );
+        }
+        Window::None => out.push_str("null"),
+    }
+    let _ = write!(out, r#","min_calls":{},"failure_rate":"#, t.min_calls);
+    optional(out, t.failure_rate.map(number));
+    out.push_str(r#","slow_call_ms":"#);
+    optional(out, t.slow_call.map(|(d, _)| d.as_millis()));
+    out.push_str(r#","slow_call_rate":"#);
+    optional(out, t.slow_call.map(|(_, r)| number(r)));
+    out.push_str(r#","consecutive_failures":"#);
+    optional(out, t.consecutive_failures);
+    out.push('}');
+}
+
+/// A spend budget's period: `"utc_hour"`, `"utc_day"` or
+/// `{"rolling_ms":..}`.
+fn period(out: &mut String, period: Period) {
+    match period {
+        Period::UtcHour => out.push_str(r#""utc_hour""#),
+        Period::UtcDay => out.push_str(r#""utc_day""#),
+        Period::Rolling(d) => {
+            let _ = write!(out, r#"{{"rolling_ms":{}}}"#, d.as_millis());
+        }
+    }
+}
+
+fn optional(out: &mut String, value: Option<impl std::fmt::Display>) {
+    match value {
+        Some(v) => {
+            let _ = write!(out, "{v}");
+        }
+        None => out.push_str("null"),
+    }
 }
 
 /// A finite number; JSON has no NaN.

@@ -7,6 +7,21 @@
 //! server, or behind any tower stack. A `GET` serves the HTML page; a `GET`
 //! with `?format=json` in the query serves the JSON, which the page polls.
 //!
+//! # What it shows
+//!
+//! For each breaker (or key): its state, when it probes next, its window
+//! (calls, failures, slow calls and their rates) beside the trip rules
+//! they are judged by ([`Snapshot::thresholds`]), the failures in a row,
+//! its admitted and rejected calls, a spend guard's spend against its
+//! budget, and its last transitions. With the `redis` feature,
+//! `StatusPage::fleet` adds a backend's replicas alive and its quorum.
+//! The page lays the breakers out as a table on a wide screen and as cards
+//! on a narrow one; a long key wraps only after a separator (`/`, `:`,
+//! `.`, `_`, `@`, `-`), and a run too long for its column ends in an
+//! ellipsis, with the whole key in its title.
+//!
+//! [`Snapshot::thresholds`]: crate::Snapshot::thresholds
+//!
 //! # Mount it behind your own auth
 //!
 //! The page serves no secret: no header, body or URL of any request, only
@@ -103,7 +118,14 @@ pub struct StatusPage {
 enum Source {
     Breaker(Breaker),
     Keyed(Arc<str>, KeyedBreakers),
+    /// A Redis backend's fleet, under a name.
+    #[cfg(feature = "redis")]
+    Fleet(Arc<str>, FleetView),
 }
+
+/// Reads a Redis attachment's fleet and whether it shares state now.
+#[cfg(feature = "redis")]
+type FleetView = Arc<dyn Fn() -> (crate::redis::Fleet, bool) + Send + Sync>;
 
 /// One transition as the page remembers it: no request data but the key.
 struct Logged {
@@ -171,6 +193,45 @@ impl StatusPage {
         self
     }
 
+    /// Shows the fleet of `attachment`'s backend, under `name`: the replicas
+    /// alive on its prefix, how many of them must agree to open a shared
+    /// circuit (see [`Attachment::fleet`]), and whether it shares state now
+    /// ([`Attachment::is_shared`]). Quorum votes per breaker are kept in
+    /// Redis alone and are not shown.
+    ///
+    /// [`Attachment::fleet`]: crate::redis::Attachment::fleet
+    /// [`Attachment::is_shared`]: crate::redis::Attachment::is_shared
+    ///
+    /// ```
+    /// use tower_circuit_breaker::redis::{Backend, Client};
+    /// use tower_circuit_breaker::status::StatusPage;
+    /// use tower_circuit_breaker::Breaker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Nothing listens on port 1: no heartbeat has counted anyone yet.
+    /// let backend = Backend::builder(Client::open("redis://127.0.0.1:1/")?).build()?;
+    /// let breaker = Breaker::builder().name("chat").build()?;
+    /// let attachment = backend.attach(&breaker)?;
+    /// let page = StatusPage::new().breaker(&breaker).fleet("redis", &attachment);
+    /// assert!(page
+    ///     .to_json()
+    ///     .contains(r#""fleets":[{"name":"redis","alive":0,"quorum":0,"shared":false}]"#));
+    /// # attachment.detach().await;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn fleet(
+        mut self,
+        name: impl Into<Arc<str>>,
+        attachment: &crate::redis::Attachment,
+    ) -> Self {
+        let view: FleetView = Arc::new(attachment.view());
+        Arc::make_mut(&mut self.sources).push(Source::Fleet(name.into(), view));
+        self
+    }
+
     /// How often the HTML page polls the JSON (default 2 s, at least 100 ms).
     ///
     /// ```
@@ -218,13 +279,26 @@ impl StatusPage {
         }
     }
 
-    /// The JSON the page polls: `{"refresh_ms": .., "breakers": [..]}`, the
-    /// circuits that are not closed first. Each breaker has `breaker` (its
-    /// name, or the keyed set's), `key` (empty unless keyed), `state`,
-    /// `next_probe_ms` (while open), `window` (`calls`, `failures`,
-    /// `slow`, `failure_rate`, `slow_rate`), `consecutive_failures`,
-    /// `reopens`, `metrics_only`, `counters` and `transitions` (the last
-    /// few, newest first: `from`, `to`, `reason`, `ago_ms`).
+    /// The JSON the page polls: `{"refresh_ms": .., "fleets": [..],
+    /// "breakers": [..]}`, the circuits that are not closed first.
+    ///
+    /// Each breaker has `breaker` (its name, or the keyed set's), `key`
+    /// (empty unless keyed), `state`, `next_probe_ms` (while open), `window`
+    /// (`calls`, `failures`, `slow`, `failure_rate`, `slow_rate`: see
+    /// [`Snapshot::window`] for which window each state shows),
+    /// `consecutive_failures`, `reopens`, `metrics_only`, `counters`,
+    /// `thresholds` (the trip rules, each `null` when off: `window`
+    /// (`{"calls"}` or `{"span_ms", "buckets"}`), `min_calls`,
+    /// `failure_rate`, `slow_call_ms`, `slow_call_rate`,
+    /// `consecutive_failures`), `spend` (with a spend guard: `budget`,
+    /// `spent`, `unit`, `exceeded`, `period`, which is `"utc_hour"`,
+    /// `"utc_day"` or `{"rolling_ms"}`; else `null`) and `transitions` (the
+    /// last few, newest first: `from`, `to`, `reason`, `ago_ms`).
+    ///
+    /// Each fleet (see `StatusPage::fleet`; none without the `redis`
+    /// feature) has `name`, `alive`, `quorum` and `shared`.
+    ///
+    /// [`Snapshot::window`]: crate::Snapshot::window
     ///
     /// ```
     /// # use tower_circuit_breaker::{status::StatusPage, Breaker};
@@ -238,8 +312,20 @@ impl StatusPage {
     pub fn to_json(&self) -> String {
         let now = Instant::now();
         let mut rows = Vec::new();
+        #[allow(unused_mut)]
+        let mut fleets = Vec::new();
         for source in self.sources.iter() {
             match source {
+                #[cfg(feature = "redis")]
+                Source::Fleet(name, view) => {
+                    let (fleet, shared) = view();
+                    fleets.push(json::Fleet {
+                        name: name.clone(),
+                        alive: fleet.alive,
+                        quorum: fleet.quorum,
+                        shared,
+                    });
+                }
                 Source::Breaker(b) => {
                     let snap = b.snapshot();
                     let name = snap.key.clone().unwrap_or_else(|| "".into());
@@ -266,7 +352,7 @@ impl StatusPage {
             ))
         });
         let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        json::render(&rows, self.refresh, |row| {
+        json::render(&rows, &fleets, self.refresh, |row| {
             // The transitions of a plain breaker carry its name; a keyed
             // one's, its key.
             let id = if row.key.is_empty() {

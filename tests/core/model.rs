@@ -219,6 +219,9 @@ impl Model {
                 self.window.clear();
                 self.streak = 0;
             }
+            State::ForcedOpen | State::Disabled if from == State::Closed => {
+                self.tripped = self.stats();
+            }
             _ => {}
         }
         self.state = to;
