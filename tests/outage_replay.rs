@@ -445,6 +445,48 @@ fn a_health_probe_is_billed_as_one_token_and_keeps_its_own_timeout() {
     assert!(e.message.contains("health_probe_timeout_s"), "{e}");
 }
 
+/// The health probe's own deadline changes what the replay does: after the
+/// heal the upstream answers in 1.5 s, so probes every second with the
+/// prober's default deadline (one interval) are all given up and the
+/// circuit waits out its 20 s open period, while a 2 s deadline lets the
+/// first probe after the heal close it.
+#[test]
+fn the_health_probe_timeout_decides_whether_a_slow_upstream_re_closes() {
+    let text = EXACT
+        .replace("duration_s = 10", "duration_s = 30")
+        .replace("open_s = 5\nopen_max_s = 5", "open_s = 20\nopen_max_s = 20")
+        .replace("close_after = 1", "close_after = 1\nhealth_probe_interval_s = 1")
+        .replace(
+            "from_s = 7.5\n  responses = [ { p = 1.0, kind = \"ok\", latency_ms = 100, stream_ms = 400 } ]",
+            "from_s = 7.5\n  responses = [ { p = 1.0, kind = \"ok\", latency_ms = 1500 } ]",
+        );
+    assert!(text.contains("latency_ms = 1500") && text.contains("open_s = 20"));
+    let closed_at = |text: &str| {
+        let s = scenario::parse(text, "t.toml").unwrap();
+        let replay = engine::replay(&s).unwrap();
+        let breaker = stack(&replay, "breaker");
+        assert!(breaker.attempt_log.iter().any(|a| a.probe));
+        breaker
+            .transitions
+            .iter()
+            .find(|t| t.to == "closed" && t.t_s > 7.5)
+            .map(|t| t.t_s)
+    };
+    // The prober's default: one interval, shorter than every answer.
+    let default_close = closed_at(&text);
+    assert!(
+        default_close.is_none_or(|t| t >= 28.0),
+        "closed at {default_close:?}: only the open period's end can close it"
+    );
+    // Its own deadline, longer than the upstream's answer.
+    let longer = text.replace(
+        "health_probe_interval_s = 1",
+        "health_probe_interval_s = 1\nhealth_probe_timeout_s = 2",
+    );
+    let close = closed_at(&longer).expect("a probe answered, the circuit closes");
+    assert!(close < 13.0, "closed at {close}");
+}
+
 #[test]
 fn wasted_cost_is_given_with_hangs_billed_and_unbilled() {
     let replay = engine::replay(&scenario::parse(EXACT, "exact.toml").unwrap()).unwrap();
@@ -2570,6 +2612,84 @@ fn seeds_replay_each_seed_and_summarize_medians_and_reclose_counts() {
         2.5
     );
     assert!(seeds::table(&s).contains("breaker: closed at the end in 0 of 3 seeds"));
+}
+
+/// With more than one class of traffic, the seeds' summary has each key's
+/// figures: their medians are those of the key's own runs, and the
+/// answers ratio is over no breaker's answers for the same key.
+#[test]
+fn seeds_summarize_every_key_of_a_mix() {
+    let text = EXACT.replace(
+        "poisson = false",
+        "poisson = false\ntraffic = [ { p = 0.5, model = \"only\", api_key = \"a\" }, { p = 0.5, model = \"only\", api_key = \"b\" } ]",
+    );
+    let base = scenario::parse(&text, "mix.toml").unwrap();
+    let seeds = seeds::sequence(base.seed, 3);
+    let runs = seeds::replay_seeds(&base, &base.stacks(), &seeds).unwrap();
+    let s = seeds::summarize(&runs);
+    let breaker = s.stacks.iter().find(|x| x.name == "breaker").unwrap();
+    let keys: Vec<&str> = breaker.by_key.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        runs[0]
+            .classes
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(keys.len(), 2);
+    for (c, key) in breaker.by_key.iter().enumerate() {
+        let get = |name: &str| {
+            key.figures
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .unwrap()
+                .2
+                .unwrap()
+        };
+        let mut answered: Vec<f64> = runs
+            .iter()
+            .map(|r| r.stack("breaker").unwrap().by_class[c].all.answered as f64)
+            .collect();
+        answered.sort_by(f64::total_cmp);
+        let a = get("answered");
+        assert_eq!(
+            (a.min, a.median, a.max),
+            (answered[0], answered[1], answered[2])
+        );
+        let mut ratios: Vec<f64> = runs
+            .iter()
+            .map(|r| {
+                let mine = r.stack("breaker").unwrap().by_class[c].all.answered as f64;
+                let theirs = r.stack("no-breaker").unwrap().by_class[c].all.answered as f64;
+                mine / theirs
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        assert!(close(get("answers_vs_no_breaker").median, ratios[1]));
+    }
+    let table = seeds::table(&s);
+    assert!(table.contains("  breaker by key only/a:"), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&seeds::json(&s)).unwrap();
+    let stack = json["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "breaker")
+        .unwrap();
+    for key in ["only/a", "only/b"] {
+        for field in [
+            "answered",
+            "answers_vs_no_breaker",
+            "after_heal_answered",
+            "outage_answered",
+        ] {
+            assert!(
+                stack["by_key"][key][field].is_object(),
+                "{key} {field}: {stack}"
+            );
+        }
+    }
 }
 
 // === the [failover] table: selection and fallback by error kind ===

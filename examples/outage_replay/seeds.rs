@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use serde_json::{json, Value};
 
 use crate::engine::{self, Replay, StackKind, StackRun};
+use crate::figures::Figures;
 use crate::report::{self, Window};
 use crate::scenario::Scenario;
 
@@ -126,7 +127,7 @@ impl Spread {
 /// from one seed's stack and how it is printed.
 type Pick = fn(&Replay, &StackRun) -> Option<f64>;
 
-const FIGURES: [(&str, Pick, &str); 15] = [
+const FIGURES: [(&str, Pick, &str); 19] = [
     ("user_error_rate", |_, s| s.all.user_error_rate, "%"),
     ("answered", |_, s| Some(s.all.answered as f64), "n"),
     ("answers_vs_no_breaker", |r, s| vs(r, s, Window::Whole), "x"),
@@ -175,7 +176,110 @@ const FIGURES: [(&str, Pick, &str); 15] = [
     // Last, so that the documented tables above them stay as they were.
     ("cost_usd", |_, s| Some(s.all.cost_usd), "$"),
     ("amplification", |_, s| s.all.amplification, "x"),
+    ("rejected", |_, s| Some(s.all.rejected as f64), "n"),
+    ("attempts", |_, s| Some(attempts(&s.all)), "n"),
+    (
+        "outage_user_error_rate",
+        |_, s| s.outage.as_ref()?.user_error_rate,
+        "%",
+    ),
+    (
+        "outage_attempts",
+        |_, s| s.outage.as_ref().map(attempts),
+        "n",
+    ),
 ];
+
+fn attempts(f: &Figures) -> f64 {
+    f.attempts.iter().map(|(_, n)| *n as f64).sum()
+}
+
+/// The figures of one class of traffic (`by_key`), read from one seed's
+/// stack and the class's index.
+type KeyPick = fn(&Replay, &StackRun, usize) -> Option<f64>;
+
+const KEY_FIGURES: [(&str, KeyPick, &str); 11] = [
+    (
+        "user_error_rate",
+        |_, s, c| s.by_class.get(c)?.all.user_error_rate,
+        "%",
+    ),
+    (
+        "rejected",
+        |_, s, c| Some(s.by_class.get(c)?.all.rejected as f64),
+        "n",
+    ),
+    (
+        "answered",
+        |_, s, c| Some(s.by_class.get(c)?.all.answered as f64),
+        "n",
+    ),
+    (
+        "answers_vs_no_breaker",
+        |r, s, c| key_vs(r, s, c, Window::Whole),
+        "x",
+    ),
+    (
+        "outage_answered",
+        |_, s, c| {
+            s.by_class
+                .get(c)?
+                .outage
+                .as_ref()
+                .map(|f| f.answered as f64)
+        },
+        "n",
+    ),
+    (
+        "outage_answers_vs_no_breaker",
+        |r, s, c| key_vs(r, s, c, Window::Outage),
+        "x",
+    ),
+    (
+        "after_heal_answered",
+        |_, s, c| {
+            s.by_class
+                .get(c)?
+                .after_heal
+                .as_ref()
+                .map(|f| f.answered as f64)
+        },
+        "n",
+    ),
+    (
+        "after_heal_answers_vs_no_breaker",
+        |r, s, c| key_vs(r, s, c, Window::AfterHeal),
+        "x",
+    ),
+    (
+        "answered_wait_p99_s",
+        |_, s, c| s.by_class.get(c)?.all.answered_wait.map(|w| w.p99_s),
+        "s",
+    ),
+    (
+        "cost_usd",
+        |_, s, c| Some(s.by_class.get(c)?.all.cost_usd),
+        "$",
+    ),
+    (
+        "attempts",
+        |_, s, c| Some(attempts(&s.by_class.get(c)?.all)),
+        "n",
+    ),
+];
+
+fn key_vs(replay: &Replay, s: &StackRun, class: usize, w: Window) -> Option<f64> {
+    let c = s.by_class.get(class)?;
+    let f = match w {
+        Window::Whole => Some(&c.all),
+        Window::Outage => c.outage.as_ref(),
+        Window::AfterHeal => c.after_heal.as_ref(),
+    }?;
+    report::vs_no_breaker(
+        f.answered,
+        report::no_breaker_answered(replay, Some(class), w),
+    )
+}
 
 fn vs(replay: &Replay, s: &StackRun, w: Window) -> Option<f64> {
     let f = match w {
@@ -194,6 +298,16 @@ pub struct StackSpread {
     /// Seeds whose run ended with every breaker of the stack closed after
     /// its upstream's heal, of the seeds in which an upstream healed.
     pub closed_at_end: (usize, usize),
+    /// With more than one class of traffic: per model (or `model/api_key`),
+    /// its own figures over the seeds.
+    pub by_key: Vec<KeySpread>,
+}
+
+/// One class of traffic of one stack over the seeds.
+#[derive(Debug, Clone)]
+pub struct KeySpread {
+    pub key: String,
+    pub figures: Vec<(&'static str, &'static str, Option<Spread>)>,
 }
 
 /// A scenario over several seeds.
@@ -222,10 +336,34 @@ pub fn summarize(replays: &[Replay]) -> Seeds {
                 })
                 .collect();
             let closed: Vec<bool> = runs.iter().filter_map(|(_, s)| closed_at_end(s)).collect();
+            let by_key = if first.classes.len() > 1 {
+                first
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .map(|(c, key)| KeySpread {
+                        key: key.clone(),
+                        figures: KEY_FIGURES
+                            .iter()
+                            .map(|(name, pick, unit)| {
+                                let xs = runs
+                                    .iter()
+                                    .filter(|(r, _)| r.classes.get(c) == Some(key))
+                                    .filter_map(|(r, s)| pick(r, s, c))
+                                    .collect();
+                                (*name, *unit, Spread::of(xs))
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             StackSpread {
                 name: s.name,
                 figures,
                 closed_at_end: (closed.iter().filter(|c| **c).count(), closed.len()),
+                by_key,
             }
         })
         .collect();
@@ -284,26 +422,37 @@ pub fn table(s: &Seeds) -> String {
             stack.name
         );
         for (name, unit, spread) in &stack.figures {
-            let text = spread.map_or_else(
-                || "—".to_owned(),
-                |x| {
-                    let missing = if x.n < s.seeds.len() {
-                        format!(" ({} seeds)", x.n)
-                    } else {
-                        String::new()
-                    };
-                    format!(
-                        "{} [{} – {}]{missing}",
-                        show(unit, x.median),
-                        show(unit, x.min),
-                        show(unit, x.max)
-                    )
-                },
-            );
-            let _ = writeln!(out, "  {name:<34} {text}");
+            let _ = writeln!(out, "  {name:<34} {}", cell(unit, *spread, s.seeds.len()));
+        }
+        for key in &stack.by_key {
+            let _ = writeln!(out, "  {} by key {}:", stack.name, key.key);
+            for (name, unit, spread) in &key.figures {
+                let _ = writeln!(out, "    {name:<32} {}", cell(unit, *spread, s.seeds.len()));
+            }
         }
     }
     out
+}
+
+/// A figure's median and range, with the count of seeds that had it when
+/// some did not.
+fn cell(unit: &str, spread: Option<Spread>, seeds: usize) -> String {
+    spread.map_or_else(
+        || "—".to_owned(),
+        |x| {
+            let missing = if x.n < seeds {
+                format!(" ({} seeds)", x.n)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} [{} – {}]{missing}",
+                show(unit, x.median),
+                show(unit, x.min),
+                show(unit, x.max)
+            )
+        },
+    )
 }
 
 pub fn json(s: &Seeds) -> String {
@@ -320,6 +469,24 @@ pub fn json(s: &Seeds) -> String {
             for (name, unit, spread) in &st.figures {
                 let digits = if *unit == "n" { 0 } else { 6 };
                 m.insert((*name).into(), Spread::json(*spread, digits));
+            }
+            if !st.by_key.is_empty() {
+                let keys: serde_json::Map<String, Value> = st
+                    .by_key
+                    .iter()
+                    .map(|k| {
+                        let figures: serde_json::Map<String, Value> = k
+                            .figures
+                            .iter()
+                            .map(|(name, unit, spread)| {
+                                let digits = if *unit == "n" { 0 } else { 6 };
+                                ((*name).to_owned(), Spread::json(*spread, digits))
+                            })
+                            .collect();
+                        (k.key.clone(), Value::Object(figures))
+                    })
+                    .collect();
+                m.insert("by_key".into(), Value::Object(keys));
             }
             Value::Object(m)
         })
