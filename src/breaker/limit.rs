@@ -184,6 +184,9 @@ pub(crate) struct Limiter {
 struct Bins {
     /// The current half's number (`now / half`).
     half: AtomicU64,
+    /// The highest bin any call of this watch went to: every bin above it
+    /// is empty, so judging sums no further.
+    top: AtomicU32,
     calls: [[AtomicU32; BINS]; 2],
 }
 
@@ -191,6 +194,7 @@ impl Bins {
     fn new() -> Box<Self> {
         Box::new(Bins {
             half: AtomicU64::new(0),
+            top: AtomicU32::new(0),
             calls: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU32::new(0))),
         })
     }
@@ -208,9 +212,13 @@ impl Bins {
     /// Adds a call with `f` calls in flight to the half `slot`.
     #[inline]
     fn add(&self, slot: usize, f: u64) {
+        let b = bin(f);
+        if b as u32 > self.top.load(Ordering::Relaxed) {
+            self.top.fetch_max(b as u32, Ordering::Relaxed);
+        }
         // Not saturating: 2^32 calls in half a window of at least 10 ms
         // would be more than 400 billion a second.
-        self.calls[slot][bin(f)].fetch_add(1, Ordering::Relaxed);
+        self.calls[slot][b].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -303,6 +311,7 @@ impl Limiter {
     fn fresh_bins(&self, now: u64) -> &Bins {
         let bins = self.bins.get_or_init(Bins::new);
         bins.half.store(now / self.half_ns(), Ordering::Release);
+        bins.top.store(0, Ordering::Relaxed);
         bins.clear(0);
         bins.clear(1);
         bins
@@ -388,12 +397,16 @@ impl Watch {
     fn judge(&self, bins: &Bins, k: usize, min_signals: u64, limited: bool) -> Judged {
         let mut calls = [0u64; BINS];
         let mut sig = [0u64; BINS];
+        // The bins above the top are empty (an end racing this may be
+        // counted or not, as with any bin).
+        let top = (bins.top.load(Ordering::Relaxed) as usize).min(BINS - 1);
         for h in 0..2 {
-            for b in 0..BINS {
+            for b in 0..=top {
                 calls[b] += bins.calls(h, b);
                 sig[b] += u64::from(self.signals[h][k][b]);
             }
         }
+        let (calls, sig) = (&calls[..=top], &sig[..=top]);
         let n: u64 = calls.iter().sum();
         let s: u64 = sig.iter().sum();
         if s < min_signals || n < 2 * min_signals {
@@ -412,9 +425,10 @@ impl Watch {
         let side = |range: std::ops::Range<usize>| -> (u64, u64) {
             (calls[range.clone()].iter().sum(), sig[range].iter().sum())
         };
-        let (mut lo, mut hi) = (side(0..split + 1), side(split + 1..BINS));
+        let end = calls.len();
+        let (mut lo, mut hi) = (side(0..split + 1), side(split + 1..end));
         if hi.0 == 0 {
-            (lo, hi) = (side(0..split), side(split..BINS));
+            (lo, hi) = (side(0..split), side(split..end));
         }
         let ((n1, s1), (n2, s2)) = (lo, hi);
         if n1 == 0 || n2 == 0 {
