@@ -288,7 +288,7 @@ impl Shared {
     }
 
     /// Rejects a call to an open circuit, saying why it opened.
-    #[inline]
+    #[inline(always)]
     fn reject_open(
         self: &Arc<Self>,
         word: Packed,
