@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
-use tower_circuit_breaker::{Breaker, Builder, Outcome, Permit, State};
+use tower_circuit_breaker::{Breaker, Builder, InFlightLimit, Outcome, Permit, State};
 
 /// Explores every interleaving, with a preemption bound of
 /// `LOOM_MAX_PREEMPTIONS` (3 when unset, so a plain run finishes in minutes),
@@ -576,5 +576,69 @@ fn a_probe_closing_into_the_ramp_racing_an_admission_leaves_the_ramp_on() {
         let refused = b.admit_with_fallback().unwrap_err();
         assert_eq!(refused.reason(), tower_circuit_breaker::Rejection::Ramp);
         b.admit().unwrap().record(Outcome::Success);
+    });
+}
+
+/// A breaker whose in-flight limit watches: one call ended with an
+/// overload signal. Nothing else can trip it. Its window is days long, so
+/// no moment of the watch comes while a model runs: the calls in flight
+/// are summed from the counters at the first watched admission, and
+/// counted from then on.
+fn watching() -> Breaker {
+    let b = base()
+        .no_window()
+        .in_flight_limit(InFlightLimit::new().window(Duration::from_secs(6 * 24 * 3600)))
+        .build()
+        .unwrap();
+    let mut p = b.admit().unwrap();
+    p.overloaded();
+    p.record(Outcome::Failure);
+    assert_eq!(b.watch_counts(), Some((0, 0)), "the watch is on");
+    b
+}
+
+/// While the in-flight limit watches, a call is admitted and ends without
+/// the lock (its end adds to the window with one atomic add) while another
+/// ends with a signal under it: every call is counted in flight once and
+/// out once, and the window holds both.
+#[test]
+fn watched_calls_ending_with_and_without_the_lock_are_each_counted_once() {
+    model(|| {
+        let b = watching();
+        let other = b.clone();
+        let t = thread::spawn(move || {
+            other.admit().unwrap().record(Outcome::Success);
+        });
+        let mut p = b.admit().unwrap();
+        p.overloaded();
+        p.record(Outcome::Failure);
+        t.join().unwrap();
+        assert_eq!(b.watch_counts(), Some((0, 2)));
+        assert_eq!(b.in_flight_limit(), None);
+    });
+}
+
+/// Calls with and without a fallback admitted and ended at once while the
+/// limit watches: the counted ones (a fallback call is counted in flight,
+/// not watched) leave the count at zero; only the watched one is in the
+/// window.
+#[test]
+fn counted_and_watched_calls_racing_leave_the_count_at_zero() {
+    model(|| {
+        let b = watching();
+        let (one, two) = (b.clone(), b.clone());
+        let t1 = thread::spawn(move || {
+            one.admit_with_fallback().unwrap().record(Outcome::Success);
+        });
+        let t2 = thread::spawn(move || {
+            drop(two.admit().unwrap());
+        });
+        let p = b.admit().unwrap();
+        assert!(matches!(b.watch_counts(), Some((1..=3, _))));
+        p.record(Outcome::Success);
+        t1.join().unwrap();
+        t2.join().unwrap();
+        // The dropped call is counted out but not in the window.
+        assert_eq!(b.watch_counts(), Some((0, 1)));
     });
 }

@@ -36,6 +36,25 @@ impl Shared {
         self.admit_other(word, fallback())
     }
 
+    /// [`admit_closed`](Self::admit_closed) for a plain closed circuit (no
+    /// spend guard, pacing, volume guard or slow-call rule) while the
+    /// in-flight limit watches or the ramp is on.
+    #[inline]
+    fn admit_plain_guarded(
+        self: &Arc<Self>,
+        generation: u64,
+        fallback: bool,
+    ) -> Result<Permit, CircuitOpen> {
+        Ok(match self.admit_guarded(fallback) {
+            Guarded::Pass => Permit::new(self, generation, Kind::Closed, 0, fallback),
+            Guarded::Count => {
+                self.counted(Permit::new(self, generation, Kind::Closed, 0, fallback))
+            }
+            Guarded::Watch(f) => self.admit_watched(generation, f),
+            Guarded::Reject(cause) => return self.reject_guarded(cause, fallback),
+        })
+    }
+
     /// Every admission but a plain closed circuit's.
     #[inline(never)]
     pub(super) fn admit_other(
@@ -45,6 +64,7 @@ impl Shared {
     ) -> Result<Permit, CircuitOpen> {
         match word.state() {
             State::Closed if word.is_graded() => self.admit_graded(word, fallback),
+            State::Closed if self.plain => self.admit_plain_guarded(word.generation(), fallback),
             State::Closed => self.admit_closed(word.generation(), fallback),
             State::Disabled => Ok(Permit::new(
                 self,
@@ -268,7 +288,7 @@ impl Shared {
     }
 
     /// Rejects a call to an open circuit, saying why it opened.
-    #[inline]
+    #[inline(always)]
     fn reject_open(
         self: &Arc<Self>,
         word: Packed,

@@ -40,7 +40,11 @@
 //! While watching, the calls in flight are the breaker's counters summed at
 //! most once per 1/1024 step, plus a counter of the calls admitted since
 //! the watch began (one atomic add as such a call is admitted, one as it
-//! ends).
+//! ends). Between the moments the watch acts on (a signal, a step of
+//! growth, a trial to undo, its end, a new half of the window), a watched
+//! admission takes no lock, and a watched call that ends without a signal
+//! adds itself to the window with one atomic add; only a signal, or a
+//! moment come, takes the lock.
 //!
 //! The ramp: when probes close the circuit, calls with a fallback are
 //! admitted with a share rising linearly from 0 to 1 over
@@ -51,14 +55,14 @@
 //! period: one firing reopens the circuit at once and ends the ramp.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::config::InFlightLimit;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
 use super::{nanos, Shared, State};
-use crate::sync::{lock, AtomicU64, Mutex};
+use crate::sync::{lock, AtomicU32, AtomicU64, Mutex};
 
 /// An overload signal a call's end carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,11 +102,18 @@ const TO_GO_ON: (f64, f64) = (0.15, 3.0);
 
 /// In-flight counts are binned exactly below 32, then in eighths of each
 /// doubling.
+#[cfg(not(loom))]
 const BINS: usize = 128;
+/// Under the model checker, where every atomic operation is a branch the
+/// checker explores, the first four counts alone (its threads never hold
+/// more in flight): clearing and summing 256 atomics would exceed its
+/// branch limit. The mechanism is the same.
+#[cfg(loom)]
+const BINS: usize = 4;
 
 fn bin(f: u64) -> usize {
     if f < 32 {
-        return f as usize;
+        return (f as usize).min(BINS - 1);
     }
     let log = 63 - f.leading_zeros() as usize;
     let sub = ((f >> (log - 3)) & 7) as usize;
@@ -148,7 +159,67 @@ pub(crate) struct Limiter {
     /// When that exact count was taken; `u64::MAX` to take it at the next
     /// watched admission (a watch began).
     summed_at: AtomicU64,
+    /// Until when (ns) the watch's state holds as it is with time alone: a
+    /// watch is on, no ramp, and no step of growth, trial to undo or end of
+    /// the watch comes before then. A watched admission before it, and a
+    /// watched call's end without a signal, need no lock (see
+    /// [`Bins`]); 0 when no watch is on or a ramp is. Written under the
+    /// lock whenever what it is worked out from changes.
+    calm_until: AtomicU64,
+    /// The calls of the watch's window, made at the first watch.
+    bins: OnceLock<Box<Bins>>,
     inner: Mutex<Inner>,
+}
+
+/// The calls of a watch's window by the calls in flight they were admitted
+/// with, in two halves: what every watched call's end adds to, so kept
+/// outside the lock (an end before [`Limiter::calm_until`] in the current
+/// half adds with one atomic add). The signals, which only the rare ends
+/// that carry one add to, stay with the [`Watch`], under the lock.
+///
+/// The lock's holder moves the window on (a new half's number, then its
+/// calls cleared): an end racing that may be added to the half before, or,
+/// after a stall of a whole half, to a half being cleared, and be lost;
+/// one call in a window of thousands either way.
+struct Bins {
+    /// The current half's number (`now / half`).
+    half: AtomicU64,
+    /// The highest bin any call of this watch went to: every bin above it
+    /// is empty, so judging sums no further.
+    top: AtomicU32,
+    calls: [[AtomicU32; BINS]; 2],
+}
+
+impl Bins {
+    fn new() -> Box<Self> {
+        Box::new(Bins {
+            half: AtomicU64::new(0),
+            top: AtomicU32::new(0),
+            calls: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU32::new(0))),
+        })
+    }
+
+    fn calls(&self, slot: usize, b: usize) -> u64 {
+        u64::from(self.calls[slot][b].load(Ordering::Relaxed))
+    }
+
+    fn clear(&self, slot: usize) {
+        for c in &self.calls[slot] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds a call with `f` calls in flight to the half `slot`.
+    #[inline]
+    fn add(&self, slot: usize, f: u64) {
+        let b = bin(f);
+        if b as u32 > self.top.load(Ordering::Relaxed) {
+            self.top.fetch_max(b as u32, Ordering::Relaxed);
+        }
+        // Not saturating: 2^32 calls in half a window of at least 10 ms
+        // would be more than 400 billion a second.
+        self.calls[slot][b].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -168,9 +239,7 @@ struct Ramp {
 
 /// The window of a watch, in two halves.
 struct Watch {
-    /// The current half's number (`now / half`).
-    half: u64,
-    calls: [[u32; BINS]; 2],
+    /// The signals of the window by kind, in the halves of [`Bins`].
     signals: [[[u32; BINS]; 3]; 2],
     /// The last signal of any kind, counted or not.
     last_signal: u64,
@@ -216,6 +285,8 @@ impl Limiter {
             watched: AtomicU64::new(0),
             uncounted: AtomicU64::new(0),
             summed_at: AtomicU64::new(u64::MAX),
+            calm_until: AtomicU64::new(0),
+            bins: OnceLock::new(),
             inner: Mutex::new(Inner::default()),
         })
     }
@@ -231,13 +302,50 @@ impl Limiter {
     pub(crate) fn aimd(&self) -> bool {
         self.aimd
     }
+
+    fn half_ns(&self) -> u64 {
+        (self.window_ns / 2).max(1)
+    }
+
+    /// The window's calls, cleared for a watch that begins at `now`.
+    fn fresh_bins(&self, now: u64) -> &Bins {
+        let bins = self.bins.get_or_init(Bins::new);
+        bins.half.store(now / self.half_ns(), Ordering::Release);
+        bins.top.store(0, Ordering::Relaxed);
+        bins.clear(0);
+        bins.clear(1);
+        bins
+    }
+
+    /// What [`calm_until`](Self::calm_until) is, for `inner` as it is now.
+    fn calm(&self, inner: &Inner) -> u64 {
+        let Some(watch) = inner.watch.as_deref() else {
+            return 0;
+        };
+        if inner.ramp.is_some() {
+            return 0;
+        }
+        // Each bound is where the locked path would first do something.
+        let mut until = match self.current() {
+            // The watch ends (`admit_guarded`).
+            None => watch.last_signal.saturating_add(self.window_ns),
+            // The limit grows (`grow`).
+            Some(_) => watch
+                .last_change
+                .max(watch.last_counted)
+                .saturating_add(self.step_ns),
+        };
+        if let Some((at, _)) = watch.probe {
+            // A trial is undone (`expire_probe`).
+            until = until.min(at.saturating_add(self.window_ns));
+        }
+        until
+    }
 }
 
 impl Watch {
     fn new(now: u64) -> Box<Self> {
         Box::new(Watch {
-            half: 0,
-            calls: [[0; BINS]; 2],
             signals: [[[0; BINS]; 3]; 2],
             last_signal: now,
             last_counted: 0,
@@ -247,28 +355,33 @@ impl Watch {
         })
     }
 
-    fn roll(&mut self, now: u64, half_ns: u64) {
+    /// Under the lock: moves the window on to `now`'s half.
+    fn roll(&mut self, bins: &Bins, now: u64, half_ns: u64) {
         let h = now / half_ns;
-        if h == self.half {
+        let half = bins.half.load(Ordering::Acquire);
+        if h == half {
             return;
         }
-        let gap = h.saturating_sub(self.half);
+        // The new half first: ends from now on add to it.
+        bins.half.store(h, Ordering::Release);
+        let gap = h.saturating_sub(half);
         for k in 0..2u64 {
             // A half is cleared when the window moves past it.
-            let slot = ((self.half + 1 + k) % 2) as usize;
+            let slot = ((half + 1 + k) % 2) as usize;
             if k < gap {
-                self.calls[slot] = [0; BINS];
+                bins.clear(slot);
                 self.signals[slot] = [[0; BINS]; 3];
             }
         }
-        self.half = h;
     }
 
-    fn observe(&mut self, f: u64, signal: Signal) {
-        let slot = (self.half % 2) as usize;
-        let b = bin(f);
-        self.calls[slot][b] = self.calls[slot][b].saturating_add(1);
+    /// Under the lock: a watched call ended with `f` calls in flight at its
+    /// admission.
+    fn observe(&mut self, bins: &Bins, f: u64, signal: Signal) {
+        let slot = (bins.half.load(Ordering::Acquire) % 2) as usize;
+        bins.add(slot, f);
         if let Some(k) = signal.index() {
+            let b = bin(f);
             self.signals[slot][k][b] = self.signals[slot][k][b].saturating_add(1);
         }
     }
@@ -276,20 +389,24 @@ impl Watch {
     /// Whether signals of kind `k` grow with the calls in flight over the
     /// window.
     #[cfg(test)]
-    fn load_dependent(&self, k: usize, min_signals: u64) -> bool {
-        self.judge(k, min_signals, false) == Judged::Grows
+    fn load_dependent(&self, bins: &Bins, k: usize, min_signals: u64) -> bool {
+        self.judge(bins, k, min_signals, false) == Judged::Grows
     }
 
     /// `limited`: the limit is already down (see [`TO_GO_ON`]).
-    fn judge(&self, k: usize, min_signals: u64, limited: bool) -> Judged {
+    fn judge(&self, bins: &Bins, k: usize, min_signals: u64, limited: bool) -> Judged {
         let mut calls = [0u64; BINS];
         let mut sig = [0u64; BINS];
+        // The bins above the top are empty (an end racing this may be
+        // counted or not, as with any bin).
+        let top = (bins.top.load(Ordering::Relaxed) as usize).min(BINS - 1);
         for h in 0..2 {
-            for b in 0..BINS {
-                calls[b] += u64::from(self.calls[h][b]);
+            for b in 0..=top {
+                calls[b] += bins.calls(h, b);
                 sig[b] += u64::from(self.signals[h][k][b]);
             }
         }
+        let (calls, sig) = (&calls[..=top], &sig[..=top]);
         let n: u64 = calls.iter().sum();
         let s: u64 = sig.iter().sum();
         if s < min_signals || n < 2 * min_signals {
@@ -308,9 +425,10 @@ impl Watch {
         let side = |range: std::ops::Range<usize>| -> (u64, u64) {
             (calls[range.clone()].iter().sum(), sig[range].iter().sum())
         };
-        let (mut lo, mut hi) = (side(0..split + 1), side(split + 1..BINS));
+        let end = calls.len();
+        let (mut lo, mut hi) = (side(0..split + 1), side(split + 1..end));
         if hi.0 == 0 {
-            (lo, hi) = (side(0..split), side(split..BINS));
+            (lo, hi) = (side(0..split), side(split..end));
         }
         let ((n1, s1), (n2, s2)) = (lo, hi);
         if n1 == 0 || n2 == 0 {
@@ -340,7 +458,13 @@ impl Shared {
         self.hot.guarded.load(Ordering::Acquire)
     }
 
-    fn set_guarded(&self, inner: &Inner) {
+    /// Under the limiter's lock, as it is let go: publishes the guard
+    /// flag and how long the watch stays calm.
+    fn set_guarded(&self, l: &Limiter, inner: &Inner) {
+        let calm = l.calm(inner);
+        if l.calm_until.load(Ordering::Relaxed) != calm {
+            l.calm_until.store(calm, Ordering::Release);
+        }
         let on = inner.watch.is_some() || inner.ramp.is_some();
         if self.hot.guarded.load(Ordering::Relaxed) != on {
             self.hot.guarded.store(on, Ordering::Release);
@@ -367,7 +491,7 @@ impl Shared {
     }
 
     /// A counted call ended, however it ended.
-    #[cold]
+    #[inline]
     pub(super) fn counted_ended(&self) {
         if let Some(l) = &self.limiter {
             let was = l.watched.fetch_sub(1, Ordering::AcqRel);
@@ -376,12 +500,29 @@ impl Shared {
     }
 
     /// A closed admission while a watch or a ramp is on.
-    #[cold]
+    #[inline]
     pub(super) fn admit_guarded(&self, fallback: bool) -> Guarded {
         let Some(l) = &self.limiter else {
             return Guarded::Pass;
         };
+        let calm = l.calm_until.load(Ordering::Acquire);
+        if fallback && calm != 0 {
+            // A watch and no ramp: counted, as the locked path would.
+            return Guarded::Count;
+        }
         let now = self.now();
+        if now < calm {
+            // Nothing of the watch changes before `calm`: what the locked
+            // path would find, without the lock.
+            return self.watch_admission(l, now);
+        }
+        self.admit_guarded_locked(l, fallback, now)
+    }
+
+    /// [`admit_guarded`](Self::admit_guarded) when something may change:
+    /// under the lock.
+    #[cold]
+    fn admit_guarded_locked(&self, l: &Limiter, fallback: bool, now: u64) -> Guarded {
         let mut inner = lock(&l.inner);
         if let Some(ramp) = &inner.ramp
             && now >= ramp.end
@@ -406,20 +547,28 @@ impl Shared {
                 Guarded::Pass if inner.watch.is_some() => Guarded::Count,
                 other => other,
             };
-            self.set_guarded(&inner);
+            self.set_guarded(l, &inner);
             return decided;
         }
         let Some(watch) = &mut inner.watch else {
-            self.set_guarded(&inner);
+            self.set_guarded(l, &inner);
             return Guarded::Pass;
         };
         l.grow(watch, now);
         if l.current().is_none() && now.saturating_sub(watch.last_signal) >= l.window_ns {
             inner.watch = None;
-            self.set_guarded(&inner);
+            self.set_guarded(l, &inner);
             return Guarded::Pass;
         }
+        self.set_guarded(l, &inner);
         drop(inner);
+        self.watch_admission(l, now)
+    }
+
+    /// A watched admission at `now`: the calls in flight, against the
+    /// limit.
+    #[inline]
+    fn watch_admission(&self, l: &Limiter, now: u64) -> Guarded {
         let f = self.in_flight_now(l, now);
         if f >= l.limit.load(Ordering::Acquire) {
             return Guarded::Reject(Rejection::InFlightLimit);
@@ -427,37 +576,72 @@ impl Shared {
         Guarded::Watch(f.min(u64::from(u32::MAX)) as u32)
     }
 
+    /// A counted call (see [`Kind::is_counted`]) succeeded with no
+    /// signal: what [`record`](Self::record) would do with it, without its
+    /// general questions.
+    #[inline(never)]
+    pub(super) fn counted_success(&self, generation: u32, kind: Kind, id: u32) {
+        self.counted_ended();
+        if kind == Kind::Watched {
+            self.limit_outcome(generation, Some(id), Signal::None);
+        }
+        if self.hot.consecutive.load(Ordering::Relaxed) != 0 || !self.rates.is_clean() {
+            self.record_success(generation);
+        }
+    }
+
     /// A call of the current closed period ended: `watched` is the calls in
     /// flight it was admitted with, if it was watched.
-    #[cold]
+    #[inline]
     pub(super) fn limit_outcome(&self, generation: u32, watched: Option<u32>, signal: Signal) {
         let Some(l) = &self.limiter else { return };
         if !l.aimd || !self.is_current(State::Closed, generation) {
             return;
         }
         let now = self.now();
-        let mut inner = lock(&l.inner);
-        if inner.watch.is_none() {
-            if signal == Signal::None {
+        if signal == Signal::None
+            && let Some(f) = watched
+            && now < l.calm_until.load(Ordering::Acquire)
+            && let Some(bins) = l.bins.get()
+        {
+            let h = now / l.half_ns();
+            if bins.half.load(Ordering::Acquire) == h {
+                // The common end: no signal, in the current half, with
+                // nothing due. All the locked path would do is this add.
+                bins.add((h % 2) as usize, u64::from(f));
                 return;
             }
-            // The first signal: watch from now on.
-            inner.watch = Some(Watch::new(now));
-            l.summed_at.store(u64::MAX, Ordering::Release);
         }
+        self.limit_outcome_locked(l, watched, signal, now);
+    }
+
+    /// [`limit_outcome`](Self::limit_outcome) under the lock.
+    #[cold]
+    fn limit_outcome_locked(&self, l: &Limiter, watched: Option<u32>, signal: Signal, now: u64) {
+        let mut inner = lock(&l.inner);
+        let bins = match inner.watch {
+            Some(_) => l.bins.get_or_init(Bins::new),
+            None if signal == Signal::None => return,
+            None => {
+                // The first signal: watch from now on.
+                inner.watch = Some(Watch::new(now));
+                l.summed_at.store(u64::MAX, Ordering::Release);
+                l.fresh_bins(now)
+            }
+        };
         let Some(watch) = inner.watch.as_deref_mut() else {
             return;
         };
-        watch.roll(now, (l.window_ns / 2).max(1));
+        watch.roll(bins, now, l.half_ns());
         if signal != Signal::None {
             watch.last_signal = now;
         }
         if let Some(f) = watched {
-            watch.observe(u64::from(f), signal);
+            watch.observe(bins, u64::from(f), signal);
         }
         l.expire_probe(watch, now);
         if let Some(k) = signal.index() {
-            let judged = watch.judge(k, l.min_signals, l.current().is_some());
+            let judged = watch.judge(bins, k, l.min_signals, l.current().is_some());
             let due = now.saturating_sub(watch.last_change) >= l.step_ns;
             let trial = judged == Judged::Unknown && watch.probe.is_none() && due;
             if judged == Judged::Grows {
@@ -484,7 +668,7 @@ impl Shared {
                 l.limit.store(to, Ordering::Release);
             }
         }
-        self.set_guarded(&inner);
+        self.set_guarded(l, &inner);
     }
 
     /// Under a transition to `to` from `from` at `at`: a new period starts
@@ -502,7 +686,7 @@ impl Shared {
                 owed: 0.0,
             });
         }
-        self.set_guarded(&inner);
+        self.set_guarded(l, &inner);
     }
 
     /// Admits a watched call.
@@ -566,6 +750,23 @@ impl Limiter {
                 watch.last_change = now;
             }
         }
+    }
+}
+
+impl super::Breaker {
+    /// The in-flight limit's watch as the model checks see it: the calls it
+    /// counts in flight and the calls its window holds; `None` while no
+    /// watch is on.
+    #[doc(hidden)]
+    pub fn watch_counts(&self) -> Option<(u64, u64)> {
+        let l = self.shared.limiter.as_ref()?;
+        let inner = lock(&l.inner);
+        inner.watch.as_ref()?;
+        let bins = l.bins.get()?;
+        let calls = (0..2)
+            .flat_map(|h| (0..BINS).map(move |b| bins.calls(h, b)))
+            .sum();
+        Some((l.watched.load(Ordering::Acquire), calls))
     }
 }
 

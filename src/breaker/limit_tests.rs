@@ -11,20 +11,54 @@ fn bins_are_exact_then_logarithmic() {
     assert_eq!(bin(u64::MAX), BINS - 1);
 }
 
-fn fill(w: &mut Watch, f: u64, calls: u32, signals: u32) {
+/// A watch and its window's calls.
+struct W {
+    watch: Box<Watch>,
+    bins: Box<Bins>,
+}
+
+impl W {
+    fn new() -> Self {
+        W {
+            watch: Watch::new(0),
+            bins: Bins::new(),
+        }
+    }
+
+    fn load_dependent(&self, k: usize, min_signals: u64) -> bool {
+        self.watch.load_dependent(&self.bins, k, min_signals)
+    }
+
+    fn judge(&self, k: usize, min_signals: u64, limited: bool) -> Judged {
+        self.watch.judge(&self.bins, k, min_signals, limited)
+    }
+
+    fn roll(&mut self, now: u64, half_ns: u64) {
+        self.watch.roll(&self.bins, now, half_ns);
+    }
+
+    fn calls(&self) -> u64 {
+        (0..2)
+            .flat_map(|h| (0..BINS).map(move |b| (h, b)))
+            .map(|(h, b)| self.bins.calls(h, b))
+            .sum()
+    }
+}
+
+fn fill(w: &mut W, f: u64, calls: u32, signals: u32) {
     for i in 0..calls {
         let s = if i < signals {
             Signal::Unavailable
         } else {
             Signal::None
         };
-        w.observe(f, s);
+        w.watch.observe(&w.bins, f, s);
     }
 }
 
 #[test]
 fn a_share_that_does_not_grow_with_load_does_not_count() {
-    let mut w = Watch::new(0);
+    let mut w = W::new();
     // 35 % at every load.
     for f in 1..20 {
         fill(&mut w, f, 20, 7);
@@ -37,7 +71,7 @@ fn a_few_points_more_under_load_keep_a_limit_down_but_do_not_start_it() {
     // 30 % of the quieter calls, 50 % of the busier: what a failing
     // model among healthy ones, whose hangs hold calls in flight, can
     // show without any load dependence.
-    let mut w = Watch::new(0);
+    let mut w = W::new();
     for f in 1..9 {
         fill(&mut w, f, 40, 12);
     }
@@ -50,7 +84,7 @@ fn a_few_points_more_under_load_keep_a_limit_down_but_do_not_start_it() {
 
 #[test]
 fn a_share_that_grows_with_load_counts() {
-    let mut w = Watch::new(0);
+    let mut w = W::new();
     for f in 1..8 {
         fill(&mut w, f, 10, 0);
     }
@@ -63,13 +97,13 @@ fn a_share_that_grows_with_load_counts() {
 
 #[test]
 fn signals_at_one_level_of_load_cannot_be_told_apart() {
-    let mut w = Watch::new(0);
+    let mut w = W::new();
     fill(&mut w, 240, 100, 40);
     assert_eq!(w.judge(2, 5, false), Judged::Unknown);
     // A lower limit tells: no signal at fewer calls in flight.
     fill(&mut w, 192, 100, 0);
     assert_eq!(w.judge(2, 5, false), Judged::Grows);
-    let mut quiet = Watch::new(0);
+    let mut quiet = W::new();
     fill(&mut quiet, 240, 100, 5);
     assert_eq!(
         quiet.judge(2, 5, false),
@@ -80,22 +114,39 @@ fn signals_at_one_level_of_load_cannot_be_told_apart() {
 
 #[test]
 fn a_half_the_window_moved_past_is_forgotten() {
-    let mut w = Watch::new(0);
+    let mut w = W::new();
     fill(&mut w, 3, 10, 5);
     w.roll(10, 10);
     fill(&mut w, 4, 10, 0);
-    assert_eq!(
-        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
-        20
-    );
+    assert_eq!(w.calls(), 20);
     w.roll(20, 10);
-    assert_eq!(
-        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
-        10
-    );
+    assert_eq!(w.calls(), 10);
     w.roll(100, 10);
-    assert_eq!(
-        w.calls.iter().flatten().map(|&c| u64::from(c)).sum::<u64>(),
-        0
-    );
+    assert_eq!(w.calls(), 0);
+}
+
+#[test]
+fn the_watch_is_calm_until_the_first_moment_the_locked_path_would_act() {
+    let l = Limiter::new(Some(InFlightLimit::default()), Duration::ZERO).unwrap();
+    let (window, step) = (l.window_ns, l.step_ns);
+    let mut inner = Inner::default();
+    assert_eq!(l.calm(&inner), 0, "no watch: every admission locks");
+    inner.watch = Some(Watch::new(1_000));
+    // Unbounded: until the watch would end.
+    assert_eq!(l.calm(&inner), 1_000 + window);
+    // Bounded: until the limit would grow a step.
+    l.limit.store(10, Ordering::Relaxed);
+    let w = inner.watch.as_deref_mut().unwrap();
+    (w.last_change, w.last_counted) = (2_000, window);
+    assert_eq!(l.calm(&inner), window + step);
+    // A trial to undo comes first if it is due sooner.
+    inner.watch.as_deref_mut().unwrap().probe = Some((step - 1, 20));
+    assert_eq!(l.calm(&inner), window + step - 1);
+    // A ramp: every admission locks.
+    inner.ramp = Some(Ramp {
+        start: 0,
+        end: 1,
+        owed: 0.0,
+    });
+    assert_eq!(l.calm(&inner), 0);
 }

@@ -11,24 +11,55 @@ use super::outcome::Outcome;
 use super::spend::Charge;
 use super::{spare, Shared, Signal};
 
+/// The kind of call a permit admitted. Whether the in-flight limit counts
+/// it in its calls in flight is part of the kind ([`Kind::is_counted`]),
+/// so that the plain closed path's one test of the kind also tells that it
+/// has nothing to count out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(super) enum Kind {
     /// Admitted while closed.
-    Closed,
+    Closed = 0,
     /// Admitted while closed, and tracked in flight by the slow-call rule.
-    Tracked,
-    /// Admitted while closed without a fallback while the in-flight limit
-    /// watches: its id is the calls in flight as it was admitted.
-    Watched,
+    Tracked = 1,
     /// A half-open probe.
-    Probe,
+    Probe = 2,
     /// Admitted but never recorded: disabled, or a shadow-mode call that
     /// would have been rejected.
-    Passive,
+    Passive = 3,
     /// The one call let through an open circuit by the "every upstream
     /// open" policy: counts in the open period's generation, where no rule
     /// runs; a success ends the open period, as a health probe's does.
-    LastResort,
+    LastResort = 4,
+    /// Admitted while closed without a fallback while the in-flight limit
+    /// watches: its id is the calls in flight as it was admitted. Counted.
+    Watched = COUNTED | 5,
+    /// [`Closed`](Kind::Closed), counted in the in-flight limit's calls in
+    /// flight (a call with a fallback admitted while it watches).
+    CountedClosed = COUNTED,
+    /// [`Tracked`](Kind::Tracked), counted likewise.
+    CountedTracked = COUNTED | 1,
+}
+
+/// The bit of a [`Kind`] that says the in-flight limit counts the call.
+const COUNTED: u8 = 8;
+
+impl Kind {
+    /// Counted in the in-flight limit's calls in flight (admitted while it
+    /// watches): its end counts it out.
+    #[inline]
+    pub(super) fn is_counted(self) -> bool {
+        self as u8 & COUNTED != 0
+    }
+
+    /// The same kind, counted.
+    fn counted(self) -> Kind {
+        match self {
+            Kind::Closed => Kind::CountedClosed,
+            Kind::Tracked => Kind::CountedTracked,
+            other => other,
+        }
+    }
 }
 
 /// What the slow-call rule (or a probe's deadline) made of the call's time
@@ -61,9 +92,6 @@ pub(super) struct Ticket {
     pub(super) graded: bool,
     /// The breaker has a spend guard and the call is not charged yet.
     pub(super) metered: bool,
-    /// Counted in the in-flight limit's calls in flight (admitted while it
-    /// watches): its end counts it out.
-    pub(super) counted: bool,
 }
 
 /// The right to make one call, and the duty to report how it went.
@@ -125,7 +153,7 @@ impl Permit {
 
     /// Marks the call as counted in the in-flight limit's calls in flight.
     pub(super) fn count_in_flight(&mut self) {
-        self.ticket.counted = true;
+        self.ticket.kind = self.ticket.kind.counted();
     }
 
     #[inline(always)]
@@ -148,7 +176,6 @@ impl Permit {
                 fallback,
                 graded: false,
                 metered,
-                counted: false,
             },
             head: Head::Pending,
             #[cfg(feature = "metrics")]
@@ -403,13 +430,22 @@ impl Permit {
         // streak to break changes nothing, so it writes nothing. A call the
         // slow-call rule tracked is such a success once its head was judged
         // fast (which took it out of the calls in flight).
-        let plain_success = outcome == Outcome::Success
-            // One test for all: a call still to charge, or to count out of
-            // the calls in flight, is never plain.
-            && !(self.ticket.graded | self.ticket.metered | self.ticket.counted)
+        let success = outcome == Outcome::Success
+            // One test for both: a call still to charge is never plain.
+            && !(self.ticket.graded | self.ticket.metered);
+        // Nor is one to count out of the calls in flight: its kind says so.
+        let plain_success = success
             && (self.ticket.kind == Kind::Closed
                 || (self.ticket.kind == Kind::Tracked && self.head == Head::Fast));
-        if !plain_success {
+        if !plain_success
+            && success
+            && self.ticket.signal == Signal::None
+            && matches!(self.ticket.kind, Kind::Watched | Kind::CountedClosed)
+        {
+            // While the in-flight limit watches: the common end, counted
+            // out and added to the watch, and otherwise a plain success.
+            shared.counted_success(self.ticket.generation, self.ticket.kind, self.ticket.id);
+        } else if !plain_success {
             if self.ticket.metered {
                 self.ticket.metered = false;
                 shared.charge(Charge::Unknown);

@@ -20,14 +20,18 @@ impl Shared {
         outcome: Outcome,
         announced: &dyn Fn() -> Option<Duration>,
     ) {
-        if permit.counted {
+        if permit.kind.is_counted() {
             self.counted_ended();
         }
         if *head == Head::Pending {
             // Only tracked calls and probes are timed to their heads.
             *head = match permit.kind {
-                Kind::Tracked | Kind::Probe => self.judge_head(permit),
-                Kind::Closed | Kind::Watched | Kind::Passive | Kind::LastResort => Head::Fast,
+                Kind::Tracked | Kind::CountedTracked | Kind::Probe => self.judge_head(permit),
+                Kind::Closed
+                | Kind::CountedClosed
+                | Kind::Watched
+                | Kind::Passive
+                | Kind::LastResort => Head::Fast,
             };
         }
         let slow = *head == Head::Slow;
@@ -49,7 +53,11 @@ impl Shared {
                     self.record_last_resort(permit.generation);
                 }
             }
-            Kind::Closed | Kind::Tracked | Kind::Watched => {
+            Kind::Closed
+            | Kind::Tracked
+            | Kind::Watched
+            | Kind::CountedClosed
+            | Kind::CountedTracked => {
                 // A rate-limited outcome is a 429, whoever recorded it.
                 let signal = match (permit.signal, outcome) {
                     (Signal::None, Outcome::RateLimited { .. }) => Signal::Throttled,
@@ -124,7 +132,7 @@ impl Shared {
     /// marks its head as come, so its deadline no longer applies.
     #[inline]
     pub(super) fn judge_head(&self, permit: Ticket) -> Head {
-        if permit.kind != Kind::Tracked {
+        if !matches!(permit.kind, Kind::Tracked | Kind::CountedTracked) {
             return self.judge_other(permit);
         }
         let Some(in_flight) = &self.in_flight else {
@@ -171,9 +179,13 @@ impl Shared {
                     None => return Head::Fast,
                 }
             }
-            Kind::Tracked | Kind::Closed | Kind::Watched | Kind::Passive | Kind::LastResort => {
-                return Head::Fast
-            }
+            Kind::Tracked
+            | Kind::CountedTracked
+            | Kind::Closed
+            | Kind::CountedClosed
+            | Kind::Watched
+            | Kind::Passive
+            | Kind::LastResort => return Head::Fast,
         };
         self.judge_started(started)
     }
@@ -338,9 +350,11 @@ impl Shared {
         let mut events = Events::default();
         self.catch_up(&mut ctl, now, &mut events);
         let current = match permit.kind {
-            Kind::Closed | Kind::Tracked | Kind::Watched => {
-                self.is_current(State::Closed, permit.generation)
-            }
+            Kind::Closed
+            | Kind::Tracked
+            | Kind::Watched
+            | Kind::CountedClosed
+            | Kind::CountedTracked => self.is_current(State::Closed, permit.generation),
             Kind::Probe => self.is_current(State::HalfOpen, permit.generation),
             Kind::Passive | Kind::LastResort => false,
         };
