@@ -149,7 +149,7 @@ impl Default for Config {
             in_flight_limit: Some(InFlightLimit::default()),
             ramp: DEFAULT_RAMP,
             seed: None,
-            trip_mode: TripMode::Open,
+            trip_mode: TripMode::default(),
             graded_k: DEFAULT_GRADED_K,
             graded_window: DEFAULT_GRADED_WINDOW,
             counter_stripes: 16,
@@ -423,7 +423,7 @@ pub(crate) const DEFAULT_RAMP: Duration = Duration::from_secs(10);
 /// The most buckets a time window may have.
 pub(crate) const MAX_BUCKETS: u32 = 4096;
 /// Graded admission's `K`, by default (see `Builder::graded_k`).
-pub(crate) const DEFAULT_GRADED_K: f64 = 4.0;
+pub(crate) const DEFAULT_GRADED_K: f64 = 5.0;
 pub(crate) const MIN_GRADED_K: f64 = 2.5;
 pub(crate) const MAX_GRADED_K: f64 = 10.0;
 /// Graded admission's own window, by default.
