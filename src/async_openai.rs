@@ -89,6 +89,7 @@ use crate::CircuitBreakerLayer;
 ///     .with_http_service(http_service(reqwest::Client::new(), breaker.clone()));
 /// # let _ = client;
 /// ```
+#[must_use]
 pub fn http_service(
     client: ::reqwest::Client,
     breaker: Breaker,
@@ -115,6 +116,7 @@ pub fn http_service(
 /// assert!(circuit_open(&OpenAIError::InvalidArgument("model".into())).is_none());
 /// # }
 /// ```
+#[must_use]
 pub fn circuit_open(error: &OpenAIError) -> Option<&CircuitOpen> {
     crate::CircuitOpen::find(error)
 }
@@ -375,6 +377,7 @@ impl OpenAiCircuitBreakerLayer {
     ///     .layer(ReqwestService::new(reqwest::Client::new()));
     /// assert!(service.breaker().ptr_eq(&breaker));
     /// ```
+    #[must_use]
     pub fn new(breaker: Breaker) -> Self {
         OpenAiCircuitBreakerLayer {
             select: breaker,

@@ -159,6 +159,7 @@ impl StreamDeadlines {
     /// assert!(StreamDeadlines::new().is_empty());
     /// assert_eq!(StreamDeadlines::new(), StreamDeadlines::default());
     /// ```
+    #[must_use]
     pub const fn new() -> Self {
         StreamDeadlines {
             first_frame: None,
@@ -178,6 +179,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().first_frame(Duration::from_secs(10));
     /// assert_eq!(d.first_frame_timeout(), Some(Duration::from_secs(10)));
     /// ```
+    #[must_use]
     pub const fn first_frame(mut self, timeout: Duration) -> Self {
         self.first_frame = Some(timeout);
         self
@@ -194,6 +196,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().stall(Duration::from_secs(15));
     /// assert_eq!(d.stall_timeout(), Some(Duration::from_secs(15)));
     /// ```
+    #[must_use]
     pub const fn stall(mut self, timeout: Duration) -> Self {
         self.stall = Some(timeout);
         self
@@ -208,6 +211,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().total(Duration::from_secs(300));
     /// assert_eq!(d.total_timeout(), Some(Duration::from_secs(300)));
     /// ```
+    #[must_use]
     pub const fn total(mut self, timeout: Duration) -> Self {
         self.total = Some(timeout);
         self
@@ -223,6 +227,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().first_frame(Duration::from_secs(5));
     /// assert_eq!(d.first_frame_timeout(), Some(Duration::from_secs(5)));
     /// ```
+    #[must_use]
     pub const fn first_frame_timeout(&self) -> Option<Duration> {
         self.first_frame
     }
@@ -237,6 +242,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().stall(Duration::from_secs(15));
     /// assert_eq!(d.stall_timeout(), Some(Duration::from_secs(15)));
     /// ```
+    #[must_use]
     pub const fn stall_timeout(&self) -> Option<Duration> {
         self.stall
     }
@@ -251,6 +257,7 @@ impl StreamDeadlines {
     /// let d = StreamDeadlines::new().total(Duration::from_secs(120));
     /// assert_eq!(d.total_timeout(), Some(Duration::from_secs(120)));
     /// ```
+    #[must_use]
     pub const fn total_timeout(&self) -> Option<Duration> {
         self.total
     }
@@ -264,6 +271,7 @@ impl StreamDeadlines {
     /// assert!(StreamDeadlines::new().is_empty());
     /// assert!(!StreamDeadlines::new().total(Duration::from_secs(60)).is_empty());
     /// ```
+    #[must_use]
     pub const fn is_empty(&self) -> bool {
         self.first_frame.is_none() && self.stall.is_none() && self.total.is_none()
     }
@@ -415,6 +423,7 @@ impl StreamElapsed {
     /// let other: BoxError = "connection reset".into();
     /// assert!(!first_token_late(&other));
     /// ```
+    #[must_use]
     pub fn deadline(&self) -> StreamDeadline {
         self.deadline
     }

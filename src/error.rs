@@ -95,6 +95,7 @@ impl Error {
     /// assert_eq!(err.circuit_open().and_then(|open| open.key()), Some("gpt"));
     /// # }
     /// ```
+    #[must_use]
     pub fn circuit_open(&self) -> Option<&CircuitOpen> {
         match &self.kind {
             Kind::Open(o) => Some(o),
@@ -113,6 +114,7 @@ impl Error {
     /// let err = Error::from(breaker.admit().unwrap_err());
     /// assert!(err.is_circuit_open());
     /// ```
+    #[must_use]
     pub fn is_circuit_open(&self) -> bool {
         self.circuit_open().is_some()
     }
@@ -134,6 +136,7 @@ impl Error {
     /// assert_eq!(err.inner().unwrap().to_string(), "connection refused");
     /// # }
     /// ```
+    #[must_use]
     pub fn inner(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
         match &self.kind {
             Kind::Inner(e) => Some(&**e),
@@ -154,6 +157,7 @@ impl Error {
     /// let boxed: BoxError = Error::from(breaker.admit().unwrap_err()).into_box();
     /// assert!(boxed.downcast_ref::<CircuitOpen>().is_some());
     /// ```
+    #[must_use]
     pub fn into_box(self) -> BoxError {
         match self.kind {
             Kind::Open(o) => Box::new(o),

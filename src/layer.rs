@@ -40,6 +40,7 @@ pub struct CircuitBreakerLayer<C = HttpClassifier, P = Breaker, D = ()> {
 
 impl CircuitBreakerLayer {
     /// A layer around an existing breaker, with the default [`HttpClassifier`].
+    #[must_use]
     pub const fn new(breaker: Breaker) -> Self {
         CircuitBreakerLayer {
             select: breaker,
@@ -49,6 +50,7 @@ impl CircuitBreakerLayer {
     }
 
     /// A builder whose [`build`](Builder::build) returns a layer.
+    #[must_use]
     pub fn builder() -> Builder<Self> {
         Builder::new()
     }

@@ -159,6 +159,54 @@
     rust_2018_idioms,
     unreachable_pub
 )]
+#![warn(clippy::pedantic)]
+#![allow(
+    clippy::cast_precision_loss,
+    reason = "counts and nanoseconds become f64 only for rates, shares and averages, \
+              which need no more than f64's 53 bits"
+)]
+#![allow(
+    clippy::doc_markdown,
+    reason = "names in prose (OpenAI, SSE, LiteLLM) are words, not code to format"
+)]
+#![allow(
+    clippy::missing_fields_in_debug,
+    reason = "Debug output leaves out locks, closures and caches on purpose"
+)]
+#![allow(
+    clippy::redundant_closure_for_method_calls,
+    clippy::explicit_iter_loop,
+    clippy::many_single_char_names,
+    clippy::similar_names,
+    clippy::inline_always,
+    clippy::wildcard_imports,
+    clippy::too_many_lines,
+    clippy::items_after_statements,
+    clippy::semicolon_if_nothing_returned,
+    clippy::unnested_or_patterns,
+    clippy::struct_excessive_bools,
+    clippy::ignored_unit_patterns,
+    clippy::match_bool,
+    clippy::single_match_else,
+    clippy::unnecessary_wraps,
+    clippy::if_not_else,
+    clippy::map_unwrap_or,
+    clippy::match_same_arms,
+    clippy::match_wildcard_for_single_variants,
+    clippy::elidable_lifetime_names,
+    clippy::ref_option,
+    clippy::unused_self,
+    clippy::needless_pass_by_value,
+    reason = "style lints of the pedantic group that change nothing a user sees; \
+              the codebase keeps its own style"
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::pedantic,
+        reason = "unit tests ignore results and cast freely on purpose"
+    )
+)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

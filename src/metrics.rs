@@ -209,6 +209,7 @@ impl MetricsSwitch {
     /// let switch = MetricsSwitch::new(true);
     /// assert!(switch.is_on());
     /// ```
+    #[must_use]
     pub fn new(on: bool) -> Self {
         MetricsSwitch(Arc::new(AtomicBool::new(on)))
     }
@@ -234,6 +235,7 @@ impl MetricsSwitch {
     ///
     /// assert!(!MetricsSwitch::new(false).is_on());
     /// ```
+    #[must_use]
     pub fn is_on(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
@@ -256,6 +258,7 @@ impl<T: Build> Builder<T> {
     /// let layer = CircuitBreakerLayer::builder().name("gpt-4o").metrics(true).build().unwrap();
     /// # let _ = layer;
     /// ```
+    #[must_use]
     pub fn metrics(mut self, on: bool) -> Self {
         self.config.observer = on.then(|| Arc::new(MetricsSwitch::new(true)) as _);
         self
@@ -273,6 +276,7 @@ impl<T: Build> Builder<T> {
     /// switch.set(false); // both stop reporting
     /// # let _ = (a, b);
     /// ```
+    #[must_use]
     pub fn metrics_switch(mut self, switch: &MetricsSwitch) -> Self {
         self.config.observer = Some(Arc::new(switch.clone()));
         self

@@ -77,6 +77,7 @@ use crate::CircuitBreakerLayer;
 /// assert!(circuit_open(&err).is_some());
 /// # }
 /// ```
+#[must_use]
 pub fn circuit_open(error: &Error) -> Option<&CircuitOpen> {
     crate::CircuitOpen::find(error)
 }
@@ -115,6 +116,7 @@ impl CircuitBreakerMiddleware {
     /// let middleware = CircuitBreakerMiddleware::new(Breaker::builder().name("chat").build().unwrap());
     /// assert_eq!(middleware.breaker().name(), Some("chat"));
     /// ```
+    #[must_use]
     pub fn new(breaker: Breaker) -> Self {
         CircuitBreakerMiddleware {
             select: breaker,

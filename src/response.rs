@@ -161,6 +161,7 @@ pub fn grpc_unavailable<B: Default>(open: &CircuitOpen) -> Response<B> {
 /// let res: http::Response<String> = rejected(&breaker.admit().unwrap_err());
 /// assert_eq!(res.status(), 503);
 /// ```
+#[must_use]
 pub fn rejected<B: From<String>>(open: &CircuitOpen) -> Response<B> {
     if open.spend().is_some() {
         return payment_required(open);

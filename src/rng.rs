@@ -74,7 +74,7 @@ impl Rng {
 
     /// A uniform duration in `[low, high]`.
     pub(crate) fn between(&self, low: Duration, high: Duration) -> Duration {
-        low + (high - low).mul_f64(self.unit())
+        low + high.saturating_sub(low).mul_f64(self.unit())
     }
 }
 

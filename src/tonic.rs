@@ -142,6 +142,7 @@ impl From<CircuitOpen> for Status {
 /// ```
 ///
 /// [`Status`]: https://docs.rs/tonic/0.14/tonic/struct.Status.html
+#[must_use]
 pub fn into_status_error(error: BoxError) -> BoxError {
     match CircuitOpen::find(&*error) {
         Some(open) => Box::new(Status::from(open.clone())),
@@ -297,6 +298,7 @@ impl RejectionStatusLayer {
     /// # let _ = svc;
     /// assert_eq!(format!("{:?}", RejectionStatusLayer::new()), format!("{:?}", RejectionStatusLayer::default()));
     /// ```
+    #[must_use]
     pub const fn new() -> Self {
         RejectionStatusLayer { _priv: () }
     }

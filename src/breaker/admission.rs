@@ -1,5 +1,10 @@
 //! Admission: who may make a call, in each state.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "the state word keeps the generation in its low 32 bits: a generation is compared as u32 by design"
+)]
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -156,5 +156,5 @@ pub(crate) const fn past(start: u64, limit: u64) -> u64 {
 }
 
 pub(crate) fn nanos(d: Duration) -> u64 {
-    d.as_nanos().min(u128::from(u64::MAX)) as u64
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -54,6 +54,7 @@ impl Breaker {
     /// assert!(breaker.is_metrics_only());
     /// ```
     #[inline]
+    #[must_use]
     pub fn is_metrics_only(&self) -> bool {
         self.shared.hot.metrics_only.load(Ordering::Acquire)
     }

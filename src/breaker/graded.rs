@@ -11,6 +11,11 @@
 //! (nearly) zero — fewer than one in [`NEARLY_ZERO`] requests, once there
 //! are at least [`MIN_REQUESTS`] — opens the circuit for every call.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "the state word keeps the generation in its low 32 bits: a generation is compared as u32 by design; bucket indices are taken modulo BUCKETS"
+)]
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

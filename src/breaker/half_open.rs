@@ -49,7 +49,7 @@ pub(super) struct Cycle {
 impl Cycle {
     /// Slots used: probes in flight and probes with a verdict.
     pub(super) fn used(&self) -> u32 {
-        self.probes.len() as u32 + self.successes + self.failures
+        u32::try_from(self.probes.len()).unwrap_or(u32::MAX) + self.successes + self.failures
     }
 
     /// Admits a probe at `now`; returns its id.

@@ -54,6 +54,12 @@
 //! overload signal. The trip rules run during the ramp as in any closed
 //! period: one firing reopens the circuit at once and ends the ramp.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "bin indices are clamped below BINS, counts saturate at u32::MAX, and a step's float is clamped to [1, from] before its saturating `as`"
+)]
+
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -758,6 +764,7 @@ impl super::Breaker {
     /// counts in flight and the calls its window holds; `None` while no
     /// watch is on.
     #[doc(hidden)]
+    #[must_use]
     pub fn watch_counts(&self) -> Option<(u64, u64)> {
         let l = self.shared.limiter.as_ref()?;
         let inner = lock(&l.inner);

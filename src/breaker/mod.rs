@@ -261,6 +261,7 @@ impl Breaker {
     /// let breaker = Breaker::builder().build().unwrap();
     /// assert_eq!(breaker.state(), State::Closed);
     /// ```
+    #[must_use]
     pub fn builder() -> Builder<Breaker> {
         Builder::new()
     }
@@ -413,6 +414,7 @@ impl Breaker {
     /// let breaker = Breaker::builder().build().unwrap();
     /// assert_eq!(breaker.in_flight_limit(), None);
     /// ```
+    #[must_use]
     pub fn in_flight_limit(&self) -> Option<u64> {
         self.shared.limiter.as_ref().and_then(|l| l.current())
     }
@@ -442,6 +444,7 @@ impl Breaker {
     /// # }
     /// ```
     #[inline]
+    #[must_use]
     pub fn state(&self) -> State {
         let state = self.shared.load().state();
         match state {
@@ -457,6 +460,7 @@ impl Breaker {
     /// let breaker = Breaker::builder().name("gpt-4o").build().unwrap();
     /// assert_eq!(breaker.name(), Some("gpt-4o"));
     /// ```
+    #[must_use]
     pub fn name(&self) -> Option<&str> {
         self.shared.name.as_deref()
     }
@@ -470,6 +474,7 @@ impl Breaker {
     /// assert_eq!(snap.state, State::Closed);
     /// assert_eq!(snap.counters.admitted, 0);
     /// ```
+    #[must_use]
     pub fn snapshot(&self) -> Snapshot {
         self.shared.snapshot()
     }
@@ -492,6 +497,7 @@ impl Breaker {
     /// assert_eq!(breaker.state(), State::HalfOpen);
     /// # }
     /// ```
+    #[must_use]
     pub fn changed(&self) -> Changed {
         Changed::new(&self.shared)
     }
@@ -536,6 +542,7 @@ impl Breaker {
     /// assert_eq!(breaker.state(), State::Open);
     /// # }
     /// ```
+    #[must_use]
     pub fn remote(&self) -> Remote<'_> {
         Remote {
             shared: &self.shared,
@@ -549,6 +556,7 @@ impl Breaker {
     /// let a = Breaker::builder().build().unwrap();
     /// assert!(a.ptr_eq(&a.clone()));
     /// ```
+    #[must_use]
     pub fn ptr_eq(&self, other: &Breaker) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }

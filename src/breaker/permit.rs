@@ -1,5 +1,10 @@
 //! The right to make one call, and the duty to report how it went.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "the state word keeps the generation in its low 32 bits: a generation is compared as u32 by design"
+)]
+
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -213,6 +218,7 @@ impl Permit {
     /// let breaker = Breaker::builder().build().unwrap();
     /// assert!(!breaker.admit().unwrap().is_probe());
     /// ```
+    #[must_use]
     pub fn is_probe(&self) -> bool {
         self.ticket.kind == Kind::Probe
     }

@@ -165,6 +165,7 @@ impl CircuitOpen {
     /// );
     /// # }
     /// ```
+    #[must_use]
     pub fn spend(&self) -> Option<SpendExceeded> {
         match &self.when {
             When::Spent(spent) => Some(**spent),
@@ -173,12 +174,14 @@ impl CircuitOpen {
     }
 
     /// The name or key of the breaker that rejected the call.
+    #[must_use]
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
     }
 
     /// The state the circuit was in (closed, when the volume guard or
     /// pacing rejected; open, for an exhausted quota).
+    #[must_use]
     pub fn state(&self) -> State {
         match self.cause {
             Rejection::Open | Rejection::Quota => State::Open,
@@ -194,6 +197,7 @@ impl CircuitOpen {
     }
 
     /// Why the call was rejected.
+    #[must_use]
     pub fn reason(&self) -> Rejection {
         self.cause
     }
@@ -204,6 +208,7 @@ impl CircuitOpen {
     ///
     /// Measured when asked, so it shrinks as the error is held: zero once
     /// the moment has passed.
+    #[must_use]
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         self.retry_at()
             .map(|at| at.saturating_duration_since(Instant::now()))
@@ -231,6 +236,7 @@ impl CircuitOpen {
     /// assert_eq!(open.retry_after(), Some(Duration::from_secs(20)));
     /// # }
     /// ```
+    #[must_use]
     pub fn retry_at(&self) -> Option<Instant> {
         match &self.when {
             When::Unknown => None,
@@ -290,6 +296,7 @@ impl Rejection {
     /// use tower_circuit_breaker::Rejection;
     /// assert_eq!(Rejection::VolumeGuard.as_str(), "volume_guard");
     /// ```
+    #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Rejection::Open => "open",

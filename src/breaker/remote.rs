@@ -1,6 +1,11 @@
 //! The controls a shared-state backend uses to keep a breaker in step with
 //! its replicas.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "the state word keeps the generation in its low 32 bits: a generation is compared as u32 by design"
+)]
+
 use std::fmt;
 use std::time::Duration;
 
@@ -55,6 +60,7 @@ impl Remote<'_> {
     }
 
     /// Whether the breaker is in shared mode.
+    #[must_use]
     pub fn is_shared(&self) -> bool {
         lock(&self.shared.control).remote
     }
@@ -128,6 +134,10 @@ impl Remote<'_> {
     /// assert_eq!(breaker.snapshot().reason, Some(Reason::FailureRate));
     /// # }
     /// ```
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is a by-product"
+    )]
     pub fn evaluate(&self, window: WindowStats) -> bool {
         let s = self.shared;
         let word = s.load();

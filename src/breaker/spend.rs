@@ -2,6 +2,11 @@
 //! call completes, checked at admission. What a call costs is read above
 //! the core (see [`crate::spend`]); here it is a `u64`.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "indices are taken modulo a slice's length, which fits in usize"
+)]
+
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -49,26 +54,31 @@ pub struct SpendExceeded {
 
 impl SpendExceeded {
     /// The budget, in [`unit`](Self::unit)s.
+    #[must_use]
     pub fn budget(&self) -> u64 {
         self.budget
     }
 
     /// What the period's calls cost when the budget was found spent.
+    #[must_use]
     pub fn spent(&self) -> u64 {
         self.spent
     }
 
     /// What the budget counts.
+    #[must_use]
     pub fn unit(&self) -> Unit {
         self.unit
     }
 
     /// The budget's period.
+    #[must_use]
     pub fn period(&self) -> Period {
         self.period
     }
 
     /// When the budget resets (see [`Period`]) and calls are admitted again.
+    #[must_use]
     pub fn resets_at(&self) -> Instant {
         self.resets_at
     }

@@ -22,6 +22,7 @@ impl Unit {
     /// use tower_circuit_breaker::spend::Unit;
     /// assert_eq!(Unit::MicroDollars.as_str(), "usd_micros");
     /// ```
+    #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Unit::MicroDollars => "usd_micros",

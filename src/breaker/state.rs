@@ -50,6 +50,7 @@ impl State {
     }
 
     /// The lowercase name used in events and errors (`"half-open"`).
+    #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             State::Closed => "closed",
@@ -199,6 +200,7 @@ pub enum Reason {
 
 impl Reason {
     /// The lowercase name used in events.
+    #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::FailureRate => "failure rate",
@@ -265,6 +267,7 @@ impl WindowStats {
     /// let w = WindowStats::new(20, 10, 0);
     /// assert_eq!(w.failure_rate(), 0.5);
     /// ```
+    #[must_use]
     pub const fn new(calls: u64, failures: u64, slow: u64) -> Self {
         WindowStats {
             calls,
@@ -274,11 +277,13 @@ impl WindowStats {
     }
 
     /// Failures divided by calls (0 when the window is empty).
+    #[must_use]
     pub fn failure_rate(&self) -> f64 {
         ratio(self.failures, self.calls)
     }
 
     /// Slow calls divided by calls (0 when the window is empty).
+    #[must_use]
     pub fn slow_rate(&self) -> f64 {
         ratio(self.slow, self.calls)
     }
@@ -441,6 +446,7 @@ impl Shed {
     /// # for _ in 0..3 { breaker.admit().unwrap().record(Outcome::Failure); }
     /// assert_eq!(breaker.snapshot().shed.unwrap().share(), 0.0);
     /// ```
+    #[must_use]
     pub fn share(&self) -> f64 {
         if self.requests == 0 {
             0.0

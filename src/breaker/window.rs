@@ -1,6 +1,11 @@
 //! Sliding windows: the last N calls, the last D of time, and the calls still
 //! in flight that the slow-call rule watches.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "indices are taken modulo a slice's length, which fits in usize"
+)]
+
 use std::sync::atomic::Ordering;
 
 use crate::sync::{lock, AtomicU32, AtomicU64, AtomicU8, Mutex};
@@ -41,7 +46,7 @@ impl Rates {
             Window::None => Rates::None,
             Window::Count(n) => Rates::Count(CountWindow::new(n)),
             Window::Time { span, buckets } => Rates::Time(Mutex::new(TimeWindow::new(
-                span.as_nanos().min(u64::MAX as u128) as u64,
+                u64::try_from(span.as_nanos()).unwrap_or(u64::MAX),
                 buckets,
             ))),
         }
@@ -201,6 +206,10 @@ impl CountWindow {
 /// zero (a decrement landing before the increment it undoes) or above the
 /// calls, as a count in `0..=calls`.
 fn settled(counter: &AtomicU32, calls: u64) -> u64 {
+    #[allow(
+        clippy::cast_possible_wrap,
+        reason = "a count pushed below zero wraps; read back as negative"
+    )]
     let n = counter.load(Ordering::Acquire) as i32;
     u64::try_from(n).unwrap_or(0).min(calls)
 }

@@ -101,6 +101,7 @@ impl LastResortCircuit {
     /// let circuit = LastResortCircuit::key(&models, "gpt-4o-mini");
     /// # let _ = circuit;
     /// ```
+    #[must_use]
     pub fn key(set: &KeyedBreakers, key: &str) -> Self {
         LastResortCircuit(Circuit::Key(set.clone(), key.into()))
     }

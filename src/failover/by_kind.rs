@@ -64,6 +64,7 @@ impl RuleError {
     ///     .unwrap_err();
     /// assert_eq!(err.member(), 5);
     /// ```
+    #[must_use]
     pub fn member(&self) -> usize {
         self.member
     }

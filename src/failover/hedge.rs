@@ -155,6 +155,7 @@ impl Hedge {
     /// let hedge = Hedge::after(Duration::from_millis(800));
     /// # let _ = hedge;
     /// ```
+    #[must_use]
     pub fn after(delay: Duration) -> Self {
         Hedge::with_delay(Delay::Fixed(delay))
     }
@@ -227,6 +228,7 @@ impl Hedge {
     /// let hedge = Hedge::after(Duration::from_secs(1)).budget(budget);
     /// # let _ = hedge;
     /// ```
+    #[must_use]
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.budget = budget;
         self
@@ -240,6 +242,7 @@ impl Hedge {
     ///
     /// assert_eq!(Hedge::after(Duration::from_secs(1)).sent(), 0);
     /// ```
+    #[must_use]
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
     }
@@ -252,6 +255,7 @@ impl Hedge {
     ///
     /// assert_eq!(Hedge::after(Duration::from_secs(1)).denied(), 0);
     /// ```
+    #[must_use]
     pub fn denied(&self) -> u64 {
         self.budget.denied()
     }
@@ -312,6 +316,7 @@ impl<S, Req, C> Failover<S, Req, C> {
     ///     .hedge(Hedge::at_percentile(90.0, Duration::from_secs(1)).unwrap());
     /// assert!(failover.latency(0).is_some());
     /// ```
+    #[must_use]
     pub fn hedge(mut self, policy: Hedge) -> Self {
         self.hedge = Some(Arc::new(Hedging::new(policy, self.routes.len())));
         self

@@ -73,6 +73,7 @@ impl Latency {
     ///
     /// assert_eq!(Latency::new().samples(), 0);
     /// ```
+    #[must_use]
     pub fn new() -> Self {
         Latency::default()
     }
@@ -120,6 +121,7 @@ impl Latency {
     /// }
     /// assert_eq!(latency.samples(), Latency::WINDOW);
     /// ```
+    #[must_use]
     pub fn samples(&self) -> usize {
         self.ring().slots.len()
     }
@@ -142,6 +144,7 @@ impl Latency {
     /// assert_eq!(latency.percentile(90.0), Some(Duration::from_millis(90)));
     /// assert_eq!(latency.percentile(100.0), Some(Duration::from_millis(100)));
     /// ```
+    #[must_use]
     pub fn percentile(&self, percentile: f64) -> Option<Duration> {
         let mut sorted = {
             let ring = self.ring();

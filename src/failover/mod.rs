@@ -234,6 +234,7 @@ impl<S: Clone, Req, C> Failover<S, Req, C> {
     ///     .fallback(CircuitBreaker::new(upstream, breaker()));
     /// assert_eq!(failover.len(), 3);
     /// ```
+    #[must_use]
     pub fn fallback(self, service: S) -> Self {
         self.push(Route {
             service,
@@ -264,6 +265,7 @@ impl<S: Clone, Req, C> Failover<S, Req, C> {
     /// assert_eq!(failover.oneshot(request).await.unwrap().status(), 200);
     /// # }
     /// ```
+    #[must_use]
     pub fn fallback_with<F>(self, service: S, rewrite: F) -> Self
     where
         F: Fn(&mut Req) + Send + Sync + 'static,
@@ -303,6 +305,7 @@ impl<S, Req, C> Failover<S, Req, C> {
     ///     .jitter(Duration::ZERO, Duration::ZERO);
     /// # let _ = failover;
     /// ```
+    #[must_use]
     pub fn jitter(mut self, low: Duration, high: Duration) -> Self {
         self.jitter = (low.min(high), high);
         self
@@ -320,6 +323,7 @@ impl<S, Req, C> Failover<S, Req, C> {
     /// let failover = Failover::<_, http::Request<String>>::new(upstream.clone()).fallback(upstream).seed(7);
     /// # let _ = failover;
     /// ```
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Rng::new(seed);
         self
@@ -346,6 +350,7 @@ impl<S, Req, C> Failover<S, Req, C> {
     /// assert!(err.is_circuit_open());
     /// # }
     /// ```
+    #[must_use]
     pub fn when_all_open(mut self, policy: AllOpen) -> Self {
         self.all_open = policy;
         self

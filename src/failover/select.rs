@@ -205,6 +205,7 @@ impl Selection {
     /// let selection = Selection::peak_ewma([Breaker::builder().build().unwrap()]).decay(Duration::from_secs(30));
     /// # let _ = selection;
     /// ```
+    #[must_use]
     pub fn decay(self, decay: Duration) -> Self {
         let Inner { breakers, policy } = match Arc::try_unwrap(self.0) {
             Ok(inner) => inner,
@@ -221,11 +222,13 @@ impl Selection {
     }
 
     /// How many members the selection covers.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.0.breakers.len()
     }
 
     /// Whether it covers no member.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.breakers.is_empty()
     }
@@ -285,6 +288,7 @@ impl Selection {
 
     /// A peak-EWMA member's estimate; `None` before its first sample, and
     /// for a cheapest selection.
+    #[must_use]
     pub fn estimate(&self, member: usize) -> Option<Duration> {
         let Policy::PeakEwma { estimates, .. } = &self.0.policy else {
             return None;

@@ -9,6 +9,10 @@ use crate::fallback::Fallback;
 /// [`Fallback`].
 pub trait Select<Request> {
     /// Asks the request's breaker for a permit.
+    ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`] when the chosen breaker rejects the call.
     fn admit(&self, request: &Request) -> Result<Permit, CircuitOpen>;
 }
 

@@ -93,6 +93,7 @@ impl HealthProbe<(), (), ()> {
     /// let builder = HealthProbe::builder(Duration::from_secs(5)).timeout(Duration::from_secs(2));
     /// # let _ = builder;
     /// ```
+    #[must_use]
     pub fn builder(interval: Duration) -> HealthProbeBuilder {
         HealthProbeBuilder {
             interval,
@@ -120,6 +121,7 @@ impl HealthProbeBuilder {
     ///     .is_err());
     /// # let _ = builder;
     /// ```
+    #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -136,6 +138,7 @@ impl HealthProbeBuilder {
     /// # let _ = builder;
     /// assert!(HealthProbe::builder(Duration::from_secs(5)).jitter(1.5).build((), (), ()).is_err());
     /// ```
+    #[must_use]
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
@@ -153,6 +156,7 @@ impl HealthProbeBuilder {
     /// # let _ = builder;
     /// assert!(HealthProbe::builder(Duration::from_secs(5)).max_in_flight(0).build((), (), ()).is_err());
     /// ```
+    #[must_use]
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self
@@ -168,6 +172,7 @@ impl HealthProbeBuilder {
     /// let builder = HealthProbe::builder(Duration::from_secs(5)).seed(42);
     /// # let _ = builder;
     /// ```
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
@@ -190,6 +195,11 @@ impl HealthProbeBuilder {
 
     /// A prober sending `make_request(breaker)` through `service`, judged by
     /// `classifier`.
+    ///
+    /// # Errors
+    ///
+    /// A [`HealthProbeError`] when the interval or the timeout is zero or too
+    /// long, or the jitter is outside `0..=1`.
     ///
     /// ```
     /// use std::time::Duration;

@@ -80,6 +80,10 @@ impl HealthProber {
     /// task.abort();
     /// # Ok::<_, BoxError>(())
     /// ```
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is a by-product"
+    )]
     pub fn spawn_on(self, handle: &Handle) -> JoinHandle<()> {
         handle.spawn(self)
     }

@@ -11,6 +11,11 @@ use crate::classify::{Classify, ClassifyStream, ErrorRef, Verdict};
 /// example `https://api.openai.com/v1`): the faithful probe, at the price of
 /// one output token. The key goes into the `Authorization` header only.
 ///
+/// # Errors
+///
+/// An [`http::Error`] when `base` (joined with the path) is not a valid URI or
+/// a header value (the API key, say) is not a valid header value.
+///
 /// ```
 /// use tower_circuit_breaker::health::openai_completion_request;
 ///
@@ -35,6 +40,11 @@ pub fn openai_completion_request<B: From<Bytes>>(
 /// `max_tokens: 1`, at the price of one output token. The key goes into the
 /// `x-api-key` header only (marked sensitive), beside
 /// `anthropic-version: 2023-06-01`.
+///
+/// # Errors
+///
+/// An [`http::Error`] when `base` (joined with the path) is not a valid URI or
+/// a header value (the API key, say) is not a valid header value.
 ///
 /// ```
 /// use tower_circuit_breaker::health::anthropic_messages_request;
@@ -129,6 +139,11 @@ where
 /// `GET {base}/models` for an OpenAI-compatible API: free, but it can stay
 /// 200 while completions fail (see the [module docs](crate::health)).
 ///
+/// # Errors
+///
+/// An [`http::Error`] when `base` (joined with the path) is not a valid URI or
+/// a header value (the API key, say) is not a valid header value.
+///
 /// ```
 /// use tower_circuit_breaker::health::openai_models_request;
 ///
@@ -154,6 +169,10 @@ fn bearer(api_key: &str) -> Result<HeaderValue, http::Error> {
 /// `base` (for example `http://127.0.0.1:50051`), to be classified by
 /// [`GrpcHealthClassifier`].
 ///
+/// # Errors
+///
+/// An [`http::Error`] when `base` (joined with the path) is not a valid URI.
+///
 /// ```
 /// use tower_circuit_breaker::health::grpc_health_request;
 ///
@@ -171,15 +190,15 @@ pub fn grpc_health_request<B: From<Bytes>>(
         message.put_u8(0x0a);
         let mut n = service.len();
         while n >= 0x80 {
-            message.put_u8((n as u8) | 0x80);
+            message.put_u8(u8::try_from(n & 0x7f).unwrap_or(0) | 0x80);
             n >>= 7;
         }
-        message.put_u8(n as u8);
+        message.put_u8(u8::try_from(n).unwrap_or(0x7f));
         message.put_slice(service.as_bytes());
     }
     let mut frame = BytesMut::with_capacity(5 + message.len());
     frame.put_u8(0);
-    frame.put_u32(message.len() as u32);
+    frame.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
     frame.put_slice(&message);
     Request::post(format!(
         "{}/grpc.health.v1.Health/Check",

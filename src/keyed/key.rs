@@ -35,6 +35,7 @@ impl<'a> Key<'a> {
     /// assert_eq!(Key::from("gpt-4o").as_str(), "gpt-4o");
     /// ```
     #[inline]
+    #[must_use]
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Borrowed(s) => s,
@@ -64,6 +65,7 @@ impl<'a> Key<'a> {
     /// assert_ne!(k.as_str(), Key::hashed(&other, b"sk-live-0123456789").as_str());
     /// # Ok::<_, tower_circuit_breaker::keyed::KeySecretError>(())
     /// ```
+    #[must_use]
     pub fn hashed(secret: &KeySecret, credential: &[u8]) -> Key<'static> {
         let h = secret.hash(credential);
         let mut buf = [0u8; 23];
@@ -264,6 +266,7 @@ pub struct Header(HeaderName);
 ///
 /// If `name` is not a valid header name; this happens when the layer is
 /// built, never per request.
+#[must_use]
 pub fn header(name: &'static str) -> Header {
     Header(HeaderName::from_static(name))
 }
@@ -311,6 +314,7 @@ impl fmt::Debug for HashedHeader {
 /// # Panics
 ///
 /// If `name` is not a valid header name.
+#[must_use]
 pub fn header_hashed(name: &'static str, secret: &KeySecret) -> HashedHeader {
     HashedHeader {
         name: HeaderName::from_static(name),
@@ -349,6 +353,7 @@ pub struct Authority;
 ///     .unwrap();
 /// assert_eq!(authority().key(&req).unwrap().as_str(), "api.example.com:8443");
 /// ```
+#[must_use]
 pub fn authority() -> Authority {
     Authority
 }
@@ -401,6 +406,7 @@ impl<T> Copy for ExtensionKey<T> {}
 /// req.extensions_mut().insert(Route("gpt-4o/eu"));
 /// assert_eq!(extension::<Route>().key(&req).unwrap().as_str(), "gpt-4o/eu");
 /// ```
+#[must_use]
 pub fn extension<T>() -> ExtensionKey<T>
 where
     T: AsRef<str> + Clone + Send + Sync + 'static,

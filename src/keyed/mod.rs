@@ -297,11 +297,17 @@ impl KeyedBreakers {
     ///     .unwrap();
     /// assert!(set.is_empty());
     /// ```
+    #[must_use]
     pub fn builder() -> Builder<KeyedBreakers> {
         Builder::new()
     }
 
     /// Admits a call for `key`, creating its breaker on first use.
+    ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`] when the key's circuit rejects the call (its
+    /// [`reason`](crate::CircuitOpen::reason) says why).
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
@@ -320,6 +326,11 @@ impl KeyedBreakers {
 
     /// [`admit`](Self::admit) for a call that has somewhere else to go if
     /// refused (see [`HasFallback`](crate::HasFallback)).
+    ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`] when the key's circuit rejects the call (its
+    /// [`reason`](crate::CircuitOpen::reason) says why).
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
@@ -360,6 +371,11 @@ impl KeyedBreakers {
 
     /// Admits a call that carries no key (it shares the `(unkeyed)` breaker).
     ///
+    /// # Errors
+    ///
+    /// A [`CircuitOpen`] when the overflow breaker rejects
+    /// the call.
+    ///
     /// ```
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
     /// use tower_circuit_breaker::Outcome;
@@ -388,6 +404,7 @@ impl KeyedBreakers {
     /// set.admit("gpt-4o").unwrap().record(Outcome::Success);
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::Closed);
     /// ```
+    #[must_use]
     pub fn get(&self, key: &str) -> Option<Breaker> {
         self.inner.get(key)
     }
@@ -405,6 +422,10 @@ impl KeyedBreakers {
     /// set.get_or_insert("gpt-4o").force_open();
     /// assert_eq!(set.get("gpt-4o").unwrap().state(), State::ForcedOpen);
     /// ```
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is a by-product"
+    )]
     pub fn get_or_insert(&self, key: &str) -> Breaker {
         let hash = self.inner.hash(key);
         self.get(key)
@@ -426,6 +447,7 @@ impl KeyedBreakers {
     /// assert_eq!(set.max_open(), Some(5));
     /// assert_eq!(KeyedBreakers::builder().build().unwrap().max_open(), None);
     /// ```
+    #[must_use]
     pub fn max_open(&self) -> Option<usize> {
         let cap = self.inner.open_cap.as_ref()?;
         Some(cap.allowed(self.len()))
@@ -445,6 +467,7 @@ impl KeyedBreakers {
     /// assert!(set.is_overflow(&shared), "no room for a second key");
     /// assert_eq!(shared.name(), own.name(), "the same name, two breakers");
     /// ```
+    #[must_use]
     pub fn is_overflow(&self, breaker: &Breaker) -> bool {
         breaker.ptr_eq(&self.inner.overflow)
     }
@@ -461,6 +484,7 @@ impl KeyedBreakers {
     /// }
     /// assert_eq!(set.len(), 2);
     /// ```
+    #[must_use]
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Relaxed)
     }
@@ -476,6 +500,7 @@ impl KeyedBreakers {
     /// set.admit("a").unwrap().record(Outcome::Success);
     /// assert!(!set.is_empty());
     /// ```
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -504,6 +529,7 @@ impl KeyedBreakers {
     /// assert_eq!(set.key_fn_panics(), 1);
     /// # }
     /// ```
+    #[must_use]
     pub fn key_fn_panics(&self) -> u64 {
         self.inner.key_fn_panics.load(Ordering::Relaxed)
     }
@@ -557,6 +583,7 @@ impl KeyedBreakers {
     /// }
     /// assert!(set.breakers().iter().all(|b| b.state() == State::ForcedOpen));
     /// ```
+    #[must_use]
     pub fn breakers(&self) -> Vec<Breaker> {
         let mut out = Vec::with_capacity(self.len());
         for shard in self.inner.shards.iter() {

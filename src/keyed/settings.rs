@@ -80,6 +80,7 @@ impl Builder<KeyedBreakers> {
     /// assert_eq!(set.len(), 2, "the third key shares the overflow breaker");
     /// assert!(KeyedBreakers::builder().max_keys(0).build().is_err());
     /// ```
+    #[must_use]
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.extra.max_keys = max_keys;
         self
@@ -100,6 +101,7 @@ impl Builder<KeyedBreakers> {
     /// # let _ = set;
     /// assert!(KeyedBreakers::builder().idle_timeout(Duration::ZERO).build().is_err());
     /// ```
+    #[must_use]
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.extra.idle_timeout = idle;
         self
@@ -143,6 +145,7 @@ impl Builder<KeyedBreakers> {
     /// assert_eq!(bad, KeyedConfigError::MaxOpenShare(1.5));
     /// # }
     /// ```
+    #[must_use]
     pub fn max_open_share(mut self, share: f64) -> Self {
         self.extra.max_open_share = Some(share);
         self
@@ -171,6 +174,7 @@ impl Builder<KeyedBreakers> {
     ///     KeyedConfigError::Override { key, error: ConfigError::ZeroProbes } if &**key == "flaky-model"
     /// ));
     /// ```
+    #[must_use]
     pub fn override_key(
         mut self,
         key: &str,

@@ -138,6 +138,7 @@ pub struct ReadKindLayer(());
 
 impl ReadKindLayer {
     /// The layer.
+    #[must_use]
     pub const fn new() -> Self {
         ReadKindLayer(())
     }

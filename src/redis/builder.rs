@@ -69,6 +69,7 @@ impl BackendBuilder {
     /// assert!(Backend::builder(Client::open("redis://127.0.0.1:6379/")?).prefix("{x}").build().is_err());
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
         self.settings.prefix = prefix.into();
         self
@@ -93,6 +94,7 @@ impl BackendBuilder {
     ///     .is_err());
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn window(mut self, span: Duration, buckets: u32) -> Self {
         self.settings.window = Some((span, buckets));
         self
@@ -111,6 +113,7 @@ impl BackendBuilder {
     /// # let _ = backend;
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn flush_interval(mut self, every: Duration) -> Self {
         self.settings.flush = every;
         self
@@ -133,6 +136,7 @@ impl BackendBuilder {
     ///     .is_err());
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn resync_interval(mut self, every: Duration) -> Self {
         self.settings.resync = every;
         self
@@ -152,6 +156,7 @@ impl BackendBuilder {
     /// # let _ = backend;
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn timeout(mut self, limit: Duration) -> Self {
         self.settings.timeout = limit;
         self
@@ -174,6 +179,7 @@ impl BackendBuilder {
     ///     .is_err());
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.settings.backoff = (min, max);
         self
@@ -202,6 +208,7 @@ impl BackendBuilder {
     /// # let _ = backend;
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn quorum(mut self, replicas: u32) -> Self {
         self.settings.quorum = Quorum::Replicas(replicas);
         self
@@ -232,12 +239,18 @@ impl BackendBuilder {
     /// assert!(matches!(err, SetupError::Invalid(_)));
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn quorum_fraction(mut self, share: f64) -> Self {
         self.settings.quorum = Quorum::Fraction(share);
         self
     }
 
     /// Validates the settings.
+    ///
+    /// # Errors
+    ///
+    /// A [`SetupError`] when a setting is out of range
+    /// ([`SetupError::Invalid`] names it).
     ///
     /// ```
     /// use tower_circuit_breaker::redis::{Backend, Client, SetupError};

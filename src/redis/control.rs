@@ -73,6 +73,11 @@ impl Attachment {
     ///
     /// # Example
     ///
+    /// # Errors
+    ///
+    /// A [`ControlError`] when Redis could not be reached or did not apply
+    /// the change; no replica has then been told.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_circuit_breaker::redis::{Backend, Client, Origin};
@@ -114,6 +119,11 @@ impl Attachment {
     ///
     /// # Example
     ///
+    /// # Errors
+    ///
+    /// A [`ControlError`] when Redis could not be reached or did not apply
+    /// the change; no replica has then been told.
+    ///
     /// ```
     /// use tower_circuit_breaker::redis::{Backend, Client};
     /// use tower_circuit_breaker::Breaker;
@@ -139,6 +149,11 @@ impl Attachment {
     /// [resets](Breaker::reset) it once.
     ///
     /// # Example
+    ///
+    /// # Errors
+    ///
+    /// A [`ControlError`] when Redis could not be reached or did not apply
+    /// the change; no replica has then been told.
     ///
     /// ```
     /// use tower_circuit_breaker::redis::{Backend, Client};
@@ -185,6 +200,7 @@ impl Attachment {
     /// # attachment.detach().await;
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn snapshot(&self, breaker: &Breaker) -> SharedSnapshot {
         let snapshot = breaker.snapshot();
         let origin = breaker

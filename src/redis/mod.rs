@@ -133,6 +133,11 @@ impl Quorum {
     pub(crate) fn needed(self, alive: u32) -> u32 {
         let n = match self {
             Quorum::Replicas(n) => n,
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "f is in (0, 1], so the product is in [0, alive]"
+            )]
             Quorum::Fraction(f) => (f * f64::from(alive)).ceil() as u32,
         };
         n.min(alive).max(1)
@@ -253,6 +258,7 @@ impl Backend {
     /// # let _ = backend;
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn builder(client: Client) -> BackendBuilder {
         BackendBuilder::new(Ok(Store::Single(client)))
     }
@@ -300,6 +306,12 @@ impl Backend {
     /// The breaker must have a [name](crate::Builder::name), and this must be
     /// called within a tokio runtime, which runs the background task.
     ///
+    /// # Errors
+    ///
+    /// A [`SetupError`]: the breaker has no name
+    /// ([`SetupError::Unnamed`]) or there is no tokio runtime to run the
+    /// background task on ([`SetupError::NoRuntime`]).
+    ///
     /// ```
     /// use tower_circuit_breaker::redis::{Backend, Client, SetupError};
     /// use tower_circuit_breaker::{Breaker, CircuitBreakerLayer};
@@ -330,6 +342,11 @@ impl Backend {
     /// keyed layer: `backend.attach_keyed(layer.select().breakers())`).
     ///
     /// Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`SetupError`]: the set has no name ([`SetupError::Unnamed`]) or
+    /// there is no tokio runtime ([`SetupError::NoRuntime`]).
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
@@ -445,6 +462,7 @@ impl Attachment {
     /// # attachment.detach().await;
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
     }
@@ -475,6 +493,7 @@ impl Attachment {
     /// # attachment.detach().await;
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn other_schemas(&self) -> Vec<u32> {
         crate::sync::lock(&self.schemas).iter().copied().collect()
     }
@@ -498,6 +517,7 @@ impl Attachment {
     /// # attachment.detach().await;
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn fleet(&self) -> Fleet {
         let f = &self.settings.fleet;
         Fleet {

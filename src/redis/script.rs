@@ -563,7 +563,7 @@ fn lease_ms(rule: &Rule) -> u64 {
 /// Whole milliseconds, saturating at [`MAX_MS`]: a longer setting ("never
 /// expire") means the longest the script keeps, never its fallback.
 fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(MAX_MS)) as u64
+    u64::try_from(d.as_millis().min(u128::from(MAX_MS))).unwrap_or(MAX_MS)
 }
 
 #[cfg(test)]

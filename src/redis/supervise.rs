@@ -48,7 +48,7 @@ pub(super) async fn supervise<F, Fut>(
             target: "tower_circuit_breaker",
             restarts,
             panicked = err.is_panic(),
-            retry_in_ms = delay.as_millis() as u64,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             "redis sync task died; breakers are local until it restarts"
         );
         tokio::select! {

@@ -238,8 +238,9 @@ impl Tracked {
                 self.breaker.remote().open_for(Duration::ZERO);
             }
         }
-        let outcomes = std::iter::repeat_n("s", probe_ok as usize)
-            .chain(std::iter::repeat_n("f", probe_failed as usize));
+        let count = |n| usize::try_from(n).unwrap_or(usize::MAX);
+        let outcomes = std::iter::repeat_n("s", count(probe_ok))
+            .chain(std::iter::repeat_n("f", count(probe_failed)));
         for code in outcomes {
             match self.leases.pop_front() {
                 Some((id, _)) => req.reports.push((id, code)),

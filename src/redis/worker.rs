@@ -103,6 +103,10 @@ impl Worker {
             round: 0,
             schemas: HashSet::new(),
             seen_schemas,
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "any bits of the seed pick a node"
+            )]
             node: seed as usize,
             desk,
             asks,

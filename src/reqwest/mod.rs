@@ -122,6 +122,7 @@ impl<B> ReqwestService<B> {
     /// let service: ReqwestService<Vec<u8>> = ReqwestService::new(reqwest::Client::new());
     /// # let _ = service;
     /// ```
+    #[must_use]
     pub const fn new(client: ::reqwest::Client) -> Self {
         ReqwestService {
             client,
@@ -137,6 +138,7 @@ impl<B> ReqwestService<B> {
     /// let service = ReqwestService::<String>::new(reqwest::Client::new());
     /// let _client: &reqwest::Client = service.get_ref();
     /// ```
+    #[must_use]
     pub fn get_ref(&self) -> &::reqwest::Client {
         &self.client
     }
@@ -149,6 +151,7 @@ impl<B> ReqwestService<B> {
     /// let service = ReqwestService::<String>::new(reqwest::Client::new());
     /// let _client: reqwest::Client = service.into_inner();
     /// ```
+    #[must_use]
     pub fn into_inner(self) -> ::reqwest::Client {
         self.client
     }

@@ -137,6 +137,10 @@ impl RetryBudget {
     }
 
     /// Takes one retry from the budget, if it holds one.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is a by-product"
+    )]
     pub fn withdraw(&self) -> bool {
         let mut ring = self.ring();
         let (firsts, retries) = ring
@@ -169,6 +173,7 @@ impl RetryBudget {
     }
 
     /// Retries refused so far.
+    #[must_use]
     pub fn denied(&self) -> u64 {
         self.shared
             .denied

@@ -162,6 +162,7 @@ impl RetryPolicy {
     /// let layer = RetryLayer::new(RetryPolicy::new());
     /// # let _ = layer;
     /// ```
+    #[must_use]
     pub fn new() -> Self {
         RetryPolicy {
             classifier: HttpClassifier,
@@ -236,6 +237,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// let policy = RetryPolicy::new().budget(RetryBudget::new(20.0)?);
     /// # let _ = policy; Ok(()) }
     /// ```
+    #[must_use]
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.budget = Some(budget);
         self
@@ -278,6 +280,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// assert_eq!(calls.load(Ordering::SeqCst), 3, "the first attempt and 2 retries");
     /// # }
     /// ```
+    #[must_use]
     pub fn max_retries(mut self, retries: u32) -> Self {
         self.max_retries = retries;
         self
@@ -306,6 +309,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// assert!(start.elapsed() < Duration::from_secs(5));
     /// # }
     /// ```
+    #[must_use]
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.base = base.min(max);
         self.max = max;
@@ -335,6 +339,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// assert_eq!(start.elapsed(), Duration::ZERO);
     /// # }
     /// ```
+    #[must_use]
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.retry_after_cap = cap;
         self
@@ -349,6 +354,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// let policy = RetryPolicy::new().seed(42);
     /// # let _ = policy;
     /// ```
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Rng::new(seed);
         self
@@ -384,6 +390,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// assert_eq!(start.elapsed(), Duration::ZERO);
     /// # }
     /// ```
+    #[must_use]
     pub fn watch_breaker(mut self, breaker: Breaker) -> Self {
         let mut watch = self.watch.to_vec();
         watch.push(breaker);

@@ -159,6 +159,7 @@ impl<C> Meter<C> {
     }
 
     /// Reads at most `max` bytes of a JSON answer for its usage.
+    #[must_use]
     pub fn max_body(mut self, max: usize) -> Self {
         self.max_body = max;
         self
@@ -346,6 +347,7 @@ impl<S: ClassifyStream> ClassifyStream for Metered<S> {
 /// Reads the usage of a JSON answer and the events of a stream, for the
 /// fuzz targets: never panics, whatever the bytes.
 #[doc(hidden)]
+#[must_use]
 pub fn read_usage(json: &[u8], sse: &[u8]) -> (Option<Usage>, Option<Usage>) {
     let whole = Usage::from_json(json);
     let mut scanner = SseScanner::new();

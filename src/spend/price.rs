@@ -29,6 +29,7 @@ pub struct Price {
 impl Price {
     /// Input, output and cached-input prices in dollars per million tokens.
     /// A price that is negative or not finite counts as 0.
+    #[must_use]
     pub fn per_million(input: f64, output: f64, cached_input: f64) -> Self {
         let ok = |p: f64| if p.is_finite() && p > 0.0 { p } else { 0.0 };
         Price {
@@ -45,11 +46,17 @@ impl Price {
     /// such a call is charged the breaker's
     /// [`unknown_cost`](super::SpendGuard::unknown_cost), or its running
     /// average.
+    #[must_use]
     pub fn unknown_cost(mut self, micro_dollars: u64) -> Self {
         self.unknown = Some(micro_dollars);
         self
     }
 
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a cost of non-negative terms, converted by a saturating `as`"
+    )]
     fn cost(&self, usage: &Usage) -> u64 {
         let c = usage.input() as f64 * self.input
             + usage.output() as f64 * self.output
@@ -106,6 +113,7 @@ impl fmt::Debug for Prices {
 
 impl Prices {
     /// An empty table, in millionths of a dollar.
+    #[must_use]
     pub fn new() -> Self {
         Prices {
             models: Vec::new(),
@@ -115,6 +123,7 @@ impl Prices {
     }
 
     /// Counts tokens: a call costs [`Usage::total`].
+    #[must_use]
     pub fn tokens() -> Self {
         Prices {
             tokens: true,
@@ -123,6 +132,7 @@ impl Prices {
     }
 
     /// Prices models whose name starts with `prefix`.
+    #[must_use]
     pub fn model(mut self, prefix: &str, price: Price) -> Self {
         self.models.retain(|(p, _)| &**p != prefix);
         self.models.push((prefix.into(), price));
@@ -131,6 +141,7 @@ impl Prices {
 
     /// Prices what the table does not list (a user closure: a panic in it
     /// is contained, and the call charged as one of unknown usage).
+    #[must_use]
     pub fn otherwise<F>(mut self, price: F) -> Self
     where
         F: Fn(&Usage) -> Option<u64> + Send + Sync + 'static,
@@ -149,6 +160,7 @@ impl Prices {
     }
 
     /// What `usage` costs; `None` when the table cannot say.
+    #[must_use]
     pub fn cost(&self, usage: &Usage) -> Option<u64> {
         if self.tokens {
             return Some(usage.total());

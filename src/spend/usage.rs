@@ -64,7 +64,7 @@ impl Model {
             .unwrap_or(raw.len())];
         let n = raw.len().min(MAX_MODEL);
         m.bytes[..n].copy_from_slice(&raw[..n]);
-        m.len = n as u8;
+        m.len = u8::try_from(n).unwrap_or(u8::MAX);
         m
     }
 
@@ -77,6 +77,7 @@ impl Model {
 impl Usage {
     /// A usage of `input` uncached input tokens, `cached_input` cached ones
     /// and `output` output tokens.
+    #[must_use]
     pub const fn new(input: u64, cached_input: u64, output: u64) -> Self {
         Usage {
             input,
@@ -91,27 +92,32 @@ impl Usage {
 
     /// The same usage, by `model` (cut at 63 bytes, and at the first byte
     /// that is not printable ASCII).
+    #[must_use]
     pub fn with_model(mut self, model: &str) -> Self {
         self.model = Model::new(model.as_bytes());
         self
     }
 
     /// Input tokens not read from a cache.
+    #[must_use]
     pub const fn input(&self) -> u64 {
         self.input
     }
 
     /// Input tokens read from a cache.
+    #[must_use]
     pub const fn cached_input(&self) -> u64 {
         self.cached_input
     }
 
     /// Output tokens, reasoning included.
+    #[must_use]
     pub const fn output(&self) -> u64 {
         self.output
     }
 
     /// Every token.
+    #[must_use]
     pub const fn total(&self) -> u64 {
         self.input
             .saturating_add(self.cached_input)
@@ -119,6 +125,7 @@ impl Usage {
     }
 
     /// The model the answer names (`model`, Gemini's `modelVersion`).
+    #[must_use]
     pub fn model(&self) -> Option<&str> {
         self.model.get()
     }
@@ -127,6 +134,7 @@ impl Usage {
     /// Responses (`usage`, `response.usage`), Anthropic's Messages
     /// (`usage`, `message.usage`), Gemini's `usageMetadata`. `None` when it
     /// has none, or none that parses.
+    #[must_use]
     pub fn from_json(body: &[u8]) -> Option<Usage> {
         let mut reader = UsageReader::default();
         reader.read(body);

@@ -82,6 +82,7 @@ impl Default for StackBuilder {
 
 impl StackBuilder {
     /// A builder with the defaults.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
@@ -127,6 +128,7 @@ impl<C, P: StackSelect> StackBuilder<C, (), P> {
 
 impl<C, D> StackBuilder<C, D> {
     /// The breaker's configuration (name, window, rules, listeners).
+    #[must_use]
     pub fn breaker(mut self, breaker: Builder<Breaker>) -> Self {
         self.breaker = breaker;
         self
@@ -226,6 +228,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     /// assert_eq!(err, StackError::HealthProbe(HealthProbeError::ZeroInterval));
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn health_probe(
         mut self,
         probe: HealthProbeBuilder,
@@ -239,6 +242,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     }
 
     /// How long one attempt may take (to the response head). Default 60 s.
+    #[must_use]
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
         self
@@ -246,6 +250,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
 
     /// How long the caller waits at most, retries and backoff included.
     /// Default: no limit.
+    #[must_use]
     pub fn total_timeout(mut self, timeout: Duration) -> Self {
         self.total_timeout = Some(timeout);
         self
@@ -256,6 +261,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     /// The stack gives it the stack's classifier and has it watch the
     /// stack's breaker (with [`keyed`](Self::keyed), the request's own
     /// key). Default: [`RetryPolicy::new`].
+    #[must_use]
     pub fn retry<R>(mut self, policy: RetryPolicy<R>) -> Self {
         self.retry = policy.with_classifier(());
         self.backoff_inverted = false;
@@ -263,6 +269,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     }
 
     /// Shorthand for [`RetryPolicy::max_retries`] on the stack's retry.
+    #[must_use]
     pub fn max_retries(mut self, retries: u32) -> Self {
         self.retry = self.retry.max_retries(retries);
         self
@@ -270,6 +277,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
 
     /// Shorthand for [`RetryPolicy::backoff`] on the stack's retry; a base
     /// above the cap is a misfit here.
+    #[must_use]
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.retry = self.retry.backoff(base, max);
         self.backoff_inverted = base > max;
@@ -277,6 +285,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
     }
 
     /// Shorthand for [`RetryPolicy::retry_after_cap`] on the stack's retry.
+    #[must_use]
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.retry = self.retry.retry_after_cap(cap);
         self
@@ -284,6 +293,7 @@ impl<C, D, P: StackSelect> StackBuilder<C, D, P> {
 
     /// Seeds the retry jitter and the breaker's open-duration jitter, for runs
     /// that must repeat exactly.
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

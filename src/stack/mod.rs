@@ -367,6 +367,7 @@ impl Stack<(), HttpClassifier> {
     ///     .unwrap();
     /// # let _ = layer;
     /// ```
+    #[must_use]
     pub fn builder() -> StackBuilder {
         StackBuilder::new()
     }

@@ -159,6 +159,7 @@ impl StatusPage {
     /// let page = StatusPage::new();
     /// # let _ = page;
     /// ```
+    #[must_use]
     pub fn new() -> Self {
         StatusPage {
             sources: Arc::new(Vec::new()),
@@ -175,6 +176,7 @@ impl StatusPage {
     /// let page = StatusPage::new().breaker(&breaker);
     /// # let _ = page;
     /// ```
+    #[must_use]
     pub fn breaker(mut self, breaker: &Breaker) -> Self {
         Arc::make_mut(&mut self.sources).push(Source::Breaker(breaker.clone()));
         self
@@ -188,6 +190,7 @@ impl StatusPage {
     /// let page = StatusPage::new().keyed("models", &models);
     /// # let _ = page;
     /// ```
+    #[must_use]
     pub fn keyed(mut self, name: impl Into<Arc<str>>, breakers: &KeyedBreakers) -> Self {
         Arc::make_mut(&mut self.sources).push(Source::Keyed(name.into(), breakers.clone()));
         self
@@ -222,6 +225,7 @@ impl StatusPage {
     /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[must_use]
     pub fn fleet(
         mut self,
         name: impl Into<Arc<str>>,
@@ -240,6 +244,7 @@ impl StatusPage {
     /// let page = StatusPage::new().refresh(Duration::from_secs(5));
     /// # let _ = page;
     /// ```
+    #[must_use]
     pub fn refresh(mut self, every: Duration) -> Self {
         self.refresh = every.max(Duration::from_millis(100));
         self
@@ -309,6 +314,7 @@ impl StatusPage {
     /// assert!(json.contains(r#""breaker":"chat","key":"","state":"forced-open""#));
     /// # }
     /// ```
+    #[must_use]
     pub fn to_json(&self) -> String {
         let now = Instant::now();
         let mut rows = Vec::new();
@@ -381,6 +387,7 @@ impl StatusPage {
     /// let html = StatusPage::new().to_html();
     /// assert!(html.starts_with("<!doctype html>"));
     /// ```
+    #[must_use]
     pub fn to_html(&self) -> String {
         PAGE.replace("__REFRESH_MS__", &self.refresh.as_millis().to_string())
     }

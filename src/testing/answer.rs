@@ -82,6 +82,7 @@ pub enum Answer {
 
 impl Answer {
     /// A JSON chat completion, at once.
+    #[must_use]
     pub const fn ok() -> Answer {
         Answer::Ok {
             latency: Duration::ZERO,
@@ -91,6 +92,7 @@ impl Answer {
 
     /// A 200 event stream whose `data: [DONE]` comes `stream` after its
     /// head.
+    #[must_use]
     pub const fn stream(stream: Duration) -> Answer {
         Answer::Ok {
             latency: Duration::ZERO,
@@ -99,6 +101,7 @@ impl Answer {
     }
 
     /// An error answer with status `code` (a 503, say), at once.
+    #[must_use]
     pub const fn status(code: u16) -> Answer {
         Answer::Status {
             code,
@@ -108,6 +111,7 @@ impl Answer {
     }
 
     /// A 429, at once, asking for `retry_after` when it is given.
+    #[must_use]
     pub const fn too_many_requests(retry_after: Option<Duration>) -> Answer {
         Answer::Status {
             code: 429,
@@ -117,6 +121,7 @@ impl Answer {
     }
 
     /// A connection reset, at once.
+    #[must_use]
     pub const fn reset() -> Answer {
         Answer::Reset {
             latency: Duration::ZERO,
@@ -125,6 +130,7 @@ impl Answer {
 
     /// The same answer with its head (or reset) after `latency`; a
     /// [`Hang`](Answer::Hang) stays a hang.
+    #[must_use]
     pub const fn after(mut self, latency: Duration) -> Answer {
         match &mut self {
             Answer::Ok { latency: l, .. }
@@ -140,6 +146,7 @@ impl Answer {
     }
 
     /// The time to the response head (or the reset); `None` for a hang.
+    #[must_use]
     pub const fn latency(&self) -> Option<Duration> {
         match *self {
             Answer::Ok { latency, .. }
@@ -156,6 +163,7 @@ impl Answer {
     /// Whether this is the upstream failing: a 5xx, a hang, a reset, an
     /// error event or a stall. A 4xx (429 included), a content filter and a
     /// context-length error are not.
+    #[must_use]
     pub const fn is_failure(&self) -> bool {
         match self {
             Answer::Ok { .. } | Answer::ContentFilter { .. } | Answer::ContextLength { .. } => {

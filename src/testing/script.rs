@@ -39,6 +39,7 @@ struct Weighted {
 impl Phase {
     /// A phase that starts `from` after the upstream was made, with no
     /// answers yet.
+    #[must_use]
     pub fn new(from: Duration) -> Phase {
         Phase {
             from,
@@ -48,18 +49,21 @@ impl Phase {
 
     /// Gives `answer`, with its fixed latency, to a share `p` (0 to 1) of
     /// the calls.
+    #[must_use]
     pub fn answer(self, p: f64, answer: Answer) -> Phase {
         self.answer_with(p, answer, Latency::Fixed)
     }
 
     /// Gives `answer`, its latency varying by `latency`, to a share `p` of
     /// the calls.
+    #[must_use]
     pub fn answer_with(mut self, p: f64, answer: Answer, latency: Latency) -> Phase {
         self.answers.push(Weighted { p, answer, latency });
         self
     }
 
     /// When the phase starts.
+    #[must_use]
     pub fn from(&self) -> Duration {
         self.from
     }
@@ -115,6 +119,7 @@ struct Compiled {
 
 impl Script {
     /// A builder with no phase yet.
+    #[must_use]
     pub fn builder() -> ScriptBuilder {
         ScriptBuilder::default()
     }
@@ -231,6 +236,7 @@ impl Default for ScriptBuilder {
 impl ScriptBuilder {
     /// Adds a phase; phases must come in increasing order of their start.
     /// A call before the first phase starts is answered by the first.
+    #[must_use]
     pub fn phase(mut self, phase: Phase) -> Self {
         self.phases.push(phase);
         self
@@ -238,6 +244,7 @@ impl ScriptBuilder {
 
     /// The name in its [`Attempt`](super::Attempt)s, to tell upstreams apart
     /// in a shared [`AttemptLog`](super::AttemptLog).
+    #[must_use]
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.name = name.into();
         self
@@ -245,12 +252,14 @@ impl ScriptBuilder {
 
     /// When the last phase ends, for a [`Latency::Ramp`] in it. Default: a
     /// last phase that does not end (a ramp in it is refused).
+    #[must_use]
     pub fn ends_at(mut self, end: Duration) -> Self {
         self.end = Some(end);
         self
     }
 
     /// Seeds the draws.
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
@@ -258,6 +267,7 @@ impl ScriptBuilder {
 
     /// Draws from stream `stream` of the seed: upstreams of one test that
     /// share a seed draw independently when their streams differ.
+    #[must_use]
     pub fn stream(mut self, stream: u64) -> Self {
         self.stream = stream;
         self
@@ -268,6 +278,7 @@ impl ScriptBuilder {
     /// stall and first-frame deadlines see); with `false` (the default),
     /// only its last event, at its end. A [`Stall`](Answer::Stall) sends
     /// tokens either way.
+    #[must_use]
     pub fn stream_tokens(mut self, on: bool) -> Self {
         self.stream_tokens = on;
         self
@@ -299,6 +310,7 @@ impl ScriptBuilder {
     /// assert_eq!((usage.input(), usage.output(), usage.model()), (3_000, 1_000, Some("gpt-4o")));
     /// # }
     /// ```
+    #[must_use]
     pub fn usage(mut self, input: u64, output: u64) -> Self {
         self.usage = Some((input, output));
         self
@@ -306,6 +318,7 @@ impl ScriptBuilder {
 
     /// Serves at most `capacity`'s calls at once and queues some more;
     /// beyond them, a 429 at once.
+    #[must_use]
     pub fn capacity(mut self, capacity: Capacity) -> Self {
         self.capacity = Some(capacity);
         self
@@ -316,6 +329,7 @@ impl ScriptBuilder {
     /// `n` of request `r` gets the same answer in every run, whatever else
     /// is going on. Calls without the header are numbered in the order they
     /// come, from 0.
+    #[must_use]
     pub fn request_id_header(mut self, name: HeaderName) -> Self {
         self.request_id = Some(name);
         self
@@ -410,6 +424,7 @@ pub struct Capacity {
 impl Capacity {
     /// `concurrent` calls at once, `queue` more waiting; a 429 without
     /// `Retry-After` beyond them.
+    #[must_use]
     pub const fn new(concurrent: u32, queue: u32) -> Capacity {
         Capacity {
             concurrent,
@@ -419,6 +434,7 @@ impl Capacity {
     }
 
     /// The 429's `Retry-After`.
+    #[must_use]
     pub const fn retry_after(mut self, wait: Duration) -> Capacity {
         self.retry_after = Some(wait);
         self

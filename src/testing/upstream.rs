@@ -82,16 +82,19 @@ impl ScriptedUpstream {
     }
 
     /// Its attempt log.
+    #[must_use]
     pub fn log(&self) -> &AttemptLog {
         &self.shared.log
     }
 
     /// Its script.
+    #[must_use]
     pub fn script(&self) -> &Script {
         &self.shared.script
     }
 
     /// When its script began.
+    #[must_use]
     pub fn started(&self) -> Instant {
         self.shared.start
     }
@@ -343,27 +346,32 @@ struct LogInner {
 
 impl AttemptLog {
     /// An empty log.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Every attempt so far.
+    #[must_use]
     pub fn attempts(&self) -> Vec<Attempt> {
         self.lock().attempts.clone()
     }
 
     /// How many attempts there were.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.lock().attempts.len()
     }
 
     /// Whether no call came yet.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// How many attempts of `request` came, over every upstream logging
     /// here.
+    #[must_use]
     pub fn attempts_of(&self, request: u64) -> u32 {
         self.lock().per_request.get(&request).copied().unwrap_or(0)
     }

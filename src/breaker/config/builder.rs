@@ -108,18 +108,21 @@ impl<T: Build> Builder<T> {
     }
 
     /// A builder with the default configuration.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Names the breaker; the name appears in events, snapshots and
     /// [`CircuitOpen`](crate::CircuitOpen).
+    #[must_use]
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.config.name = Some(name.into());
         self
     }
 
     /// Rate rules look at the last `calls` recorded calls.
+    #[must_use]
     pub fn count_window(mut self, calls: u32) -> Self {
         self.config.window = Window::Count(calls);
         self
@@ -127,6 +130,7 @@ impl<T: Build> Builder<T> {
 
     /// Rate rules look at the calls recorded in the last `span`, kept in
     /// `buckets` buckets (exact to `span / buckets`).
+    #[must_use]
     pub fn time_window(mut self, span: Duration, buckets: u32) -> Self {
         self.config.window = Window::Time { span, buckets };
         self
@@ -134,12 +138,14 @@ impl<T: Build> Builder<T> {
 
     /// Turns the window off, and with it the failure-rate and slow-call-rate
     /// rules.
+    #[must_use]
     pub fn no_window(mut self) -> Self {
         self.config.window = Window::None;
         self
     }
 
     /// Sets the window.
+    #[must_use]
     pub fn window(mut self, window: Window) -> Self {
         self.config.window = window;
         self
@@ -147,12 +153,14 @@ impl<T: Build> Builder<T> {
 
     /// The rate rules fire only once the window holds at least this many
     /// calls.
+    #[must_use]
     pub fn min_calls(mut self, calls: u32) -> Self {
         self.config.min_calls = calls;
         self
     }
 
     /// Opens when failures reach this fraction of the window's calls.
+    #[must_use]
     pub fn failure_rate(mut self, rate: f64) -> Self {
         self.config.failure_rate = Some(rate);
         self
@@ -160,6 +168,7 @@ impl<T: Build> Builder<T> {
 
     /// Turns the failure-rate rule off (the window may still serve the
     /// slow-call rule).
+    #[must_use]
     pub fn no_failure_rate(mut self) -> Self {
         self.config.failure_rate = None;
         self
@@ -167,6 +176,7 @@ impl<T: Build> Builder<T> {
 
     /// Opens after `n` failures in a row. Ignored and rate-limited outcomes
     /// neither count nor break the streak.
+    #[must_use]
     pub fn consecutive_failures(mut self, n: u32) -> Self {
         self.config.consecutive_failures = Some(n);
         self
@@ -185,12 +195,14 @@ impl<T: Build> Builder<T> {
     /// of a keyed set). Admissions take no lock. A call that finds every slot
     /// taken is judged on its response head alone (to the millisecond), not
     /// counted while it hangs.
+    #[must_use]
     pub fn slow_call(mut self, threshold: Duration, rate: f64) -> Self {
         self.config.slow_call = Some((threshold, rate));
         self
     }
 
     /// How long the circuit stays open after it trips (before jitter).
+    #[must_use]
     pub fn open_duration(mut self, open: Duration) -> Self {
         self.config.open = open;
         self
@@ -208,6 +220,7 @@ impl<T: Build> Builder<T> {
     /// against $0.32 wasted). Every half-open cycle costs the users whose
     /// calls are its probes; health probes ([`crate::health`]) remove that
     /// cost, and then a longer cap is cheap.
+    #[must_use]
     pub fn max_open_duration(mut self, open_max: Duration) -> Self {
         self.config.open_max = Some(open_max);
         self
@@ -215,6 +228,7 @@ impl<T: Build> Builder<T> {
 
     /// Each reopen from half-open multiplies the open duration by this factor,
     /// up to the cap. Default 2.
+    #[must_use]
     pub fn backoff_multiplier(mut self, multiplier: f64) -> Self {
         self.config.backoff_multiplier = multiplier;
         self
@@ -223,18 +237,21 @@ impl<T: Build> Builder<T> {
     /// Each open duration is shortened by a random fraction of up to `jitter`
     /// of itself, so replicas don't probe in lockstep. Default 0.1; 0 turns it
     /// off.
+    #[must_use]
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.config.jitter = jitter;
         self
     }
 
     /// How many probe calls one half-open cycle admits.
+    #[must_use]
     pub fn probes(mut self, probes: u32) -> Self {
         self.config.probes = probes;
         self
     }
 
     /// How many probe successes close the circuit.
+    #[must_use]
     pub fn close_after(mut self, successes: u32) -> Self {
         self.config.close_after = successes;
         self
@@ -246,6 +263,7 @@ impl<T: Build> Builder<T> {
     /// to the base open duration; with the slow-call rule on, the slow
     /// threshold is the deadline unless this is shorter. So no setting can
     /// leave a hung upstream half-open for ever.
+    #[must_use]
     pub fn probe_timeout(mut self, timeout: Duration) -> Self {
         self.config.probe_timeout = Some(timeout);
         self
@@ -256,6 +274,7 @@ impl<T: Build> Builder<T> {
     /// its late outcome is dropped. Unset by default: a probe holds its slot
     /// until it finishes. May not be shorter than the probe deadline (see
     /// [`probe_timeout`](Self::probe_timeout)); `Duration::MAX` means never.
+    #[must_use]
     pub fn probe_lease(mut self, lease: Duration) -> Self {
         self.config.probe_lease = Some(lease);
         self
@@ -263,6 +282,7 @@ impl<T: Build> Builder<T> {
 
     /// Shadow mode: the breaker records and reports every transition it would
     /// make, but never rejects a call.
+    #[must_use]
     pub fn metrics_only(mut self, on: bool) -> Self {
         self.config.metrics_only = on;
         self
@@ -274,6 +294,7 @@ impl<T: Build> Builder<T> {
     /// upstream's health. A runaway retry loop against a healthy upstream is
     /// an incident too. Needs no failure rule; no half-open cycle is
     /// involved. Exact to a sixteenth of `period`.
+    #[must_use]
     pub fn volume_guard(mut self, limit: u32, period: Duration) -> Self {
         self.config.volume_guard = Some((limit, period));
         self
@@ -302,6 +323,7 @@ impl<T: Build> Builder<T> {
     /// assert_eq!(account.snapshot().reason, Some(Reason::QuotaExhausted));
     /// # }
     /// ```
+    #[must_use]
     pub fn quota_gate(mut self, open_for: Duration) -> Self {
         self.config.quota_gate = Some(open_for);
         self
@@ -338,6 +360,7 @@ impl<T: Build> Builder<T> {
     /// assert!(key.admit().is_ok());
     /// # }
     /// ```
+    #[must_use]
     pub fn pace_rate_limits(mut self, on: bool) -> Self {
         self.config.pace = on;
         self
@@ -369,6 +392,7 @@ impl<T: Build> Builder<T> {
     /// assert!(key.admit().is_ok());
     /// # }
     /// ```
+    #[must_use]
     pub fn max_rate_limit_wait(mut self, max: Duration) -> Self {
         self.config.max_rate_limit_wait = max;
         self
@@ -391,6 +415,7 @@ impl<T: Build> Builder<T> {
     /// let breaker = Breaker::builder().in_flight_limit(InFlightLimit::new().decrease(0.5)).build().unwrap();
     /// assert_eq!(breaker.in_flight_limit(), None);
     /// ```
+    #[must_use]
     pub fn in_flight_limit(mut self, limit: InFlightLimit) -> Self {
         self.config.in_flight_limit = Some(limit);
         self
@@ -404,6 +429,7 @@ impl<T: Build> Builder<T> {
     /// let breaker = Breaker::builder().no_in_flight_limit().build().unwrap();
     /// assert_eq!(breaker.in_flight_limit(), None);
     /// ```
+    #[must_use]
     pub fn no_in_flight_limit(mut self) -> Self {
         self.config.in_flight_limit = None;
         self
@@ -441,6 +467,7 @@ impl<T: Build> Builder<T> {
     /// assert!(breaker.admit_with_fallback().is_ok());
     /// # }
     /// ```
+    #[must_use]
     pub fn ramp(mut self, period: Duration) -> Self {
         self.config.ramp = period;
         self
@@ -479,6 +506,7 @@ impl<T: Build> Builder<T> {
     /// assert_eq!(graded.admit_with_fallback().unwrap_err().reason(), Rejection::Open);
     /// assert_eq!(graded.state(), State::Open);
     /// ```
+    #[must_use]
     pub fn trip_mode(mut self, mode: TripMode) -> Self {
         self.config.trip_mode = mode;
         self
@@ -528,6 +556,7 @@ impl<T: Build> Builder<T> {
     /// assert_eq!(Breaker::builder().graded_k(2.0).build().unwrap_err(), ConfigError::GradedK(2.0));
     /// assert!(Breaker::builder().graded_k(10.0).build().is_err());
     /// ```
+    #[must_use]
     pub fn graded_k(mut self, k: f64) -> Self {
         self.config.graded_k = k;
         self
@@ -546,18 +575,21 @@ impl<T: Build> Builder<T> {
     /// assert!(Breaker::builder().graded_window(Duration::from_secs(10)).build().is_ok());
     /// assert!(Breaker::builder().graded_window(Duration::ZERO).build().is_err());
     /// ```
+    #[must_use]
     pub fn graded_window(mut self, window: Duration) -> Self {
         self.config.graded_window = window;
         self
     }
 
     /// Seeds the jitter, for runs that must repeat exactly.
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.config.seed = Some(seed);
         self
     }
 
     /// Calls `listener` after every state change.
+    #[must_use]
     pub fn on_transition(mut self, listener: impl Fn(&Transition) + Send + Sync + 'static) -> Self {
         self.config.listeners.push(Arc::new(listener));
         self
@@ -569,6 +601,7 @@ impl<T: Build> Builder<T> {
     /// breaker; fewer saves memory when there are many breakers. Default 16.
     /// Keyed breakers start with the shared stripe alone and get theirs (at
     /// most one per CPU) once a key has admitted 1,024 calls. At most 1,024.
+    #[must_use]
     pub fn counter_stripes(mut self, stripes: usize) -> Self {
         self.config.counter_stripes = stripes;
         self

@@ -62,6 +62,7 @@ impl InFlightLimit {
     /// # use tower_circuit_breaker::InFlightLimit;
     /// assert_eq!(InFlightLimit::new(), InFlightLimit::default());
     /// ```
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
@@ -78,6 +79,7 @@ impl InFlightLimit {
     ///     .unwrap_err();
     /// assert!(matches!(err, ConfigError::InFlightLimit(_)));
     /// ```
+    #[must_use]
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -90,6 +92,7 @@ impl InFlightLimit {
     /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().decrease(1.0)).build();
     /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
     /// ```
+    #[must_use]
     pub fn decrease(mut self, factor: f64) -> Self {
         self.decrease = factor;
         self
@@ -103,6 +106,7 @@ impl InFlightLimit {
     /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().increase(0)).build();
     /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
     /// ```
+    #[must_use]
     pub fn increase(mut self, step: u32) -> Self {
         self.increase = step;
         self
@@ -116,6 +120,7 @@ impl InFlightLimit {
     /// let err = Breaker::builder().in_flight_limit(InFlightLimit::new().min_signals(0)).build();
     /// assert!(matches!(err, Err(ConfigError::InFlightLimit(_))));
     /// ```
+    #[must_use]
     pub fn min_signals(mut self, n: u32) -> Self {
         self.min_signals = n;
         self

@@ -33,11 +33,13 @@ pub struct SpendGuard {
 
 impl SpendGuard {
     /// A budget of `budget` millionths of a dollar per `period`.
+    #[must_use]
     pub const fn micro_dollars(budget: u64, period: Period) -> Self {
         SpendGuard::new(budget, Unit::MicroDollars, period)
     }
 
     /// A budget of `budget` tokens per `period`.
+    #[must_use]
     pub const fn tokens(budget: u64, period: Period) -> Self {
         SpendGuard::new(budget, Unit::Tokens, period)
     }
@@ -56,6 +58,7 @@ impl SpendGuard {
     /// Shadow mode: a spent budget rejects nothing; the calls it would have
     /// rejected are counted (`would_reject` in the snapshot's counters) and
     /// the crossing is logged, so a budget can be tried on live traffic.
+    #[must_use]
     pub const fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
         self
@@ -65,6 +68,7 @@ impl SpendGuard {
     /// budget: a `tracing` warning (and, with the `metrics` feature, the
     /// counter `circuit_breaker_spend_warnings_total`). `fraction` in
     /// `(0, 1]`.
+    #[must_use]
     pub const fn warn_at(mut self, fraction: f64) -> Self {
         self.warn_at = Some(fraction);
         self
@@ -75,22 +79,26 @@ impl SpendGuard {
     /// price table has no amount of its own for the model. By default the
     /// running average of the calls whose usage was observed (0 before the
     /// first).
+    #[must_use]
     pub const fn unknown_cost(mut self, cost: u64) -> Self {
         self.unknown = Some(cost);
         self
     }
 
     /// The budget, in [`unit`](Self::unit)s.
+    #[must_use]
     pub const fn budget(&self) -> u64 {
         self.budget
     }
 
     /// What the budget counts.
+    #[must_use]
     pub const fn unit(&self) -> Unit {
         self.unit
     }
 
     /// The period the budget holds for.
+    #[must_use]
     pub const fn period(&self) -> Period {
         self.period
     }
@@ -152,6 +160,7 @@ impl<T: Build> Builder<T> {
     /// assert_eq!(open.retry_after(), Some(Duration::from_secs(3600)));
     /// # }
     /// ```
+    #[must_use]
     pub fn spend_guard(mut self, guard: SpendGuard) -> Self {
         self.config.spend = Some(guard);
         self

@@ -54,7 +54,11 @@ impl Shape {
         let (width, slices) = match guard.period {
             Period::Rolling(d) => {
                 let ms = d.as_millis().div_ceil(SLICES as u128).max(1);
-                (Duration::from_millis(ms as u64), SLICES as u32)
+                let ms = u64::try_from(ms).unwrap_or(u64::MAX);
+                (
+                    Duration::from_millis(ms),
+                    u32::try_from(SLICES).unwrap_or(u32::MAX),
+                )
             }
             Period::UtcHour => (Duration::from_secs(3_600), 1),
             Period::UtcDay => (Duration::from_secs(86_400), 1),

@@ -43,6 +43,11 @@
 //! with a ring of 32 than with 256). With more calls in flight than slots,
 //! only the tracked ones are counted while they hang.
 
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "slot ids and millisecond stamps are wrapped to 32 bits on purpose: only differences within the window are read"
+)]
+
 use std::sync::atomic::Ordering;
 
 use crate::sync::AtomicU64;
@@ -254,6 +259,7 @@ pub struct InFlightRing(InFlight);
 
 impl InFlightRing {
     /// A ring for calls slower than `threshold` ns, of the smallest size.
+    #[must_use]
     pub fn new(threshold: u64) -> Self {
         InFlightRing(InFlight::new(threshold, Window::Count(1), 1))
     }

@@ -99,6 +99,7 @@ impl LlmClassifier {
     /// The classifier with its defaults: SSE lines capped at
     /// [`DEFAULT_MAX_LINE`], and a stream that ends cleanly between events
     /// without a final event counted as a success.
+    #[must_use]
     pub const fn new() -> Self {
         LlmClassifier {
             max_line: DEFAULT_MAX_LINE,
@@ -107,6 +108,7 @@ impl LlmClassifier {
     }
 
     /// Caps SSE lines and event payloads at `max_line` bytes.
+    #[must_use]
     pub const fn max_line(mut self, max_line: usize) -> Self {
         self.max_line = max_line;
         self
@@ -115,6 +117,7 @@ impl LlmClassifier {
     /// Counts a stream that ends without a final event (`data: [DONE]`,
     /// `message_stop`, `response.completed`) as a failure. Only for upstreams
     /// that always send one: Gemini does not.
+    #[must_use]
     pub const fn require_final_event(mut self, on: bool) -> Self {
         self.require_final = on;
         self
@@ -141,6 +144,7 @@ impl LlmClassifier {
     /// h.insert("x-ratelimit-reset-tokens", "6m0s".parse().unwrap());
     /// assert_eq!(LlmClassifier::retry_after(&h), Some(Duration::from_secs(1)));
     /// ```
+    #[must_use]
     pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         parse_retry_after(headers).or_else(|| rate_limit_reset(headers))
     }
@@ -173,6 +177,7 @@ impl LlmClassifier {
     /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, refusal), Some(ErrorKind::ContentPolicy));
     /// assert_eq!(LlmClassifier::error_kind(StatusCode::BAD_REQUEST, b"nonsense"), Some(ErrorKind::BadRequest));
     /// ```
+    #[must_use]
     pub fn error_kind(status: StatusCode, body: &[u8]) -> Option<ErrorKind> {
         kind::error_kind(status, body)
     }
@@ -374,6 +379,7 @@ impl SseStream<LlmEvents> {
     /// let error = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n";
     /// assert_eq!(stream.on_data(error), Some(Outcome::Failure));
     /// ```
+    #[must_use]
     pub fn new() -> Self {
         SseStream::with_events(LlmEvents)
     }

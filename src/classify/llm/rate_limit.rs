@@ -25,6 +25,7 @@ use crate::classify::http::parse_seconds;
 /// assert_eq!(parse_rate_limit_reset("soon"), None);
 /// assert_eq!(parse_rate_limit_reset("-1s"), None);
 /// ```
+#[must_use]
 pub fn parse_rate_limit_reset(value: &str) -> Option<Duration> {
     let value = value.trim();
     if value.is_empty() {

@@ -65,6 +65,7 @@ pub struct SseScanner {
 impl SseScanner {
     /// A scanner with lines and event payloads capped at
     /// [`DEFAULT_MAX_LINE`].
+    #[must_use]
     pub fn new() -> Self {
         SseScanner::with_max_line(DEFAULT_MAX_LINE)
     }
@@ -72,6 +73,7 @@ impl SseScanner {
     /// A scanner with lines and event payloads capped at `max_line` bytes
     /// (at least 3, so that a leading byte-order mark always fits and the
     /// byte after it tells a comment from a field).
+    #[must_use]
     pub fn with_max_line(max_line: usize) -> Self {
         SseScanner {
             max_line: max_line.max(BOM.len()),
@@ -150,6 +152,7 @@ impl SseScanner {
 
     /// Whether the stream so far stops inside an event: a line without its
     /// ending, or fields without the blank line that dispatches them.
+    #[must_use]
     pub fn is_mid_event(&self) -> bool {
         let partial = match self.line.as_slice() {
             [] => false,
@@ -162,6 +165,7 @@ impl SseScanner {
 
     /// Bytes of memory the scanner holds for partial lines and event
     /// payloads. Never more than a small multiple of `max_line`.
+    #[must_use]
     pub fn buffered_capacity(&self) -> usize {
         self.line.capacity() + self.data.capacity() + self.event.capacity()
     }
@@ -330,6 +334,7 @@ pub struct SseEvent<'a> {
 
 impl<'a> SseEvent<'a> {
     /// A new event, for testing an [`ClassifyEvent`] implementation.
+    #[must_use]
     pub fn new(event: &'a str, data: &'a [u8]) -> Self {
         SseEvent {
             event,
@@ -341,24 +346,28 @@ impl<'a> SseEvent<'a> {
 
     /// The event type: the `event:` field, or `"message"` when it had none
     /// (as `EventSource` does). A name that is not UTF-8 reads as `""`.
+    #[must_use]
     pub fn event(&self) -> &'a str {
         self.event
     }
 
     /// The `data:` lines joined with `\n` (raw bytes, not necessarily UTF-8).
     /// Empty when the payload was over the cap.
+    #[must_use]
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
 
     /// Whether the payload was over the cap (or a line of it was) and was
     /// dropped.
+    #[must_use]
     pub fn is_data_truncated(&self) -> bool {
         self.data_truncated
     }
 
     /// Whether a blank line closed the event; `false` for an event cut short
     /// by the end of the stream.
+    #[must_use]
     pub fn is_complete(&self) -> bool {
         self.complete
     }
@@ -495,6 +504,7 @@ impl<E> SseStream<E> {
 
     /// Caps lines and event payloads at `max_line` bytes (default
     /// [`DEFAULT_MAX_LINE`]).
+    #[must_use]
     pub fn max_line(mut self, max_line: usize) -> Self {
         self.scanner = SseScanner::with_max_line(max_line);
         self
@@ -502,6 +512,7 @@ impl<E> SseStream<E> {
 
     /// Whether a stream that ends cleanly without a deciding event is a
     /// failure (default: `false`, a success).
+    #[must_use]
     pub fn require_final_event(mut self, on: bool) -> Self {
         self.require_final = on;
         self
