@@ -2769,3 +2769,141 @@ fn the_spend_guard_stops_the_runaway_agent_within_its_bound_and_spares_the_users
     // One budget for everyone: the loop spends the users' share.
     assert!(class(stack(replay, "global-breaker"), "users").rejected > 1000);
 }
+
+#[test]
+fn error_bodies_parse_to_the_answers_the_classifier_reads() {
+    let ok_503 = "{ p = 0.5, kind = \"status\", code = 503, latency_ms = 50 }";
+    let with = |response: &str| GOOD.replace(ok_503, response);
+    for (response, kind) in [
+        (
+            "{ p = 0.5, kind = \"status\", error = \"insufficient_quota\", latency_ms = 50 }",
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", code = 429, error = \"insufficient_quota\", latency_ms = 50 }",
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", error = \"context_length_exceeded\", latency_ms = 50 }",
+            Kind::ContextLength {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", code = 400, error = \"content_policy\", latency_ms = 50 }",
+            Kind::ContentFilter {
+                latency: Duration::from_millis(50),
+            },
+        ),
+    ] {
+        let s = parse(&with(response)).unwrap_or_else(|e| panic!("{response}: {e}"));
+        assert_eq!(s.upstreams[0].phases[0].responses[1].kind, kind, "{response}");
+    }
+    let gate = "close_after = 1\n";
+    let s = parse(&GOOD.replace(gate, &format!("{gate}quota_gate_s = 60\n"))).unwrap();
+    assert_eq!(s.breaker.quota_gate, Some(Duration::from_secs(60)));
+    assert_eq!(parse(GOOD).unwrap().breaker.quota_gate, None);
+}
+
+#[test]
+fn bad_error_bodies_and_quota_gates_are_errors_on_their_line() {
+    let ok_503 = "{ p = 0.5, kind = \"status\", code = 503, latency_ms = 50 }";
+    let with = |response: &str| GOOD.replace(ok_503, response);
+    let gate = "close_after = 1\n";
+    let gated = |v: &str| GOOD.replace(gate, &format!("{gate}quota_gate_s = {v}\n"));
+    for (text, needle, says) in [
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"out_of_money\", latency_ms = 50 }"),
+            "out_of_money",
+            "\"insufficient_quota\"",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", code = 400, error = \"insufficient_quota\", latency_ms = 50 }"),
+            "insufficient_quota",
+            "answered with 429",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", code = 503, error = \"content_policy\", latency_ms = 50 }"),
+            "content_policy",
+            "answered with 400",
+        ),
+        (
+            with("{ p = 0.5, kind = \"ok\", error = \"insufficient_quota\", latency_ms = 50 }"),
+            "insufficient_quota",
+            "`error` is not a key of kind \"ok\"",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"insufficient_quota\", retry_after_s = 5, latency_ms = 50 }"),
+            "insufficient_quota",
+            "`retry_after_s` is not a key",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"insufficient_quota\" }"),
+            "insufficient_quota",
+            "needs `latency_ms`",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = 429, latency_ms = 50 }"),
+            "error = 429",
+            "expected a string",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", latency_ms = 50 }"),
+            "kind = \"status\", latency_ms",
+            "needs `code`",
+        ),
+        (gated("0"), "quota_gate_s", "greater than 0"),
+        (gated("-60"), "quota_gate_s", "quota_gate_s"),
+        (gated("\"a minute\""), "quota_gate_s", "invalid type"),
+    ] {
+        let e = error(&text);
+        assert!(e.message.contains(says), "{needle}: {e}");
+        assert_eq!(e.line, Some(line_of(&text, needle)), "{needle}: {e}");
+    }
+}
+
+#[test]
+fn an_exhausted_quota_is_retried_without_a_breaker_and_gated_with_one() {
+    let replay = replayed("quota-exhausted.toml");
+    assert_consistent(replay);
+    let primary = |f: &Figures| {
+        f.attempts
+            .iter()
+            .find(|(u, _)| u == "primary")
+            .map_or(0, |&(_, n)| n)
+    };
+    let none = outage(replay, "no-breaker");
+    let breaker = outage(replay, "breaker");
+    // The client retries the 429 (its head says "rate limited"), and the
+    // quota never comes back: every request in the outage fails.
+    assert_eq!(none.answered, 0);
+    assert_eq!(none.user_error_rate, Some(1.0));
+    assert!(primary(none) > 2 * none.requests, "{}", primary(none));
+    // The quota gate opens on the first answer and stops calling: a few
+    // probes a minute, every other request rejected at once.
+    assert!(
+        primary(breaker) * 20 < primary(none),
+        "{}",
+        primary(breaker)
+    );
+    assert!(
+        breaker.rejected * 10 > breaker.requests * 9,
+        "{}",
+        breaker.rejected
+    );
+    let open = stack(replay, "breaker")
+        .transitions
+        .iter()
+        .filter(|t| t.upstream == "primary" && t.to == "open")
+        .count();
+    assert!(open >= 5, "reopened each minute: {open}");
+    // Failover answers everyone from the fallback.
+    for name in ["naive-failover", "failover"] {
+        let f = outage(replay, name);
+        assert_eq!(f.answered, f.requests, "{name}");
+    }
+}
