@@ -2907,3 +2907,82 @@ fn an_exhausted_quota_is_retried_without_a_breaker_and_gated_with_one() {
         assert_eq!(f.answered, f.requests, "{name}");
     }
 }
+
+/// The quota answer over a real connection: a scripted upstream served by
+/// hyper on a local port, a hyper-util client behind a quota-gated breaker.
+#[tokio::test(start_paused = true)]
+async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::{Bytes, Incoming};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    use tower_circuit_breaker::classify::LlmClassifier;
+    use tower_circuit_breaker::testing::{AttemptLog, Phase, Script, ScriptedUpstream};
+    use tower_circuit_breaker::{CircuitBreakerLayer, Reason, Rejection};
+
+    let log = AttemptLog::new();
+    let script = Script::builder()
+        .name("primary")
+        .phase(Phase::new(Duration::ZERO).answer(
+            1.0,
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(90),
+            },
+        ))
+        .build()
+        .unwrap();
+    let upstream = ScriptedUpstream::with_log(script, log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    upstream.clone().oneshot(req)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+
+    let layer = CircuitBreakerLayer::builder()
+        .count_window(10)
+        .min_calls(5)
+        .failure_rate(0.5)
+        .quota_gate(Duration::from_secs(60))
+        .build()
+        .unwrap()
+        .with_classifier(LlmClassifier::new());
+    let breaker = layer.breaker().clone();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut svc = ServiceBuilder::new().layer(layer).service(client);
+    let uri = format!("http://{addr}/v1/chat/completions");
+    let request = || {
+        http::Request::post(uri.as_str())
+            .body(Empty::new())
+            .unwrap()
+    };
+
+    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(std::str::from_utf8(&body)
+        .unwrap()
+        .contains("insufficient_quota"));
+    assert_eq!(breaker.snapshot().reason, Some(Reason::QuotaExhausted));
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    let open = err.circuit_open().expect("rejected by the breaker");
+    assert_eq!(open.reason(), Rejection::Quota);
+    assert_eq!(log.attempts().len(), 1, "the rejected call never left");
+}
