@@ -2769,3 +2769,220 @@ fn the_spend_guard_stops_the_runaway_agent_within_its_bound_and_spares_the_users
     // One budget for everyone: the loop spends the users' share.
     assert!(class(stack(replay, "global-breaker"), "users").rejected > 1000);
 }
+
+#[test]
+fn error_bodies_parse_to_the_answers_the_classifier_reads() {
+    let ok_503 = "{ p = 0.5, kind = \"status\", code = 503, latency_ms = 50 }";
+    let with = |response: &str| GOOD.replace(ok_503, response);
+    for (response, kind) in [
+        (
+            "{ p = 0.5, kind = \"status\", error = \"insufficient_quota\", latency_ms = 50 }",
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", code = 429, error = \"insufficient_quota\", latency_ms = 50 }",
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", error = \"context_length_exceeded\", latency_ms = 50 }",
+            Kind::ContextLength {
+                latency: Duration::from_millis(50),
+            },
+        ),
+        (
+            "{ p = 0.5, kind = \"status\", code = 400, error = \"content_policy\", latency_ms = 50 }",
+            Kind::ContentFilter {
+                latency: Duration::from_millis(50),
+            },
+        ),
+    ] {
+        let s = parse(&with(response)).unwrap_or_else(|e| panic!("{response}: {e}"));
+        assert_eq!(s.upstreams[0].phases[0].responses[1].kind, kind, "{response}");
+    }
+    let gate = "close_after = 1\n";
+    let s = parse(&GOOD.replace(gate, &format!("{gate}quota_gate_s = 60\n"))).unwrap();
+    assert_eq!(s.breaker.quota_gate, Some(Duration::from_secs(60)));
+    assert_eq!(parse(GOOD).unwrap().breaker.quota_gate, None);
+}
+
+#[test]
+fn bad_error_bodies_and_quota_gates_are_errors_on_their_line() {
+    let ok_503 = "{ p = 0.5, kind = \"status\", code = 503, latency_ms = 50 }";
+    let with = |response: &str| GOOD.replace(ok_503, response);
+    let gate = "close_after = 1\n";
+    let gated = |v: &str| GOOD.replace(gate, &format!("{gate}quota_gate_s = {v}\n"));
+    for (text, needle, says) in [
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"out_of_money\", latency_ms = 50 }"),
+            "out_of_money",
+            "\"insufficient_quota\"",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", code = 400, error = \"insufficient_quota\", latency_ms = 50 }"),
+            "insufficient_quota",
+            "answered with 429",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", code = 503, error = \"content_policy\", latency_ms = 50 }"),
+            "content_policy",
+            "answered with 400",
+        ),
+        (
+            with("{ p = 0.5, kind = \"ok\", error = \"insufficient_quota\", latency_ms = 50 }"),
+            "insufficient_quota",
+            "`error` is not a key of kind \"ok\"",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"insufficient_quota\", retry_after_s = 5, latency_ms = 50 }"),
+            "insufficient_quota",
+            "`retry_after_s` is not a key",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = \"insufficient_quota\" }"),
+            "insufficient_quota",
+            "needs `latency_ms`",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", error = 429, latency_ms = 50 }"),
+            "error = 429",
+            "expected a string",
+        ),
+        (
+            with("{ p = 0.5, kind = \"status\", latency_ms = 50 }"),
+            "kind = \"status\", latency_ms",
+            "needs `code`",
+        ),
+        (gated("0"), "quota_gate_s", "greater than 0"),
+        (gated("-60"), "quota_gate_s", "quota_gate_s"),
+        (gated("\"a minute\""), "quota_gate_s", "invalid type"),
+    ] {
+        let e = error(&text);
+        assert!(e.message.contains(says), "{needle}: {e}");
+        assert_eq!(e.line, Some(line_of(&text, needle)), "{needle}: {e}");
+    }
+}
+
+#[test]
+fn an_exhausted_quota_is_retried_without_a_breaker_and_gated_with_one() {
+    let replay = replayed("quota-exhausted.toml");
+    assert_consistent(replay);
+    let primary = |f: &Figures| {
+        f.attempts
+            .iter()
+            .find(|(u, _)| u == "primary")
+            .map_or(0, |&(_, n)| n)
+    };
+    let none = outage(replay, "no-breaker");
+    let breaker = outage(replay, "breaker");
+    // The client retries the 429 (its head says "rate limited"), and the
+    // quota never comes back: every request in the outage fails.
+    assert_eq!(none.answered, 0);
+    assert_eq!(none.user_error_rate, Some(1.0));
+    assert!(primary(none) > 2 * none.requests, "{}", primary(none));
+    // The quota gate opens on the first answer and stops calling: a few
+    // probes a minute, every other request rejected at once.
+    assert!(
+        primary(breaker) * 20 < primary(none),
+        "{}",
+        primary(breaker)
+    );
+    assert!(
+        breaker.rejected * 10 > breaker.requests * 9,
+        "{}",
+        breaker.rejected
+    );
+    let open = stack(replay, "breaker")
+        .transitions
+        .iter()
+        .filter(|t| t.upstream == "primary" && t.to == "open")
+        .count();
+    assert!(open >= 5, "reopened each minute: {open}");
+    // Failover answers everyone from the fallback.
+    for name in ["naive-failover", "failover"] {
+        let f = outage(replay, name);
+        assert_eq!(f.answered, f.requests, "{name}");
+    }
+}
+
+/// The quota answer over a real connection: a scripted upstream served by
+/// hyper on a local port, a hyper-util client behind a quota-gated breaker.
+#[tokio::test(start_paused = true)]
+async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::{Bytes, Incoming};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    use tower_circuit_breaker::classify::LlmClassifier;
+    use tower_circuit_breaker::testing::{AttemptLog, Phase, Script, ScriptedUpstream};
+    use tower_circuit_breaker::{CircuitBreakerLayer, Reason, Rejection};
+
+    let log = AttemptLog::new();
+    let script = Script::builder()
+        .name("primary")
+        .phase(Phase::new(Duration::ZERO).answer(
+            1.0,
+            Kind::QuotaExhausted {
+                latency: Duration::from_millis(90),
+            },
+        ))
+        .build()
+        .unwrap();
+    let upstream = ScriptedUpstream::with_log(script, log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    upstream.clone().oneshot(req)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+
+    let layer = CircuitBreakerLayer::builder()
+        .count_window(10)
+        .min_calls(5)
+        .failure_rate(0.5)
+        .quota_gate(Duration::from_secs(60))
+        .build()
+        .unwrap()
+        .with_classifier(LlmClassifier::new());
+    let breaker = layer.breaker().clone();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut svc = ServiceBuilder::new().layer(layer).service(client);
+    let uri = format!("http://{addr}/v1/chat/completions");
+    let request = || {
+        http::Request::post(uri.as_str())
+            .body(Empty::new())
+            .unwrap()
+    };
+
+    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(std::str::from_utf8(&body)
+        .unwrap()
+        .contains("insufficient_quota"));
+    assert_eq!(breaker.snapshot().reason, Some(Reason::QuotaExhausted));
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    let open = err.circuit_open().expect("rejected by the breaker");
+    assert_eq!(open.reason(), Rejection::Quota);
+    assert_eq!(log.attempts().len(), 1, "the rejected call never left");
+}

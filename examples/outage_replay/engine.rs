@@ -581,6 +581,9 @@ fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
     if let Some((limit, period)) = b.volume_guard {
         builder = builder.volume_guard(limit, period);
     }
+    if let Some(open_for) = b.quota_gate {
+        builder = builder.quota_gate(open_for);
+    }
     if let Some(timeout) = b.probe_timeout {
         builder = builder.probe_timeout(timeout);
     }

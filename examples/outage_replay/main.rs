@@ -28,7 +28,8 @@
 //! A scenario file (see `scenarios/README.md`) gives the seed, the arrival
 //! rate, the client's timeouts and retries, the breaker's configuration, and
 //! per upstream its price and a list of phases, each a mix of responses
-//! (`ok`, `status`, `hang`, `reset`, `sse_error`, `content_filter`) whose
+//! (`ok`, `status`, `hang`, `reset`, `sse_error`, `content_filter`, ...; a
+//! `status` may carry an `error` body such as `insufficient_quota`) whose
 //! probabilities add up to 1. Keys are required unless the format gives a
 //! default; unknown keys are errors that name the file, the key and the line.
 //!

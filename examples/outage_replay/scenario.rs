@@ -506,6 +506,9 @@ pub struct BreakerConfig {
     pub health_probe_timeout: Option<Duration>,
     /// The volume guard: calls and period.
     pub volume_guard: Option<(u32, Duration)>,
+    /// Quota gating (`quota_gate_s`): how long an `insufficient_quota`
+    /// answer opens the circuit; `None`: off, the answer is neutral.
+    pub quota_gate: Option<Duration>,
     /// Keyed breakers in the `breaker` stack.
     pub keyed_by: Option<KeyedBy>,
     /// The in-flight limit off (`no_in_flight_limit()`): the slow-call
@@ -624,12 +627,15 @@ impl Upstream {
 }
 
 impl Phase {
-    /// At most 1 % failures, and every answer's head within `within`.
+    /// At most 1 % failures (an exhausted quota counts as one), and every
+    /// answer's head within `within`.
     pub fn is_healthy(&self, within: Duration) -> bool {
         let mut failing = 0.0;
         for r in self.responses.iter().filter(|r| r.p > 0.0) {
             match r.kind {
                 kind if kind.is_failure() => failing += r.p,
+                // No failure of the upstream, but it serves nobody.
+                Kind::QuotaExhausted { .. } => failing += r.p,
                 Kind::Ok { .. } | Kind::Status { .. } | Kind::ContentFilter { .. }
                     if r.slowest().is_some_and(|l| l > within) =>
                 {
@@ -806,6 +812,7 @@ struct RawBreaker {
     health_probe_timeout_s: Option<S<f64>>,
     volume_limit: Option<S<u32>>,
     volume_period_s: Option<S<f64>>,
+    quota_gate_s: Option<S<f64>>,
     keyed_by: Option<S<String>>,
 }
 
@@ -845,6 +852,7 @@ impl RawBreaker {
             ),
             volume_limit: pick(&self.volume_limit, &over.volume_limit),
             volume_period_s: pick(&self.volume_period_s, &over.volume_period_s),
+            quota_gate_s: pick(&self.quota_gate_s, &over.quota_gate_s),
             keyed_by: self.keyed_by.clone(),
         }
     }
@@ -937,6 +945,7 @@ struct RawResponse {
     latency_sigma: Option<S<f64>>,
     latency_to_ms: Option<S<u64>>,
     stall_after_ms: Option<S<u64>>,
+    error: Option<S<String>>,
 }
 
 // === parsing ===
@@ -1589,6 +1598,18 @@ fn breaker(
             return Err(src.at(v, "`volume_period_s` needs `volume_limit`"));
         }
     };
+    let quota_gate = match &raw.quota_gate_s {
+        Some(v) => match seconds(src, v, "quota_gate_s")? {
+            d if d.is_zero() => {
+                return Err(src.at(
+                    v,
+                    "`quota_gate_s` must be greater than 0 (leave it out for no quota gating)",
+                ))
+            }
+            d => Some(d),
+        },
+        None => None,
+    };
     let keyed_by = match &raw.keyed_by {
         None => None,
         Some(v) => match v.get_ref().as_str() {
@@ -1604,6 +1625,7 @@ fn breaker(
     };
     Ok(BreakerConfig {
         volume_guard,
+        quota_gate,
         keyed_by,
         no_in_flight_limit: false,
         window,
@@ -1929,6 +1951,10 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
     let (allowed, needed): (&[&str], &[&str]) = match kind_name {
         "ok" => (&[LAT[0], LAT[1], LAT[2], "stream_ms"], &["latency_ms"]),
         "reset" | "content_filter" | "context_length" => (&LAT, &["latency_ms"]),
+        // With an `error` body the code may be left out: the body's own.
+        "status" if raw.error.is_some() => {
+            (&[LAT[0], LAT[1], LAT[2], "code", "error"], &["latency_ms"])
+        }
         "status" => (
             &[LAT[0], LAT[1], LAT[2], "code", "retry_after_s"],
             &["latency_ms", "code"],
@@ -1952,7 +1978,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             ))
         }
     };
-    let present: [(&str, Option<usize>); 7] = [
+    let present: [(&str, Option<usize>); 8] = [
         (
             "latency_sigma",
             raw.latency_sigma.as_ref().map(|s| s.span().start),
@@ -1975,6 +2001,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             "stall_after_ms",
             raw.stall_after_ms.as_ref().map(|s| s.span().start),
         ),
+        ("error", raw.error.as_ref().map(|s| s.span().start)),
     ];
     for (key, at) in present {
         if let Some(at) = at {
@@ -2008,6 +2035,7 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
             latency,
             stall_after: ms(&raw.stall_after_ms),
         },
+        _ if raw.error.is_some() => error_body(src, raw, latency)?,
         _ => {
             let code_s = raw.code.as_ref().expect("checked above");
             let code = *code_s.get_ref();
@@ -2045,6 +2073,40 @@ fn response(src: &Source<'_>, spanned: &Spanned<RawResponse>) -> Result<Response
         }
     };
     Ok(Response { p, kind, latency })
+}
+
+/// A `status` answer with an `error` body: the body the crate's
+/// `LlmClassifier` reads, at the status that body comes with.
+fn error_body(
+    src: &Source<'_>,
+    raw: &RawResponse,
+    latency: Duration,
+) -> Result<Kind, ScenarioError> {
+    const ERRORS: &str = "\"insufficient_quota\" (429), \"context_length_exceeded\" (400), \
+                          \"content_policy\" (400)";
+    let Some(error) = raw.error.as_ref() else {
+        return Err(src.at(&raw.kind, "an error body needs `error`"));
+    };
+    let (kind, status) = match error.get_ref().as_str() {
+        "insufficient_quota" => (Kind::QuotaExhausted { latency }, 429),
+        "context_length_exceeded" => (Kind::ContextLength { latency }, 400),
+        "content_policy" => (Kind::ContentFilter { latency }, 400),
+        other => return Err(src.at(error, format!("`error` {other:?} is not one of {ERRORS}"))),
+    };
+    if let Some(code) = &raw.code
+        && *code.get_ref() != status
+    {
+        return Err(src.at(
+            code,
+            format!(
+                "`code` {} does not fit `error` {:?}, which is answered with {status} \
+                 (leave `code` out)",
+                code.get_ref(),
+                error.get_ref()
+            ),
+        ));
+    }
+    Ok(kind)
 }
 
 // === numbers ===

@@ -69,6 +69,24 @@ pub enum Answer {
         /// Time to the response head.
         latency: Duration,
     },
+    /// A 429 whose body says the account's quota is used up (OpenAI's
+    /// `insufficient_quota`), with no `Retry-After`, after `latency`: the
+    /// [`LlmClassifier`](crate::classify::LlmClassifier) reads it as
+    /// [`ErrorKind::QuotaExhausted`](crate::classify::ErrorKind::QuotaExhausted),
+    /// not as a rate limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::testing::Answer;
+    ///
+    /// let quota = Answer::QuotaExhausted { latency: Duration::ZERO }.after(Duration::from_millis(90));
+    /// assert_eq!(quota.latency(), Some(Duration::from_millis(90)));
+    /// assert!(!quota.is_failure());
+    /// ```
+    QuotaExhausted {
+        /// Time to the response head.
+        latency: Duration,
+    },
     /// A 200 event stream that sends a token every
     /// [`TOKEN_GAP`](super::TOKEN_GAP) for `stall_after`, then nothing
     /// more, with the connection open: the body never ends.
@@ -139,7 +157,8 @@ impl Answer {
             | Answer::SseError { latency: l, .. }
             | Answer::Stall { latency: l, .. }
             | Answer::ContentFilter { latency: l }
-            | Answer::ContextLength { latency: l } => *l = latency,
+            | Answer::ContextLength { latency: l }
+            | Answer::QuotaExhausted { latency: l } => *l = latency,
             Answer::Hang => {}
         }
         self
@@ -155,20 +174,22 @@ impl Answer {
             | Answer::SseError { latency, .. }
             | Answer::Stall { latency, .. }
             | Answer::ContentFilter { latency }
-            | Answer::ContextLength { latency } => Some(latency),
+            | Answer::ContextLength { latency }
+            | Answer::QuotaExhausted { latency } => Some(latency),
             Answer::Hang => None,
         }
     }
 
     /// Whether this is the upstream failing: a 5xx, a hang, a reset, an
-    /// error event or a stall. A 4xx (429 included), a content filter and a
-    /// context-length error are not.
+    /// error event or a stall. A 4xx (429 included), a content filter, a
+    /// context-length error and an exhausted quota are not.
     #[must_use]
     pub const fn is_failure(&self) -> bool {
         match self {
-            Answer::Ok { .. } | Answer::ContentFilter { .. } | Answer::ContextLength { .. } => {
-                false
-            }
+            Answer::Ok { .. }
+            | Answer::ContentFilter { .. }
+            | Answer::ContextLength { .. }
+            | Answer::QuotaExhausted { .. } => false,
             Answer::Status { code, .. } => *code >= 500,
             Answer::Hang
             | Answer::Reset { .. }

@@ -25,6 +25,7 @@ const OVERLOADED: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\
 const COMPLETION: &str = r#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#;
 const UPSTREAM_ERROR: &str = r#"{"error":{"type":"upstream_error"}}"#;
 const CONTEXT_LENGTH: &str = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 131072 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+const INSUFFICIENT_QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
 const CONTENT_FILTER: &str = r#"{"error":{"code":"content_filter","message":"The response was filtered due to the prompt triggering content management policy.","type":"invalid_request_error"}}"#;
 
 /// The bodies of a good answer that reports its `usage` (see
@@ -138,6 +139,10 @@ pub(super) async fn respond(
         Answer::ContextLength { latency } => {
             tokio::time::sleep(latency).await;
             Ok(json(StatusCode::BAD_REQUEST, CONTEXT_LENGTH))
+        }
+        Answer::QuotaExhausted { latency } => {
+            tokio::time::sleep(latency).await;
+            Ok(json(StatusCode::TOO_MANY_REQUESTS, INSUFFICIENT_QUOTA))
         }
     }
 }
