@@ -239,7 +239,9 @@ fn window_of(c: &ClassRun, w: Window) -> Option<&Figures> {
     }
 }
 
-fn stack_window(s: &StackRun, class: Option<usize>, w: Window) -> Option<&Figures> {
+/// A stack's figures in window `w`, for one class of traffic or (`None`)
+/// for all of it.
+pub fn stack_window(s: &StackRun, class: Option<usize>, w: Window) -> Option<&Figures> {
     match class {
         Some(c) => window_of(s.by_class.get(c)?, w),
         None => match w {

@@ -130,25 +130,29 @@ type Pick = fn(&Replay, &StackRun) -> Option<f64>;
 const FIGURES: [(&str, Pick, &str); 19] = [
     ("user_error_rate", |_, s| s.all.user_error_rate, "%"),
     ("answered", |_, s| Some(s.all.answered as f64), "n"),
-    ("answers_vs_no_breaker", |r, s| vs(r, s, Window::Whole), "x"),
+    (
+        "answers_vs_no_breaker",
+        |r, s| window_vs(r, s, None, Window::Whole),
+        "x",
+    ),
     (
         "outage_answered",
-        |_, s| s.outage.as_ref().map(|f| f.answered as f64),
+        |_, s| answered_in(s, None, Window::Outage),
         "n",
     ),
     (
         "outage_answers_vs_no_breaker",
-        |r, s| vs(r, s, Window::Outage),
+        |r, s| window_vs(r, s, None, Window::Outage),
         "x",
     ),
     (
         "after_heal_answered",
-        |_, s| s.after_heal.as_ref().map(|f| f.answered as f64),
+        |_, s| answered_in(s, None, Window::AfterHeal),
         "n",
     ),
     (
         "after_heal_answers_vs_no_breaker",
-        |r, s| vs(r, s, Window::AfterHeal),
+        |r, s| window_vs(r, s, None, Window::AfterHeal),
         "x",
     ),
     (
@@ -216,39 +220,27 @@ const KEY_FIGURES: [(&str, KeyPick, &str); 11] = [
     ),
     (
         "answers_vs_no_breaker",
-        |r, s, c| key_vs(r, s, c, Window::Whole),
+        |r, s, c| window_vs(r, s, Some(c), Window::Whole),
         "x",
     ),
     (
         "outage_answered",
-        |_, s, c| {
-            s.by_class
-                .get(c)?
-                .outage
-                .as_ref()
-                .map(|f| f.answered as f64)
-        },
+        |_, s, c| answered_in(s, Some(c), Window::Outage),
         "n",
     ),
     (
         "outage_answers_vs_no_breaker",
-        |r, s, c| key_vs(r, s, c, Window::Outage),
+        |r, s, c| window_vs(r, s, Some(c), Window::Outage),
         "x",
     ),
     (
         "after_heal_answered",
-        |_, s, c| {
-            s.by_class
-                .get(c)?
-                .after_heal
-                .as_ref()
-                .map(|f| f.answered as f64)
-        },
+        |_, s, c| answered_in(s, Some(c), Window::AfterHeal),
         "n",
     ),
     (
         "after_heal_answers_vs_no_breaker",
-        |r, s, c| key_vs(r, s, c, Window::AfterHeal),
+        |r, s, c| window_vs(r, s, Some(c), Window::AfterHeal),
         "x",
     ),
     (
@@ -268,26 +260,16 @@ const KEY_FIGURES: [(&str, KeyPick, &str); 11] = [
     ),
 ];
 
-fn key_vs(replay: &Replay, s: &StackRun, class: usize, w: Window) -> Option<f64> {
-    let c = s.by_class.get(class)?;
-    let f = match w {
-        Window::Whole => Some(&c.all),
-        Window::Outage => c.outage.as_ref(),
-        Window::AfterHeal => c.after_heal.as_ref(),
-    }?;
-    report::vs_no_breaker(
-        f.answered,
-        report::no_breaker_answered(replay, Some(class), w),
-    )
+/// What one class of traffic (or, `None`, the whole stack) answered in
+/// window `w`.
+fn answered_in(s: &StackRun, class: Option<usize>, w: Window) -> Option<f64> {
+    report::stack_window(s, class, w).map(|f| f.answered as f64)
 }
 
-fn vs(replay: &Replay, s: &StackRun, w: Window) -> Option<f64> {
-    let f = match w {
-        Window::Whole => Some(&s.all),
-        Window::Outage => s.outage.as_ref(),
-        Window::AfterHeal => s.after_heal.as_ref(),
-    }?;
-    report::vs_no_breaker(f.answered, report::no_breaker_answered(replay, None, w))
+/// Answered in window `w` ÷ no breaker's answered in the same window.
+fn window_vs(replay: &Replay, s: &StackRun, class: Option<usize>, w: Window) -> Option<f64> {
+    let f = report::stack_window(s, class, w)?;
+    report::vs_no_breaker(f.answered, report::no_breaker_answered(replay, class, w))
 }
 
 /// One stack over the seeds.
