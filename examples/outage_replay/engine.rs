@@ -568,9 +568,9 @@ thread_local! {
 /// Breaker settings on any builder (one breaker, or a keyed set).
 fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
     let mut builder = builder;
-    if let Some(&k) = crate::scenario::GRADED_K.get()
-        && !ALL_OR_NOTHING.get()
-    {
+    if ALL_OR_NOTHING.get() {
+        builder = builder.trip_mode(TripMode::Open);
+    } else if let Some(&k) = crate::scenario::GRADED_K.get() {
         builder = builder.trip_mode(TripMode::Graded).graded_k(k);
     }
     let mut builder = builder
