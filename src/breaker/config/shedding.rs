@@ -11,11 +11,10 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum TripMode {
     /// A call with a fallback is rejected outright; one without meets
-    /// graded admission.
+    /// graded admission. The default.
+    #[default]
     Graded,
     /// Every call is rejected while the circuit is open: all or nothing.
-    /// The default, for now.
-    #[default]
     Open,
 }
 
