@@ -21,7 +21,7 @@ use async_openai::Client;
 use futures::StreamExt;
 use openai_server::{Mode, OpenAiServer};
 use tower_circuit_breaker::async_openai::{circuit_open, http_service};
-use tower_circuit_breaker::{BoxError, Breaker};
+use tower_circuit_breaker::{BoxError, Breaker, TripMode};
 
 fn request() -> Result<CreateChatCompletionRequest, OpenAIError> {
     CreateChatCompletionRequestArgs::default()
@@ -40,7 +40,10 @@ async fn main() -> Result<(), BoxError> {
     // Transitions are printed after the line of the call that caused them.
     let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
     let log = transitions.clone();
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("gpt-test")
         .consecutive_failures(3)
         // Longer than async-openai's backoff (0.1 + 0.2 + 0.4 s), so its

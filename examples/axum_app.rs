@@ -29,7 +29,7 @@ use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::response::rejected;
-use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, TripMode};
 
 // === the upstream ===
 
@@ -83,6 +83,10 @@ pub async fn spawn_upstream() -> (SocketAddr, Upstream) {
 pub fn breaker(open_for: Duration) -> CircuitBreakerLayer<LlmClassifier> {
     CircuitBreakerLayer::builder()
         .name("chat-upstream")
+        // All or nothing: once the upstream fails, the app answers its own
+        // 503 with `Retry-After` at once. Left at the default, the breaker
+        // grades instead, shedding only what the upstream cannot serve.
+        .trip_mode(TripMode::Open)
         .consecutive_failures(3)
         .open_duration(open_for)
         .max_open_duration(open_for * 8)

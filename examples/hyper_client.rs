@@ -24,7 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
-use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, TripMode};
 
 const HEALTHY: u8 = 0;
 const OVERLOADED: u8 = 1;
@@ -111,7 +111,10 @@ async fn main() -> Result<(), BoxError> {
     let (addr, server) = spawn_server().await;
     println!("LLM-like server on {addr}");
 
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let breaker = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .name("chat")
         .consecutive_failures(3)
         .open_duration(Duration::from_secs(1))

@@ -1,6 +1,9 @@
 //! The README's quick start against a local upstream that fails, then
-//! heals: the stack's own health prober finds the heal, so no user call is
-//! spent finding out.
+//! heals. The rule fires after five failures and graded admission sheds
+//! most calls (a dead upstream accepts none); once ten requests in its
+//! window found no accept, the circuit opens for every call, and the
+//! stack's own health prober finds the heal, so no user call is spent
+//! finding out.
 //!
 //! ```text
 //! cargo run --example quickstart
@@ -20,7 +23,7 @@ use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::health::{openai_completion_request, HealthProbe};
-use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, Stack, State};
+use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, Rejection, Stack, State};
 
 /// What the upstream saw: users' calls and health probes, apart.
 #[derive(Clone, Default)]
@@ -105,8 +108,8 @@ async fn main() -> Result<(), BoxError> {
     };
 
     let mut state = breaker.state();
-    for i in 1..=16 {
-        if i == 9 {
+    for i in 1..=20 {
+        if i == 13 {
             // Half a second of health probes meeting the 503s, then the heal.
             tokio::time::sleep(Duration::from_millis(500)).await;
             seen.healthy.store(true, Ordering::SeqCst);
@@ -128,6 +131,12 @@ async fn main() -> Result<(), BoxError> {
         let line = match svc.ready().await?.call(call()?).await {
             Ok(res) => format!("call {i:>2}: {}", res.status()),
             Err(err) => match CircuitOpen::find(&*err) {
+                Some(open) if open.reason() == Rejection::Graded => {
+                    format!(
+                        "call {i:>2}: shed by graded admission, circuit {}",
+                        open.state()
+                    )
+                }
                 Some(open) => format!(
                     "call {i:>2}: rejected, circuit {} (next probe in {} s)",
                     open.state(),
@@ -146,7 +155,7 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     println!(
-        "the upstream saw {} user calls of 16 and {} health probes (one-token completions); circuit {}",
+        "the upstream saw {} user calls of 20 and {} health probes (one-token completions); circuit {}",
         seen.users.load(Ordering::SeqCst),
         seen.probes.load(Ordering::SeqCst),
         breaker.state()

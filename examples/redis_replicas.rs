@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::time::{timeout, Instant};
 use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{Attachment, Backend, Client};
-use tower_circuit_breaker::{Breaker, Outcome};
+use tower_circuit_breaker::{Breaker, Outcome, TripMode};
 
 fn backend(url: &str, prefix: &str) -> Backend {
     Backend::builder(Client::open(url).expect("valid REDIS_URL"))
@@ -88,7 +88,10 @@ async fn single(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     let mut breakers = Vec::new();
     let mut attachments = Vec::new();
     for _ in 0..replicas {
+        // All or nothing, to show the circuit opening: by default a call
+        // without a fallback is graded instead (`TripMode::Graded`).
         let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(3)
             .open_duration(Duration::from_secs(30))
@@ -124,6 +127,7 @@ async fn summed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     let mut attachments = Vec::new();
     for _ in 0..replicas {
         let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .time_window(Duration::from_secs(30), 10)
             .min_calls(2 * replicas as u32)
@@ -172,7 +176,11 @@ async fn forced(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     let mut breakers = Vec::new();
     let mut attachments = Vec::new();
     for _ in 0..replicas {
-        let b = Breaker::builder().name("upstream").build().unwrap();
+        let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .name("upstream")
+            .build()
+            .unwrap();
         attachments.push(backend(url, &prefix).attach(&b).unwrap());
         breakers.push(b);
     }
@@ -204,6 +212,7 @@ async fn keyed(url: &str, replicas: usize, trial: usize) -> Vec<Duration> {
     let mut attachments = Vec::new();
     for _ in 0..replicas {
         let s = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(3)
             .open_duration(Duration::from_secs(30))
             .build()
@@ -237,6 +246,7 @@ fn recording_set(keys: usize) -> (KeyedBreakers, Opened) {
     let opened = Opened::default();
     let o = opened.clone();
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .max_keys(keys + 16)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(600))

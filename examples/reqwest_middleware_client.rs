@@ -17,7 +17,7 @@ use tower::{Layer, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::reqwest::ReqwestService;
 use tower_circuit_breaker::reqwest_middleware::CircuitBreakerMiddleware;
-use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen, TripMode};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -26,7 +26,10 @@ async fn main() -> Result<(), BoxError> {
     // Transitions are printed after the line of the call that caused them.
     let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
     let log = transitions.clone();
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .name("chat")
         .consecutive_failures(3)
         .open_duration(Duration::from_millis(300))

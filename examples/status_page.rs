@@ -14,12 +14,15 @@ use std::time::Duration;
 
 use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::status::StatusPage;
-use tower_circuit_breaker::{BoxError, Outcome};
+use tower_circuit_breaker::{BoxError, Outcome, TripMode};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let page = StatusPage::new().refresh(Duration::from_secs(1));
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let models = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .name("models")
         .consecutive_failures(3)
         .open_duration(Duration::from_secs(10))

@@ -32,7 +32,7 @@ use tonic_prost::ProstCodec;
 use tower::{Service, ServiceBuilder};
 use tower_circuit_breaker::classify::GrpcClassifier;
 use tower_circuit_breaker::response::grpc_unavailable;
-use tower_circuit_breaker::{BoxError, Breaker, CircuitBreakerLayer};
+use tower_circuit_breaker::{BoxError, Breaker, CircuitBreakerLayer, TripMode};
 
 /// The messages, as `prost-build` would generate them from:
 ///
@@ -308,7 +308,10 @@ async fn main() -> Result<(), BoxError> {
     let (addr, upstream) = spawn_server().await;
     println!("tonic server on {addr}");
 
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .name("demo.Llm")
         .consecutive_failures(3)
         .open_duration(Duration::from_secs(1))

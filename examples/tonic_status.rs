@@ -21,7 +21,7 @@ use tonic::transport::Endpoint;
 use tonic::Status;
 use tower::ServiceBuilder;
 use tower_circuit_breaker::tonic::{RejectionStatusLayer, RETRY_PUSHBACK_MS};
-use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, TripMode};
 
 /// Messages are plain UTF-8 strings, so no protoc is needed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -94,7 +94,10 @@ async fn main() -> Result<(), BoxError> {
     let transitions = Arc::new(Mutex::new(Vec::<String>::new()));
     let log = transitions.clone();
     let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy();
+    // All or nothing, to show the circuit opening: by default a call
+    // without a fallback is graded instead (`TripMode::Graded`).
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(2)
         .open_duration(Duration::from_millis(300))
         .probes(1)

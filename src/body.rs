@@ -32,7 +32,7 @@ pin_project! {
     /// use http_body_util::BodyExt;
     /// use tower::{Layer, ServiceExt};
     /// use tower_circuit_breaker::classify::LlmClassifier;
-    /// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+    /// use tower_circuit_breaker::{CircuitBreakerLayer, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// // A 200 whose event stream reports an error: the verdict waits for the body.
@@ -42,7 +42,7 @@ pin_project! {
     ///         http::Response::builder().header("content-type", "text/event-stream").body(body.to_string()).unwrap(),
     ///     )
     /// });
-    /// let layer = CircuitBreakerLayer::builder().consecutive_failures(1).build().unwrap()
+    /// let layer = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).consecutive_failures(1).build().unwrap()
     ///     .with_classifier(LlmClassifier::default());
     /// let breaker = layer.breaker().clone();
     /// let res = layer.layer(upstream).oneshot(http::Request::new(String::new())).await.unwrap();

@@ -84,10 +84,11 @@ use crate::error::CircuitOpen;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_circuit_breaker::{response::service_unavailable, Breaker, Outcome};
+/// use tower_circuit_breaker::{response::service_unavailable, Breaker, Outcome, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let breaker = Breaker::builder()
+///     .trip_mode(TripMode::Open)
 ///     .consecutive_failures(1)
 ///     .open_duration(Duration::from_millis(7_500))
 ///     .jitter(0.0)

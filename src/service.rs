@@ -25,7 +25,7 @@ use crate::{BoxError, Error};
 ///
 /// ```
 /// use tower::{Service, ServiceExt};
-/// use tower_circuit_breaker::{Breaker, CircuitBreaker};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
@@ -33,7 +33,8 @@ use crate::{BoxError, Error};
 ///         http::Response::builder().status(503).body(String::new()).unwrap(),
 ///     )
 /// });
-/// let breaker = Breaker::builder().consecutive_failures(2).build().unwrap();
+/// // All or nothing; by default a call without a fallback is graded.
+/// let breaker = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(2).build().unwrap();
 /// let mut svc = CircuitBreaker::new(upstream, breaker);
 ///
 /// for _ in 0..2 {

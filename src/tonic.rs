@@ -71,11 +71,12 @@ pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 ///
 /// ```
 /// use tonic::Code;
-/// use tower_circuit_breaker::{Breaker, CircuitOpen, Outcome};
+/// use tower_circuit_breaker::{Breaker, CircuitOpen, Outcome, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// tokio::time::pause();
 /// let breaker = Breaker::builder()
+///     .trip_mode(TripMode::Open)
 ///     .consecutive_failures(1)
 ///     .open_duration(std::time::Duration::from_secs(30))
 ///     .jitter(0.0)

@@ -15,10 +15,10 @@
 //!
 //! - `no-breaker`: total timeout -> retry -> attempt timeout -> primary;
 //! - `breaker`: total timeout -> retry -> circuit breaker -> attempt timeout
-//!   -> primary, built by `tower_circuit_breaker::stack`; with
-//!   `--graded-k K`, every breaker grades (`TripMode::Graded` with that `K`)
+//!   -> primary, built by `tower_circuit_breaker::stack`, grading as the
+//!   crate does by default (`TripMode::Graded`); `--graded-k K` sets `K`
 //! - `breaker-open` (with `--graded-k` only): the breaker stack opening all
-//!   or nothing (`TripMode::Open`, the crate's default), for the comparison;
+//!   or nothing (`TripMode::Open`), for the comparison;
 //! - `naive-failover` (more than one upstream): no breaker; each request
 //!   tries the upstreams in order until one answers;
 //! - `failover` (more than one upstream): each upstream behind its own

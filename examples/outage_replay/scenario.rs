@@ -223,8 +223,8 @@ impl Scenario {
 }
 
 /// With `--graded-k K`: every breaker but `breaker-open`'s grades with this
-/// `K`; without it, every breaker has the crate's default trip mode
-/// (all or nothing) and there is no `breaker-open` stack.
+/// `K`, and the `breaker-open` stack is replayed beside them; without it,
+/// every breaker has the crate's defaults (graded, `K` = 5).
 pub static GRADED_K: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
 /// The stacks a replay can run.
@@ -233,7 +233,7 @@ pub enum StackKind {
     /// total timeout -> retry -> attempt timeout -> primary.
     NoBreaker,
     /// total timeout -> retry -> circuit breaker -> attempt timeout -> primary;
-    /// with `--graded-k`, with graded admission (`TripMode::Graded`).
+    /// graded admission (the crate's default, `TripMode::Graded`).
     Breaker,
     /// With `--graded-k`: the breaker stack opening all or nothing
     /// (`TripMode::Open`), for the comparison.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use tokio::net::TcpListener;
-use tower_circuit_breaker::CircuitBreakerLayer;
+use tower_circuit_breaker::{CircuitBreakerLayer, TripMode};
 
 /// Installs the Prometheus recorder as the global one. Series not updated
 /// for 20 minutes are dropped: longer than the keyed sets' idle timeout
@@ -31,6 +31,9 @@ pub fn install_recorder() -> PrometheusHandle {
 pub fn breaker_layer() -> CircuitBreakerLayer {
     CircuitBreakerLayer::builder()
         .name("gpt-4o")
+        // All or nothing, so a scrape shows the circuit open after three
+        // failures; the default grades instead.
+        .trip_mode(TripMode::Open)
         .consecutive_failures(3)
         .open_duration(Duration::from_secs(30))
         .metrics(true)

@@ -19,10 +19,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_circuit_breaker::{Breaker, Outcome, State};
+//! use tower_circuit_breaker::{Breaker, Outcome, State, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let breaker = Breaker::builder()
+//!     .trip_mode(TripMode::Open)
 //!     .consecutive_failures(3)
 //!     .open_duration(Duration::from_secs(30))
 //!     .build()
@@ -122,9 +123,9 @@ use crate::sync::{lock, AtomicBool, AtomicU64, Mutex};
 /// An open circuit rejects with two atomic loads and one clock read.
 ///
 /// ```
-/// use tower_circuit_breaker::{Breaker, Outcome, State};
+/// use tower_circuit_breaker::{Breaker, Outcome, State, TripMode};
 ///
-/// let breaker = Breaker::builder().name("gpt-4o").consecutive_failures(2).build().unwrap();
+/// let breaker = Breaker::builder().trip_mode(TripMode::Open).name("gpt-4o").consecutive_failures(2).build().unwrap();
 /// breaker.admit().unwrap().record(Outcome::Failure);
 /// breaker.admit().unwrap().record(Outcome::Failure);
 /// let rejected = breaker.admit().unwrap_err();
@@ -374,10 +375,11 @@ impl Breaker {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_circuit_breaker::{Breaker, Outcome, State};
+    /// use tower_circuit_breaker::{Breaker, Outcome, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// let breaker = Breaker::builder()
+    ///     .trip_mode(TripMode::Open)
     ///     .slow_call(Duration::from_secs(1), 0.5)
     ///     .count_window(4)
     ///     .min_calls(4)

@@ -362,8 +362,8 @@ impl Permit {
     /// Records the call's outcome.
     ///
     /// ```
-    /// # use tower_circuit_breaker::{Breaker, Outcome};
-    /// let breaker = Breaker::builder().consecutive_failures(1).build().unwrap();
+    /// # use tower_circuit_breaker::{Breaker, Outcome, TripMode};
+    /// let breaker = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).build().unwrap();
     /// breaker.admit().unwrap().record(Outcome::Failure);
     /// assert!(breaker.admit().is_err());
     /// ```

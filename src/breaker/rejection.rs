@@ -219,10 +219,11 @@ impl CircuitOpen {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_circuit_breaker::{Breaker, Outcome};
+    /// use tower_circuit_breaker::{Breaker, Outcome, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// let breaker = Breaker::builder()
+    ///     .trip_mode(TripMode::Open)
     ///     .consecutive_failures(1)
     ///     .open_duration(Duration::from_secs(30))
     ///     .jitter(0.0)

@@ -124,10 +124,10 @@ impl Remote<'_> {
     /// consecutive-failures rule is a replica's own and is not judged here.
     ///
     /// ```
-    /// use tower_circuit_breaker::{Breaker, Reason, State, WindowStats};
+    /// use tower_circuit_breaker::{Breaker, Reason, State, WindowStats, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let breaker = Breaker::builder().min_calls(10).failure_rate(0.5).build().unwrap();
+    /// let breaker = Breaker::builder().trip_mode(TripMode::Open).min_calls(10).failure_rate(0.5).build().unwrap();
     /// // Five replicas saw 4 calls each, 12 of the 20 failed.
     /// assert!(breaker.remote().evaluate(WindowStats::new(20, 12, 0)));
     /// assert_eq!(breaker.state(), State::Open);

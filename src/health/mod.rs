@@ -52,10 +52,10 @@
 //! use std::time::Duration;
 //! use tower_circuit_breaker::classify::HttpClassifier;
 //! use tower_circuit_breaker::health::HealthProbe;
-//! use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+//! use tower_circuit_breaker::{Breaker, BoxError, Outcome, State, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-//! let breaker = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+//! let breaker = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0).build().unwrap();
 //! // The upstream, as the prober sees it: healthy again.
 //! let upstream = tower::service_fn(|_req: http::Request<String>| async {
 //!     Ok::<_, BoxError>(http::Response::new(String::new()))
@@ -190,10 +190,10 @@ where
     /// use std::time::Duration;
     /// use tower_circuit_breaker::classify::HttpClassifier;
     /// use tower_circuit_breaker::health::HealthProbe;
-    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// let breaker = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+    /// let breaker = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0).build().unwrap();
     /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
     ///     Ok::<_, BoxError>(http::Response::new(String::new()))
     /// });
@@ -321,10 +321,10 @@ where
     /// use tower_circuit_breaker::classify::HttpClassifier;
     /// use tower_circuit_breaker::health::HealthProbe;
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
-    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State};
+    /// use tower_circuit_breaker::{Breaker, BoxError, Outcome, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// let set = KeyedBreakers::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+    /// let set = KeyedBreakers::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0).build().unwrap();
     /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
     ///     Ok::<_, BoxError>(http::Response::new(String::new()))
     /// });

@@ -70,10 +70,11 @@
 //!
 //! ```
 //! use tower_circuit_breaker::keyed::{self, KeyedBreakers};
-//! use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State};
+//! use tower_circuit_breaker::{CircuitBreakerLayer, Outcome, State, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_circuit_breaker::keyed::KeyedConfigError> {
 //! let breakers = KeyedBreakers::builder()
+//!     .trip_mode(TripMode::Open)
 //!     .consecutive_failures(3)
 //!     .max_keys(10_000)
 //!     .build()?;
@@ -311,9 +312,9 @@ impl KeyedBreakers {
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
-    /// use tower_circuit_breaker::Outcome;
+    /// use tower_circuit_breaker::{Outcome, TripMode};
     ///
-    /// let set = KeyedBreakers::builder().consecutive_failures(1).build().unwrap();
+    /// let set = KeyedBreakers::builder().trip_mode(TripMode::Open).consecutive_failures(1).build().unwrap();
     /// set.admit("gpt-4o").unwrap().record(Outcome::Failure);
     /// let rejected = set.admit("gpt-4o").unwrap_err();
     /// assert_eq!(rejected.key(), Some("gpt-4o"));
@@ -539,9 +540,9 @@ impl KeyedBreakers {
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::KeyedBreakers;
-    /// use tower_circuit_breaker::{Outcome, State};
+    /// use tower_circuit_breaker::{Outcome, State, TripMode};
     ///
-    /// let set = KeyedBreakers::builder().consecutive_failures(1).build().unwrap();
+    /// let set = KeyedBreakers::builder().trip_mode(TripMode::Open).consecutive_failures(1).build().unwrap();
     /// set.admit("gpt-4o").unwrap().record(Outcome::Failure);
     /// set.admit("claude").unwrap().record(Outcome::Success);
     /// let open: Vec<_> = set

@@ -118,11 +118,12 @@ impl Builder<KeyedBreakers> {
     ///
     /// ```
     /// use tower_circuit_breaker::keyed::{KeyedBreakers, KeyedConfigError};
-    /// use tower_circuit_breaker::{Outcome, Reason, State};
+    /// use tower_circuit_breaker::{Outcome, Reason, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// // Ten keys, at most 20 % of them open.
     /// let set = KeyedBreakers::builder()
+    ///     .trip_mode(TripMode::Open)
     ///     .consecutive_failures(1)
     ///     .max_open_share(0.2)
     ///     .build()
@@ -141,7 +142,7 @@ impl Builder<KeyedBreakers> {
     /// assert_eq!(first.snapshot().reason, Some(Reason::OpenKeysCap));
     /// assert_eq!(set.get("model-2").unwrap().state(), State::Open);
     ///
-    /// let bad = KeyedBreakers::builder().max_open_share(1.5).build().unwrap_err();
+    /// let bad = KeyedBreakers::builder().trip_mode(TripMode::Open).max_open_share(1.5).build().unwrap_err();
     /// assert_eq!(bad, KeyedConfigError::MaxOpenShare(1.5));
     /// # }
     /// ```

@@ -3,6 +3,7 @@
 use super::key::same_key;
 use super::KeyedBreakers;
 use crate::Outcome;
+use crate::TripMode;
 
 /// Keys of every length up to 40 bytes, and for each every way to differ
 /// from it in one byte, or in length.
@@ -30,6 +31,7 @@ fn keys_are_equal_exactly_when_their_bytes_are() {
 #[test]
 fn keys_one_byte_apart_have_their_own_breakers() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .build()
         .unwrap();
@@ -57,6 +59,7 @@ fn keys_one_byte_apart_have_their_own_breakers() {
 fn a_remembered_entry_serves_only_its_own_set() {
     let set = || {
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(100)
             .build()
             .unwrap()
@@ -75,6 +78,7 @@ fn a_remembered_entry_serves_only_its_own_set() {
 #[test]
 fn a_set_with_a_cap_on_open_keys_is_freed_with_its_last_handle() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .max_open_share(0.5)
         .build()
@@ -84,7 +88,10 @@ fn a_set_with_a_cap_on_open_keys_is_freed_with_its_last_handle() {
     let weak = std::sync::Arc::downgrade(set.inner.open_cap.as_ref().unwrap());
     // This thread may remember an entry of the set: look up another set's
     // key twice so it lets go.
-    let other = KeyedBreakers::builder().build().unwrap();
+    let other = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
+        .build()
+        .unwrap();
     other.admit("x").unwrap().record(Outcome::Success);
     other.admit("x").unwrap().record(Outcome::Success);
     drop(set);

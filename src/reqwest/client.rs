@@ -42,12 +42,12 @@ use super::Pending;
 /// ```
 /// use tower::{Service, ServiceExt};
 /// use tower_circuit_breaker::reqwest::ReqwestClient;
-/// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+/// use tower_circuit_breaker::{CircuitBreakerLayer, State, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
 /// let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-/// let layer = CircuitBreakerLayer::builder().consecutive_failures(1).build()?;
+/// let layer = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).consecutive_failures(1).build()?;
 /// let http = reqwest::Client::new();
 /// let mut client = ReqwestClient::new(http.clone(), &layer);
 ///
@@ -260,12 +260,12 @@ where
 ///
 /// ```
 /// use tower_circuit_breaker::reqwest::RequestBuilderExt;
-/// use tower_circuit_breaker::{CircuitBreakerLayer, State};
+/// use tower_circuit_breaker::{CircuitBreakerLayer, State, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_circuit_breaker::BoxError> {
 /// let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-/// let layer = CircuitBreakerLayer::builder().name("chat").consecutive_failures(1).build()?;
+/// let layer = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).name("chat").consecutive_failures(1).build()?;
 /// let client = reqwest::Client::new();
 ///
 /// let url = format!("http://{closed}/v1/chat/completions");

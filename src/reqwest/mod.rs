@@ -31,7 +31,7 @@
 //! ```
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //! use tower_circuit_breaker::reqwest::ReqwestService;
-//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen, State};
+//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen, State, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
@@ -39,7 +39,7 @@
 //! let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
 //! let url = format!("http://{closed}/v1/chat/completions");
 //!
-//! let layer = CircuitBreakerLayer::builder().consecutive_failures(2).build()?;
+//! let layer = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).consecutive_failures(2).build()?;
 //! let breaker = layer.breaker().clone();
 //! let mut client = ServiceBuilder::new()
 //!     .layer(layer)

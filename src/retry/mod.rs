@@ -26,7 +26,7 @@
 //! use std::time::Duration;
 //! use tower::{retry::RetryLayer, Service, ServiceBuilder, ServiceExt};
 //! use tower_circuit_breaker::retry::RetryPolicy;
-//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen};
+//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, CircuitOpen, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), BoxError> {
@@ -35,7 +35,7 @@
 //!         http::Response::builder().status(503).body(String::new()).unwrap(),
 //!     )
 //! });
-//! let breaker = CircuitBreakerLayer::builder().consecutive_failures(2).build()?;
+//! let breaker = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).consecutive_failures(2).build()?;
 //! let policy = RetryPolicy::new()
 //!     .max_retries(5)
 //!     .backoff(Duration::from_millis(100), Duration::from_secs(2))
@@ -369,13 +369,13 @@ impl<C, W> RetryPolicy<C, W> {
     /// use std::time::Duration;
     /// use tower::{retry::RetryLayer, ServiceBuilder, ServiceExt};
     /// use tower_circuit_breaker::retry::RetryPolicy;
-    /// use tower_circuit_breaker::CircuitBreakerLayer;
+    /// use tower_circuit_breaker::{CircuitBreakerLayer, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// let upstream = tower::service_fn(|_req: http::Request<String>| async {
     ///     Ok::<_, std::convert::Infallible>(http::Response::builder().status(503).body(String::new()).unwrap())
     /// });
-    /// let breaker = CircuitBreakerLayer::builder().consecutive_failures(1).build().unwrap();
+    /// let breaker = CircuitBreakerLayer::builder().trip_mode(TripMode::Open).consecutive_failures(1).build().unwrap();
     /// let policy = RetryPolicy::new()
     ///     .backoff(Duration::from_secs(5), Duration::from_secs(10))
     ///     .watch_breaker(breaker.breaker().clone());
@@ -418,7 +418,7 @@ impl<C, W> RetryPolicy<C, W> {
     /// use tower::{retry::RetryLayer, Service, ServiceBuilder, ServiceExt};
     /// use tower_circuit_breaker::keyed::{self, KeyedBreakers};
     /// use tower_circuit_breaker::retry::RetryPolicy;
-    /// use tower_circuit_breaker::{BoxError, CircuitBreakerLayer};
+    /// use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), BoxError> {
@@ -427,7 +427,7 @@ impl<C, W> RetryPolicy<C, W> {
     ///         http::Response::builder().status(503).body(String::new()).unwrap(),
     ///     )
     /// });
-    /// let models = KeyedBreakers::builder().consecutive_failures(1).build()?;
+    /// let models = KeyedBreakers::builder().trip_mode(TripMode::Open).consecutive_failures(1).build()?;
     /// let policy = RetryPolicy::new()
     ///     .max_retries(5)
     ///     .backoff(Duration::from_secs(5), Duration::from_secs(10))

@@ -45,7 +45,7 @@
 //! use tower::{Layer, Service, ServiceExt};
 //! use tower_circuit_breaker::retry::RetryPolicy;
 //! use tower_circuit_breaker::stack::{Stack, StackError};
-//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen};
+//! use tower_circuit_breaker::{Breaker, BoxError, CircuitOpen, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), BoxError> {
@@ -56,9 +56,10 @@
 //! });
 //!
 //! // Defaults: attempt 60 s, a window of 20 calls, 50 %, open 30 s,
-//! // 3 probes, 2 to close, 3 retries.
+//! // 3 probes, 2 to close, 3 retries. All or nothing here; left at the
+//! // default, a call without a fallback is graded instead (see `TripMode`).
 //! let layer = Stack::builder()
-//!     .breaker(Breaker::builder().count_window(10).min_calls(3))
+//!     .breaker(Breaker::builder().trip_mode(TripMode::Open).count_window(10).min_calls(3))
 //!     .retry(RetryPolicy::new().max_retries(3))
 //!     .build()?;
 //! let breaker = layer.breaker().clone();
@@ -88,7 +89,7 @@
 //! use tower::{Layer, Service, ServiceExt};
 //! use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 //! use tower_circuit_breaker::stack::Stack;
-//! use tower_circuit_breaker::{BoxError, CircuitOpen, State};
+//! use tower_circuit_breaker::{BoxError, CircuitOpen, State, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), BoxError> {
@@ -99,7 +100,7 @@
 //!         http::Response::builder().status(status).body(String::new()).unwrap(),
 //!     )
 //! });
-//! let layer = Stack::keyed(KeyedBreakers::builder().consecutive_failures(2), keyed::header("x-model"))
+//! let layer = Stack::keyed(KeyedBreakers::builder().trip_mode(TripMode::Open).consecutive_failures(2), keyed::header("x-model"))
 //!     .max_retries(3)
 //!     .build()?;
 //! let models = layer.breakers().clone();
@@ -455,7 +456,7 @@ impl<S, C, D, P: StackSelect> Stack<S, C, D, P> {
     /// use tower::{Layer, Service, ServiceExt};
     /// use tower_circuit_breaker::health::HealthProbe;
     /// use tower_circuit_breaker::stack::Stack;
-    /// use tower_circuit_breaker::{Breaker, BoxError, State};
+    /// use tower_circuit_breaker::{Breaker, BoxError, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), BoxError> {
@@ -465,7 +466,7 @@ impl<S, C, D, P: StackSelect> Stack<S, C, D, P> {
     ///     Ok::<_, BoxError>(http::Response::builder().status(status).body(String::new())?)
     /// });
     /// let layer = Stack::builder()
-    ///     .breaker(Breaker::builder().consecutive_failures(1).jitter(0.0))
+    ///     .breaker(Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0))
     ///     .max_retries(0)
     ///     .health_probe(
     ///         HealthProbe::builder(Duration::from_secs(1)).jitter(0.0),

@@ -39,11 +39,12 @@
 //! use tower::ServiceExt;
 //! use tower_circuit_breaker::keyed::KeyedBreakers;
 //! use tower_circuit_breaker::status::StatusPage;
-//! use tower_circuit_breaker::Outcome;
+//! use tower_circuit_breaker::{Outcome, TripMode};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let page = StatusPage::new();
 //! let models = KeyedBreakers::builder()
+//!     .trip_mode(TripMode::Open)
 //!     .consecutive_failures(1)
 //!     .on_transition(page.listener()) // for "last transitions"
 //!     .build()

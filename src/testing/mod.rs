@@ -33,7 +33,7 @@
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_circuit_breaker::response::service_unavailable;
 //! use tower_circuit_breaker::testing::{Answer, Phase, Script, ScriptedBody, ScriptedUpstream};
-//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, ConfigError};
+//! use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, ConfigError, TripMode};
 //!
 //! // --- the app under test: your own code ---
 //!
@@ -49,6 +49,7 @@
 //!
 //! fn app(llm: Llm) -> Result<Router, ConfigError> {
 //!     let breaker = CircuitBreakerLayer::builder()
+//!         .trip_mode(TripMode::Open)
 //!         .consecutive_failures(3)
 //!         .open_duration(Duration::from_secs(30))
 //!         .max_open_duration(Duration::from_secs(30))

@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tokio::time::advance;
 use tower_circuit_breaker::{Breaker, ConfigError, Outcome, Reason, State};
@@ -13,7 +14,7 @@ fn record(b: &Breaker, outcome: Outcome, n: usize) {
 }
 
 fn base() -> tower_circuit_breaker::Builder {
-    Breaker::builder().jitter(0.0)
+    Breaker::builder().trip_mode(TripMode::Open).jitter(0.0)
 }
 
 #[tokio::test(start_paused = true)]
@@ -487,6 +488,7 @@ async fn jitter_shortens_open_durations_by_at_most_its_fraction() {
     let mut waits = Vec::new();
     for seed in 0..20 {
         let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(1)
             .open_duration(Duration::from_secs(100))
@@ -613,42 +615,69 @@ async fn counters_balance() {
 async fn bad_configuration_is_a_typed_error() {
     type Check = fn(&ConfigError) -> bool;
     let cases: Vec<(tower_circuit_breaker::Builder, Check)> = vec![
-        (Breaker::builder().open_duration(Duration::ZERO), |e| {
-            matches!(e, ConfigError::ZeroOpenDuration)
-        }),
-        (Breaker::builder().count_window(10).min_calls(11), |e| {
-            matches!(e, ConfigError::MinCallsAboveWindow { .. })
-        }),
         (
             Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .open_duration(Duration::ZERO),
+            |e| matches!(e, ConfigError::ZeroOpenDuration),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .count_window(10)
+                .min_calls(11),
+            |e| matches!(e, ConfigError::MinCallsAboveWindow { .. }),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .open_duration(Duration::from_secs(30))
                 .max_open_duration(Duration::from_secs(10)),
             |e| matches!(e, ConfigError::OpenMaxBelowOpen { .. }),
         ),
-        (Breaker::builder().probes(2).close_after(3), |e| {
-            matches!(e, ConfigError::CloseAfter { .. })
-        }),
-        (Breaker::builder().probes(0), |e| {
-            matches!(e, ConfigError::ZeroProbes)
-        }),
-        (Breaker::builder().failure_rate(1.5), |e| {
-            matches!(e, ConfigError::Rate { .. })
-        }),
-        (Breaker::builder().failure_rate(f64::NAN), |e| {
-            matches!(e, ConfigError::Rate { .. })
-        }),
-        (Breaker::builder().jitter(1.0), |e| {
-            matches!(e, ConfigError::Jitter(_))
-        }),
-        (Breaker::builder().count_window(0), |e| {
-            matches!(e, ConfigError::EmptyWindow)
-        }),
-        (Breaker::builder().consecutive_failures(0), |e| {
-            matches!(e, ConfigError::ZeroConsecutiveFailures)
-        }),
-        (Breaker::builder().slow_call(Duration::ZERO, 0.5), |e| {
-            matches!(e, ConfigError::ZeroSlowThreshold)
-        }),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .probes(2)
+                .close_after(3),
+            |e| matches!(e, ConfigError::CloseAfter { .. }),
+        ),
+        (
+            Breaker::builder().trip_mode(TripMode::Open).probes(0),
+            |e| matches!(e, ConfigError::ZeroProbes),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .failure_rate(1.5),
+            |e| matches!(e, ConfigError::Rate { .. }),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .failure_rate(f64::NAN),
+            |e| matches!(e, ConfigError::Rate { .. }),
+        ),
+        (
+            Breaker::builder().trip_mode(TripMode::Open).jitter(1.0),
+            |e| matches!(e, ConfigError::Jitter(_)),
+        ),
+        (
+            Breaker::builder().trip_mode(TripMode::Open).count_window(0),
+            |e| matches!(e, ConfigError::EmptyWindow),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .consecutive_failures(0),
+            |e| matches!(e, ConfigError::ZeroConsecutiveFailures),
+        ),
+        (
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .slow_call(Duration::ZERO, 0.5),
+            |e| matches!(e, ConfigError::ZeroSlowThreshold),
+        ),
     ];
     for (builder, expected) in cases {
         let err = builder.build().unwrap_err();

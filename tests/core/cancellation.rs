@@ -15,6 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -192,13 +193,18 @@ fn assert_balanced(b: &Breaker) {
 }
 
 fn closed() -> Breaker {
-    Breaker::builder().counter_stripes(1).build().unwrap()
+    Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .counter_stripes(1)
+        .build()
+        .unwrap()
 }
 
 /// Half-open with one probe slot: the circuit opened on one failure and
 /// stays open for 1ns.
 fn half_open() -> Breaker {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_nanos(1))

@@ -5,6 +5,7 @@
 //! More cases: `PROPTEST_CASES=2000 cargo test --release --test config`.
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use proptest::prelude::*;
 use tokio::time::advance;
@@ -127,9 +128,10 @@ fn probes(b: &Breaker, probes: u32) -> Vec<tower_circuit_breaker::Permit> {
 }
 
 fn full_cycle(settings: &[Setting]) -> Result<(), ConfigError> {
-    let builder = settings
-        .iter()
-        .fold(Breaker::builder().seed(9), |b, s| s.apply(b));
+    let builder = settings.iter().fold(
+        Breaker::builder().trip_mode(TripMode::Open).seed(9),
+        |b, s| s.apply(b),
+    );
     // The settings as the builder resolved them, read back through a probe
     // of the same configuration: `probes` and `close_after` are all a
     // cycle needs to know.
@@ -256,14 +258,19 @@ fn every_setting_at_every_extreme_builds_to_an_error_or_runs_a_full_cycle() {
 fn extremes_are_typed_errors() {
     let err = |b: Builder| b.build().unwrap_err();
     assert!(matches!(
-        err(Breaker::builder().open_duration(Duration::MAX)),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .open_duration(Duration::MAX)),
         ConfigError::TooLong {
             setting: "open_duration",
             ..
         }
     ));
     assert!(matches!(
-        err(Breaker::builder().probes(u32::MAX).close_after(1)),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .probes(u32::MAX)
+            .close_after(1)),
         ConfigError::TooMany {
             setting: "probes",
             ..
@@ -271,6 +278,7 @@ fn extremes_are_typed_errors() {
     ));
     assert!(matches!(
         err(Breaker::builder()
+            .trip_mode(TripMode::Open)
             .time_window(Duration::from_secs(30), 10)
             .min_calls(u32::MAX)),
         ConfigError::TooMany {
@@ -279,22 +287,30 @@ fn extremes_are_typed_errors() {
         }
     ));
     assert!(matches!(
-        err(Breaker::builder().consecutive_failures(u32::MAX)),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .consecutive_failures(u32::MAX)),
         ConfigError::TooMany {
             setting: "consecutive_failures",
             ..
         }
     ));
     assert!(matches!(
-        err(Breaker::builder().count_window(u32::MAX)),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .count_window(u32::MAX)),
         ConfigError::WindowTooLarge(_)
     ));
     assert!(matches!(
-        err(Breaker::builder().probe_timeout(Duration::ZERO)),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .probe_timeout(Duration::ZERO)),
         ConfigError::ZeroProbeTimeout
     ));
     assert!(matches!(
-        err(Breaker::builder().probe_lease(Duration::from_secs(1))),
+        err(Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .probe_lease(Duration::from_secs(1))),
         ConfigError::LeaseBelowProbeTimeout { .. }
     ));
 }
@@ -304,19 +320,28 @@ fn counter_stripes_are_bounded_instead_of_allocated() {
     // 2^40 stripes of 128 bytes each would abort the process inside build().
     for n in [1usize << 22, 1 << 40, usize::MAX] {
         assert!(matches!(
-            Breaker::builder().counter_stripes(n).build().unwrap_err(),
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .counter_stripes(n)
+                .build()
+                .unwrap_err(),
             ConfigError::TooMany {
                 setting: "counter_stripes",
                 max: 1024
             }
         ));
     }
-    Breaker::builder().counter_stripes(1024).build().unwrap();
+    Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .counter_stripes(1024)
+        .build()
+        .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_open_duration_alone_always_builds_with_backoff_on() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .open_duration(Duration::from_secs(600))
         .jitter(0.0)
         .consecutive_failures(1)
@@ -326,6 +351,7 @@ async fn an_open_duration_alone_always_builds_with_backoff_on() {
     assert_eq!(b.snapshot().retry_in, Some(Duration::from_secs(600)));
     // A week-long open period: the default cap stays at the upper bound.
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .open_duration(Duration::from_secs(7 * 24 * 3600))
         .build()
         .unwrap();
@@ -335,6 +361,7 @@ async fn an_open_duration_alone_always_builds_with_backoff_on() {
 async fn a_never_expiring_lease_keeps_the_probe_budget() {
     // `Duration::MAX` is the natural way to say "never": it saturates.
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(1))
@@ -364,6 +391,7 @@ async fn a_panicking_listener_never_reaches_the_caller() {
     let after = Arc::new(AtomicUsize::new(0));
     let seen = after.clone();
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .on_transition(|_| panic!("a listener with a bug"))
@@ -389,15 +417,29 @@ fn a_keyed_stack_reports_the_keyed_sets_errors_apart_from_the_breakers() {
 
     let build = |set| Stack::keyed(set, keyed::header("x-model")).build();
     assert_eq!(
-        build(KeyedBreakers::builder().max_keys(0)).unwrap_err(),
+        build(
+            KeyedBreakers::builder()
+                .trip_mode(TripMode::Open)
+                .max_keys(0)
+        )
+        .unwrap_err(),
         StackError::Keyed(KeyedConfigError::KeyBounds)
     );
     assert_eq!(
-        build(KeyedBreakers::builder().max_open_share(2.0)).unwrap_err(),
+        build(
+            KeyedBreakers::builder()
+                .trip_mode(TripMode::Open)
+                .max_open_share(2.0)
+        )
+        .unwrap_err(),
         StackError::Keyed(KeyedConfigError::MaxOpenShare(2.0))
     );
-    let err =
-        build(KeyedBreakers::builder().override_key("gpt-4o", |b| b.jitter(1.0))).unwrap_err();
+    let err = build(
+        KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
+            .override_key("gpt-4o", |b| b.jitter(1.0)),
+    )
+    .unwrap_err();
     assert_eq!(
         err,
         StackError::Keyed(KeyedConfigError::Override {
@@ -410,7 +452,7 @@ fn a_keyed_stack_reports_the_keyed_sets_errors_apart_from_the_breakers() {
         "key 'gpt-4o': jitter must be in [0, 1), got 1"
     );
     assert_eq!(
-        build(KeyedBreakers::builder().probes(0)).unwrap_err(),
+        build(KeyedBreakers::builder().trip_mode(TripMode::Open).probes(0)).unwrap_err(),
         StackError::Breaker(ConfigError::ZeroProbes)
     );
 }

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tokio::time::advance;
 use tower_circuit_breaker::keyed::KeyedBreakers;
@@ -15,6 +16,7 @@ use tower_circuit_breaker::{Breaker, Builder, Outcome, State};
 /// succeed, each failed if it has no head within `deadline`.
 fn builder(open: Duration, probes: u32, deadline: Duration) -> Builder {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(open)

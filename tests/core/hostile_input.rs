@@ -1,6 +1,7 @@
 //! Garbage from the network is classified, never a panic.
 
 use crate::support;
+use tower_circuit_breaker::TripMode;
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -181,6 +182,7 @@ async fn broken_grpc_server() -> std::net::SocketAddr {
 async fn malformed_grpc_status_over_http2_is_a_failure() {
     let addr = broken_grpc_server().await;
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1000)
         .build()
         .unwrap()

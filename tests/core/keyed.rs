@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
@@ -21,6 +22,7 @@ use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, ConfigError, Outcome, 
 
 fn set() -> tower_circuit_breaker::Builder<KeyedBreakers> {
     KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(3)
         .jitter(0.0)
@@ -298,6 +300,7 @@ fn itoa_buf(mut n: u32) -> [u8; 10] {
 #[tokio::test(start_paused = true)]
 async fn volume_guard_trips_on_call_k_plus_one_within_p_and_admits_again_after_p() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .volume_guard(100, Duration::from_secs(3600))
         .build()
@@ -321,6 +324,7 @@ async fn volume_guard_trips_on_call_k_plus_one_within_p_and_admits_again_after_p
 #[tokio::test(start_paused = true)]
 async fn volume_guard_is_per_key() {
     let breakers = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .volume_guard(2, Duration::from_secs(60))
         .build()
@@ -338,11 +342,16 @@ async fn volume_guard_is_per_key() {
 #[tokio::test]
 async fn bad_key_bounds_are_config_errors() {
     assert_eq!(
-        KeyedBreakers::builder().max_keys(0).build().unwrap_err(),
+        KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
+            .max_keys(0)
+            .build()
+            .unwrap_err(),
         KeyedConfigError::KeyBounds
     );
     assert_eq!(
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .idle_timeout(Duration::ZERO)
             .build()
             .unwrap_err(),
@@ -350,11 +359,16 @@ async fn bad_key_bounds_are_config_errors() {
     );
     // The breaker settings the keys share are the core's errors, wrapped.
     assert_eq!(
-        KeyedBreakers::builder().probes(0).build().unwrap_err(),
+        KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
+            .probes(0)
+            .build()
+            .unwrap_err(),
         KeyedConfigError::Breaker(ConfigError::ZeroProbes)
     );
     assert_eq!(
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .volume_guard(0, Duration::from_secs(1))
             .build()
             .unwrap_err(),
@@ -519,6 +533,7 @@ fn open_keys(set: &KeyedBreakers) -> usize {
 #[tokio::test(start_paused = true)]
 async fn a_thousand_keys_failing_at_once_never_open_more_than_the_cap() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .probes(1)
@@ -560,6 +575,7 @@ async fn a_thousand_keys_failing_at_once_never_open_more_than_the_cap() {
 #[test]
 fn racing_threads_opening_keys_leave_at_most_the_cap_open() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .jitter(0.0)
@@ -592,6 +608,7 @@ fn racing_threads_opening_keys_leave_at_most_the_cap_open() {
 #[tokio::test(start_paused = true)]
 async fn beyond_the_cap_the_key_open_longest_goes_half_open_first() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .probes(1)
@@ -629,6 +646,7 @@ async fn beyond_the_cap_the_key_open_longest_goes_half_open_first() {
     assert_eq!(state("b"), State::Closed);
     // One key may always be open, however small the share.
     let one = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .max_open_share(0.01)
         .build()
@@ -642,6 +660,7 @@ async fn beyond_the_cap_the_key_open_longest_goes_half_open_first() {
 #[tokio::test(start_paused = true)]
 async fn forced_open_keys_and_the_overflow_breaker_are_not_counted() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .jitter(0.0)
@@ -665,6 +684,7 @@ async fn forced_open_keys_and_the_overflow_breaker_are_not_counted() {
 fn a_share_outside_zero_to_one_is_a_config_error() {
     for bad in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
         let err = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .max_open_share(bad)
             .build()
             .unwrap_err();
@@ -673,7 +693,11 @@ fn a_share_outside_zero_to_one_is_a_config_error() {
             "{bad}: {err}"
         );
     }
-    assert!(KeyedBreakers::builder().max_open_share(1.0).build().is_ok());
+    assert!(KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
+        .max_open_share(1.0)
+        .build()
+        .is_ok());
 }
 
 /// The cap acts on transitions, which happen inside admissions, sweeps and
@@ -683,6 +707,7 @@ fn a_share_outside_zero_to_one_is_a_config_error() {
 #[test]
 fn the_cap_on_open_keys_never_deadlocks_with_admissions_sweeps_and_snapshots() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .jitter(0.0)

@@ -3,6 +3,7 @@
 #![cfg(not(loom))]
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tokio::time::advance;
 use tower_circuit_breaker::{
@@ -11,6 +12,7 @@ use tower_circuit_breaker::{
 
 fn breaker() -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         // No rate rule: the limit alone is watched here.
         .no_window()
         .in_flight_limit(InFlightLimit::new().window(Duration::from_secs(10)))
@@ -137,6 +139,7 @@ async fn calls_with_a_fallback_are_not_held_to_the_limit() {
 async fn a_ramp_admits_a_rising_share_of_calls_with_a_fallback_and_a_trip_during_it_reopens_at_once(
 ) {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(3)
         .probes(1)
         .close_after(1)
@@ -204,6 +207,7 @@ fn bad_limit_settings_are_typed_errors() {
     ];
     for limit in bad {
         let err = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .in_flight_limit(limit)
             .build()
             .unwrap_err();
@@ -213,6 +217,7 @@ fn bad_limit_settings_are_typed_errors() {
         );
     }
     let err = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .ramp(Duration::from_secs(8 * 24 * 3600))
         .build()
         .unwrap_err();
@@ -223,13 +228,18 @@ fn bad_limit_settings_are_typed_errors() {
             ..
         }
     ));
-    assert!(Breaker::builder().ramp(Duration::ZERO).build().is_ok());
+    assert!(Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .ramp(Duration::ZERO)
+        .build()
+        .is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn each_key_of_a_keyed_set_has_its_own_limit() {
     use tower_circuit_breaker::keyed::KeyedBreakers;
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .in_flight_limit(InFlightLimit::new().window(Duration::from_secs(10)))
         .build()

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -363,6 +364,7 @@ enum Op {
 
 fn breaker(cfg: &Cfg) -> Breaker {
     let mut b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .count_window(cfg.window as u32)
         .min_calls(cfg.min_calls as u32)
         .open_duration(Duration::from_nanos(cfg.open))
@@ -739,6 +741,7 @@ fn a_probe_whose_head_came_is_freed_by_its_lease_without_a_verdict() {
 #[tokio::test(start_paused = true)]
 async fn a_slow_success_breaks_a_failure_streak() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .count_window(10)
         .min_calls(10)
         .no_failure_rate()
@@ -768,6 +771,7 @@ async fn a_slow_success_breaks_a_failure_streak() {
 #[tokio::test(start_paused = true)]
 async fn a_call_crossing_the_slow_threshold_does_not_break_a_failure_streak() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .count_window(10)
         .min_calls(10)
         .no_failure_rate()

@@ -2,6 +2,7 @@
 //! rejection's detail, a disabled breaker, and health probes' charges.
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tower_circuit_breaker::spend::{Charge, Period, SpendGuard, Unit};
 use tower_circuit_breaker::{Breaker, Outcome, Rejection, State};
@@ -17,6 +18,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 #[tokio::test(start_paused = true)]
 async fn shadow_mode_rejects_nothing_and_counts_what_it_would_reject() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .spend_guard(SpendGuard::tokens(100, Period::Rolling(MINUTE)).shadow(true))
         .build()
         .unwrap();
@@ -34,6 +36,7 @@ async fn shadow_mode_rejects_nothing_and_counts_what_it_would_reject() {
 #[tokio::test(start_paused = true)]
 async fn a_permit_finished_without_a_charge_pays_the_running_average() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .spend_guard(SpendGuard::tokens(1_000, Period::Rolling(MINUTE)))
         .build()
         .unwrap();
@@ -48,6 +51,7 @@ async fn a_permit_finished_without_a_charge_pays_the_running_average() {
 #[tokio::test(start_paused = true)]
 async fn a_spent_budget_holds_half_open_probes_back_too() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(10))
         .jitter(0.0)
@@ -80,6 +84,7 @@ async fn a_spent_budget_holds_half_open_probes_back_too() {
 #[tokio::test(start_paused = true)]
 async fn a_disabled_breaker_admits_and_still_charges() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .spend_guard(SpendGuard::tokens(10, Period::UtcDay))
         .build()
         .unwrap();
@@ -97,6 +102,7 @@ async fn a_disabled_breaker_admits_and_still_charges() {
 #[test]
 fn a_zero_budget_is_a_config_error() {
     let err = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .spend_guard(SpendGuard::tokens(0, Period::UtcDay))
         .build()
         .unwrap_err();
@@ -111,6 +117,7 @@ async fn a_health_probe_is_charged_its_usage_and_never_the_unknown_cost() {
     use tower_circuit_breaker::BoxError;
 
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(60))
         .spend_guard(SpendGuard::tokens(1_000, Period::UtcDay).unknown_cost(500))

@@ -12,6 +12,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response};
 use tokio::time::Instant;
@@ -84,6 +85,7 @@ async fn a_thousand_callers_through_repeated_open_half_open_cycles() {
     let transitions = Arc::new(Mutex::new(Vec::new()));
     let log = transitions.clone();
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .count_window(50)
         .min_calls(20)
         .failure_rate(0.5)

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tower_circuit_breaker::{Breaker, Outcome, State};
 
@@ -10,6 +11,7 @@ use tower_circuit_breaker::{Breaker, Outcome, State};
 fn half_open_admits_exactly_the_probe_budget_across_eight_threads() {
     for _round in 0..20 {
         let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(1)
             // So short that the circuit is due for half-open as soon as it
@@ -52,6 +54,7 @@ fn half_open_admits_exactly_the_probe_budget_across_eight_threads() {
 #[test]
 fn counters_balance_under_eight_threads_of_mixed_outcomes() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .count_window(50)
         .min_calls(50)
         .failure_rate(0.9)
@@ -94,7 +97,10 @@ fn counts_from_many_short_lived_threads_add_up() {
     // More threads than owned counter stripes, four alive at a time: the
     // stripes of exited threads are handed on, never shared by two live
     // threads, and no count is lost in the hand-over.
-    let b = Breaker::builder().build().unwrap();
+    let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .build()
+        .unwrap();
     for _wave in 0..25 {
         let handles: Vec<_> = (0..4)
             .map(|_| {
@@ -122,6 +128,7 @@ fn a_busy_keys_counts_add_up_across_its_change_of_stripes() {
     // in stripes of its own: counts made on both sides of the change, by
     // threads racing through it, all add up.
     let set = tower_circuit_breaker::keyed::KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .build()
         .unwrap();
     let barrier = Arc::new(Barrier::new(4));

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -120,6 +121,7 @@ where
 
 fn layer() -> CircuitBreakerLayer {
     CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(2)
         .open_duration(Duration::from_secs(30))
         .probes(1)
@@ -261,6 +263,7 @@ async fn with_the_grpc_classifier_unavailable_answers_trip_it_and_the_client_tel
 #[tokio::test(start_paused = true)]
 async fn half_open_and_volume_guard_rejections_say_why() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_millis(1500))
         .probes(1)
@@ -285,6 +288,7 @@ async fn half_open_and_volume_guard_rejections_say_why() {
     assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_none());
 
     let guarded = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .volume_guard(1, Duration::from_secs(10))
         .build()
         .unwrap();
@@ -307,6 +311,7 @@ async fn a_spent_budget_reaches_a_tonic_client_as_permission_denied() {
     // gRPC answers report no usage: each call is charged the guard's
     // amount for calls of unknown usage, and one spends the budget.
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .spend_guard(SpendGuard::tokens(100, Period::UtcDay).unknown_cost(100))
         .build()
         .unwrap();

@@ -6,6 +6,7 @@
 //! `tokio::time::advance`. The reqwest client has no pool-idle timer.
 
 use crate::support_openai;
+use tower_circuit_breaker::TripMode;
 
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ fn reqwest_client() -> reqwest::Client {
 
 fn breaker(min_calls: u32) -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("gpt-test")
         .count_window(10)
         .min_calls(min_calls)
@@ -190,7 +192,11 @@ async fn async_openai_gets_429s_with_retry_after_and_the_breaker_stays_closed() 
 #[tokio::test(start_paused = true)]
 async fn refused_connections_are_failures_and_async_openai_sees_the_reqwest_error() {
     let addr = closed_port();
-    let breaker = Breaker::builder().consecutive_failures(2).build().unwrap();
+    let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .consecutive_failures(2)
+        .build()
+        .unwrap();
     let service = ServiceBuilder::new()
         .layer(OpenAiCircuitBreakerLayer::new(breaker.clone()))
         .service(ReqwestService::new(reqwest_client()));
@@ -270,6 +276,7 @@ async fn a_streamed_chat_completion_that_ends_in_an_error_event_is_a_failure() {
 
 fn one_failure_opens(name: &'static str) -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name(name)
         .consecutive_failures(1)
         .jitter(0.0)

@@ -6,6 +6,7 @@
 //! `tokio::time::advance`) and reqwest's own timeout where a test sets one.
 
 use crate::support_openai;
+use tower_circuit_breaker::TripMode;
 
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ fn client() -> reqwest::Client {
 
 fn layer() -> CircuitBreakerLayer {
     CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .count_window(10)
         .min_calls(4)
         .failure_rate(0.5)
@@ -171,6 +173,7 @@ async fn reqwest_passes_429s_through_with_their_retry_after() {
 async fn refused_connections_are_failures_and_stay_reqwest_errors() {
     let addr = closed_port();
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(3)
         .build()
         .unwrap();
@@ -216,6 +219,7 @@ async fn reqwest_timeouts_are_failures_and_stay_reqwest_errors() {
         .build()
         .unwrap();
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(2)
         .build()
         .unwrap();

@@ -4,6 +4,7 @@
 //! Time is paused (see tests/reqwest.rs for why that is sound here).
 
 use crate::support_openai;
+use tower_circuit_breaker::TripMode;
 
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ fn reqwest_client() -> reqwest::Client {
 
 fn breaker() -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("chat")
         .count_window(10)
         .min_calls(4)
@@ -130,7 +132,11 @@ async fn middleware_passes_429s_through() {
 #[tokio::test(start_paused = true)]
 async fn middleware_counts_refused_connections_and_keeps_the_reqwest_error() {
     let addr = closed_port();
-    let breaker = Breaker::builder().consecutive_failures(2).build().unwrap();
+    let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .consecutive_failures(2)
+        .build()
+        .unwrap();
     let client = client(CircuitBreakerMiddleware::new(breaker.clone()));
     let url = format!("http://{addr}/v1/chat/completions");
 
@@ -256,6 +262,7 @@ impl reqwest_middleware::Middleware for Annotate {
 
 fn one_failure_opens(name: &'static str) -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name(name)
         .consecutive_failures(1)
         .jitter(0.0)

@@ -10,6 +10,7 @@ mod app;
 
 use crate::runner::{Rt, Trial};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http_body_util::{BodyExt, Empty};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -146,6 +147,7 @@ fn with_recorder(f: impl FnOnce()) -> String {
 
 async fn each_outcome_is_counted_under_its_own_label() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("outcomes")
         .metrics(true)
         .build()
@@ -182,6 +184,7 @@ async fn each_outcome_is_counted_under_its_own_label() {
 
 async fn the_volume_guard_is_its_own_reason() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("volume")
         .volume_guard(1, Duration::from_secs(60))
         .metrics(true)
@@ -205,6 +208,7 @@ async fn the_volume_guard_is_its_own_reason() {
 async fn a_spend_guard_counts_its_warning_and_its_rejections() {
     use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("agent")
         .spend_guard(SpendGuard::tokens(100, Period::UtcDay).warn_at(0.8))
         .metrics(true)
@@ -238,6 +242,7 @@ async fn a_spend_guard_counts_its_warning_and_its_rejections() {
 
 async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .name("chat")
         .consecutive_failures(1)
         .metrics(true)
@@ -287,6 +292,7 @@ async fn keyed_series_carry_the_stored_key_and_a_hashed_key_stays_hashed() {
 async fn the_switch_turns_reporting_off_and_on_at_run_time() {
     let switch = MetricsSwitch::new(true);
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .name("switched")
         .metrics_switch(&switch)
         .build()
@@ -307,6 +313,7 @@ async fn the_switch_turns_reporting_off_and_on_at_run_time() {
 
 async fn a_breaker_built_without_metrics_reports_nothing() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("quiet")
         .consecutive_failures(1)
         .build()
@@ -320,6 +327,7 @@ async fn a_breaker_built_without_metrics_reports_nothing() {
 
 async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .name("ttfb")
         .metrics(true)
         .build()
@@ -373,6 +381,7 @@ async fn time_to_first_byte_is_measured_from_admission_to_the_head() {
 /// whose clock a test cannot pause).
 async fn an_evicted_keys_series_stay_in_the_recorder_until_it_drops_them() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .name("churn")
         .max_keys(1000)
         .idle_timeout(Duration::from_secs(1))

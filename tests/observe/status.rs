@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tower::{Service, ServiceExt};
 use tower_circuit_breaker::keyed::KeyedBreakers;
@@ -24,6 +25,7 @@ async fn get(page: &StatusPage, uri: &str) -> http::Response<String> {
 
 fn tripped_set(page: &StatusPage) -> KeyedBreakers {
     KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(60))
         .jitter(0.0)
@@ -89,11 +91,16 @@ async fn a_key_is_escaped_in_the_json_and_the_page_carries_no_data() {
 async fn the_json_shows_a_spend_guards_budget_and_spend() {
     use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
     let guarded = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("agent")
         .spend_guard(SpendGuard::micro_dollars(1_000_000, Period::UtcDay))
         .build()
         .unwrap();
-    let plain = Breaker::builder().name("users").build().unwrap();
+    let plain = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("users")
+        .build()
+        .unwrap();
     let page = StatusPage::new().breaker(&guarded).breaker(&plain);
     let mut permit = guarded.admit().unwrap();
     permit.charge(Charge::Observed(1_250_000));
@@ -141,6 +148,7 @@ async fn a_forced_open_or_disabled_key_shows_the_calls_its_window_held() {
 async fn the_json_shows_each_keys_trip_thresholds_beside_its_window() {
     let page = StatusPage::new();
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .count_window(20)
         .min_calls(10)
         .failure_rate(0.5)
@@ -198,7 +206,11 @@ async fn the_json_shows_a_redis_fleet_its_quorum_and_whether_it_shares() {
             .quorum_fraction(0.5)
             .build()
             .unwrap();
-        let breaker = Breaker::builder().name("chat").build().unwrap();
+        let breaker = Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .name("chat")
+            .build()
+            .unwrap();
         let attachment = backend.attach(&breaker).unwrap();
         replicas.push((breaker, attachment));
     }
@@ -218,7 +230,11 @@ async fn the_json_shows_a_redis_fleet_its_quorum_and_whether_it_shares() {
 }
 
 async fn only_get_and_head_are_served() {
-    let breaker = Breaker::builder().name("chat").build().unwrap();
+    let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("chat")
+        .build()
+        .unwrap();
     let mut page = StatusPage::new().breaker(&breaker);
     let post = http::Request::post("/").body(()).unwrap();
     let res = ServiceExt::<http::Request<()>>::ready(&mut page)
@@ -608,6 +624,7 @@ async fn in_a_real_browser_no_key_or_badge_breaks_mid_word_at_1280_and_390_px() 
     let chrome = chromium().expect("the runner checked for Chromium");
     let page = StatusPage::new().refresh(Duration::from_secs(60));
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .count_window(20)
         .min_calls(10)
         .failure_rate(0.5)
@@ -636,6 +653,7 @@ async fn in_a_real_browser_no_key_or_badge_breaks_mid_word_at_1280_and_390_px() 
         .record(Outcome::Success);
     set.get("text-embedding-3-large").unwrap().disable();
     let agent = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("agent-loop/o1-preview")
         .spend_guard(SpendGuard::micro_dollars(1_000_000, Period::UtcDay))
         .on_transition(page.listener())

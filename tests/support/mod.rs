@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use axum::body::Body;
 use axum::routing::get;
@@ -42,6 +43,7 @@ pub fn http2_client() -> HttpClient {
 /// for an hour, so no test depends on the clock.
 pub fn llm_client(failures: u32) -> LlmClient {
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(failures)
         .open_duration(Duration::from_secs(3600))
         .max_open_duration(Duration::from_secs(3600))

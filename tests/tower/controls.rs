@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response};
 use tower::retry::RetryLayer;
@@ -27,6 +28,7 @@ fn wait(secs: u64) -> Outcome {
 #[tokio::test(start_paused = true)]
 async fn metrics_only_counts_quota_and_pacing_rejections_it_would_make_but_admits() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .quota_gate(Duration::from_secs(60))
         .pace_rate_limits(true)
         .metrics_only(true)
@@ -52,6 +54,7 @@ async fn metrics_only_counts_quota_and_pacing_rejections_it_would_make_but_admit
 #[tokio::test(start_paused = true)]
 async fn disabled_admits_and_records_no_quota_and_no_pacing() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .quota_gate(Duration::from_secs(60))
         .pace_rate_limits(true)
         .build()
@@ -67,7 +70,10 @@ async fn disabled_admits_and_records_no_quota_and_no_pacing() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_settings_quota_and_rate_limits_stay_neutral() {
-    let b = Breaker::builder().build().unwrap();
+    let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .build()
+        .unwrap();
     b.admit().unwrap().record(wait(5));
     b.admit().unwrap().record(Outcome::QuotaExhausted);
     assert!(b.admit().is_ok());
@@ -86,6 +92,7 @@ async fn a_quota_reset_the_answer_announces_wins_over_the_configured_time() {
         )
     });
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .quota_gate(Duration::from_secs(600))
         .jitter(0.0)
         .build()
@@ -124,7 +131,11 @@ async fn a_remaining_count_of_zero_paces_until_its_reset() {
                 .unwrap(),
         )
     });
-    let b = Breaker::builder().pace_rate_limits(true).build().unwrap();
+    let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .pace_rate_limits(true)
+        .build()
+        .unwrap();
     let mut svc = CircuitBreaker::new(upstream, b.clone());
     let res = svc
         .ready()
@@ -155,6 +166,7 @@ async fn a_remaining_count_of_zero_paces_until_its_reset() {
 
 fn opened(after: Duration) -> Breaker {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(30))
         .jitter(0.0)
@@ -354,7 +366,11 @@ fn the_stack_refuses_stream_deadlines_that_cannot_work() {
     // The probe deadline longer than the attempt timeout, as before.
     assert!(matches!(
         stack()
-            .breaker(Breaker::builder().probe_timeout(Duration::from_secs(31)))
+            .breaker(
+                Breaker::builder()
+                    .trip_mode(TripMode::Open)
+                    .probe_timeout(Duration::from_secs(31))
+            )
             .build(),
         Err(StackError::Misfit(_))
     ));

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
@@ -47,6 +48,7 @@ fn upstream(
 
 fn breaker(name: &'static str) -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name(name)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(10))
@@ -95,6 +97,7 @@ async fn pauses_between_50_and_200_ms_before_a_fallback() {
     let (a, b) = (status(503), status(200));
     // A breaker that stays closed, so every call fails over.
     let lenient = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1000)
         .build()
         .unwrap();

@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response};
 use tower::Layer;
@@ -22,6 +23,7 @@ fn request(model: &str) -> Request<String> {
 #[tokio::test(start_paused = true)]
 async fn a_key_evicted_and_created_again_is_the_one_granted_the_last_resort_call() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .idle_timeout(Duration::from_secs(1))
         .jitter(0.0)

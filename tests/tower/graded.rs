@@ -15,9 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_circuit_breaker::{
-    Breaker, CircuitBreaker, CircuitBreakerLayer, Rejection, State, TripMode,
-};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, CircuitBreakerLayer, Rejection, State};
 
 /// A server whose `n`th call (from 0) is answered 200 when
 /// `n * ok % 100 < ok`, 503 otherwise: `ok` % of every 100 calls, spread.
@@ -80,8 +78,7 @@ fn layer(failure_rate: f64) -> (CircuitBreakerLayer, Breaker) {
         .count_window(20)
         .min_calls(20)
         .failure_rate(failure_rate)
-        .trip_mode(TripMode::Graded)
-        .graded_k(3.0)
+        // The defaults: graded admission, K = 5.
         .seed(11)
         .build()
         .unwrap();

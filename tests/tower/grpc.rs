@@ -8,6 +8,7 @@ mod demo;
 use std::error::Error as _;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use demo::{pb, LlmClient};
 use tonic::Code;
@@ -17,6 +18,7 @@ use tower_circuit_breaker::{CircuitBreakerLayer, CircuitOpen, State};
 
 fn layer(failures: u32) -> CircuitBreakerLayer<GrpcClassifier> {
     CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(failures)
         .open_duration(Duration::from_secs(3600))
         .max_open_duration(Duration::from_secs(3600))

@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -56,6 +57,7 @@ async fn half_open_probes_honour_a_known_rate_limit_until_its_reset() {
     const BUDGET: usize = 3;
     let (addr, hits) = rate_limited().await;
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(5))

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response};
 use tokio::time::{sleep, Instant};
@@ -81,6 +82,7 @@ async fn a_healthy_health_probe_never_restarts_a_half_open_cycle_with_probes_in_
     let (breaker, log) = logged(
         probes.watch(
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .no_window()
                 .consecutive_failures(1)
                 .open_duration(Duration::from_secs(5))
@@ -175,6 +177,7 @@ async fn a_healthy_health_probe_never_restarts_a_half_open_cycle_with_probes_in_
 async fn a_healthy_health_probe_in_half_open_changes_nothing() {
     let (breaker, log) = logged(
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(1)
             .open_duration(Duration::from_secs(10))
@@ -207,7 +210,7 @@ async fn health_probes_racing_real_probes_keep_the_probe_budget() {
     const TICKS: u32 = 100_000;
     let probes = InFlight::default();
     let breaker = probes
-        .watch(Breaker::builder())
+        .watch(Breaker::builder().trip_mode(TripMode::Open))
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_millis(20))

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use axum::routing::get;
 use axum::Router;
@@ -33,6 +34,7 @@ async fn over_real_connections_a_slow_healthy_health_probe_ends_the_open_period_
     let log: Log = Arc::default();
     let l = log.clone();
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(5))
@@ -168,14 +170,22 @@ async fn over_a_real_connection_a_probe_rejected_further_in_is_ignored_as_a_call
         }),
     );
     let addr = serve(app).await;
-    let inner = Breaker::builder().name("inner").build().unwrap();
+    let inner = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("inner")
+        .build()
+        .unwrap();
     inner.force_open();
     let stack = CircuitBreakerLayer::new(inner.clone())
         .with_classifier(HttpClassifier)
         .layer(http_client());
 
     // A call: the outer breaker records the inner one's rejection as Ignored.
-    let outer = Breaker::builder().name("outer").build().unwrap();
+    let outer = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("outer")
+        .build()
+        .unwrap();
     let err = CircuitBreakerLayer::new(outer.clone())
         .with_classifier(HttpClassifier)
         .layer(stack.clone())

@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -59,6 +60,7 @@ async fn a_provider_wide_outage_opens_no_more_models_than_the_cap() {
         Client::builder(TokioExecutor::new()).build_http();
     let layer = Stack::keyed(
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(2)
             .open_duration(Duration::from_secs(60))

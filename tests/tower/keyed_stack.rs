@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -75,6 +76,7 @@ fn count(calls: &Calls, model: &str) -> usize {
 /// hour, so no assertion depends on the open period ending.
 fn per_model() -> tower_circuit_breaker::Builder<KeyedBreakers> {
     KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(3600))
         .max_open_duration(Duration::from_secs(3600))
@@ -238,6 +240,7 @@ async fn a_hyper_client_behind_a_keyed_stack_stops_retrying_the_broken_model_onl
     let (addr, calls) = models_server().await;
     let layer = Stack::keyed(
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(2)
             .open_duration(Duration::from_secs(3600))
             .max_open_duration(Duration::from_secs(3600))

@@ -2,6 +2,7 @@
 //! with the LLM classifier, against a local axum server that streams SSE.
 
 use crate::support;
+use tower_circuit_breaker::TripMode;
 
 use std::time::Duration;
 
@@ -367,6 +368,7 @@ fn response_bodies_stay_send_and_sync() {
 #[tokio::test(start_paused = true)]
 async fn quota_exhausted_is_neutral_in_half_open_too() {
     let breaker = tower_circuit_breaker::Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(1))
         .probes(1)

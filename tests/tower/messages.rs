@@ -1,12 +1,14 @@
 //! What a rejection says: the breaker or key, the reason, and the wait.
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use tower_circuit_breaker::keyed::{self, KeyFn, KeySecret, KeyedBreakers};
 use tower_circuit_breaker::{Breaker, Outcome, Rejection, State};
 
 fn tripped(name: Option<&str>) -> Breaker {
     let mut b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(12))
         .jitter(0.0);
@@ -49,6 +51,7 @@ async fn an_unnamed_breaker_says_circuit_open() {
 #[tokio::test(start_paused = true)]
 async fn half_open_and_forced_open_say_so() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("claude")
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(1))
@@ -77,6 +80,7 @@ async fn half_open_and_forced_open_say_so() {
 #[tokio::test(start_paused = true)]
 async fn the_volume_guard_says_it_is_the_volume_guard() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("gpt-4o")
         .volume_guard(2, Duration::from_secs(16))
         .build()
@@ -103,6 +107,7 @@ async fn the_volume_guard_says_it_is_the_volume_guard() {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_rejection_shows_the_stored_key_only() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(12))
         .jitter(0.0)
@@ -128,6 +133,7 @@ async fn a_keyed_rejection_shows_the_stored_key_only() {
 #[tokio::test(start_paused = true)]
 async fn a_key_cannot_forge_a_log_line() {
     let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .build()
         .unwrap();

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
@@ -62,6 +63,7 @@ async fn upstream() -> Upstream {
 async fn hyper_client_trips_on_503s_skips_the_upstream_while_open_and_heals_through_half_open() {
     let up = upstream().await;
     let layer = CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .count_window(10)
         .min_calls(5)
         .failure_rate(0.5)

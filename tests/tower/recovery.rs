@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
@@ -66,6 +67,7 @@ impl Scripted {
 fn quick_start() -> tower_circuit_breaker::Builder {
     // The README's quick start, with jitter off so the figures are exact.
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .count_window(20)
         .min_calls(20)
         .failure_rate(0.5)
@@ -154,6 +156,7 @@ async fn a_health_probe_ends_the_open_period_and_real_traffic_confirms() {
     let upstream = Scripted::default();
     let (builder, log) = logged(
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(2)
             .open_duration(Duration::from_secs(300))
@@ -207,6 +210,7 @@ async fn a_health_probe_ends_the_open_period_and_real_traffic_confirms() {
 async fn a_half_open_cycle_held_by_hung_probes_hides_a_heal_no_longer_than_their_deadline() {
     let upstream = Scripted::default();
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(10))
@@ -244,6 +248,7 @@ async fn a_half_open_cycle_held_by_hung_probes_hides_a_heal_no_longer_than_their
 #[tokio::test(start_paused = true)]
 async fn rate_limits_errors_and_panicking_factories_are_not_heals() {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .jitter(0.0)
         .build()
@@ -309,6 +314,7 @@ async fn one_prober_serves_every_open_key_of_a_set() {
         }
     });
     let set: KeyedBreakers = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .open_duration(Duration::from_secs(600))
         .jitter(0.0)
@@ -432,6 +438,7 @@ async fn over_a_real_connection_health_probes_find_the_heal_and_users_never_pay_
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let (builder, log) = logged(
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(2)
             .open_duration(Duration::from_secs(120))

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -50,6 +51,7 @@ fn upstream(
 
 fn breaker(consecutive: u32) -> Breaker {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(consecutive)
         .open_duration(Duration::from_secs(30))
         .jitter(0.0)

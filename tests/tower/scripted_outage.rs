@@ -4,6 +4,7 @@
 #![cfg(not(loom))]
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::header::HeaderName;
 use http::{Request, StatusCode};
@@ -112,6 +113,7 @@ async fn a_users_summary_service_rides_out_a_scripted_outage_behind_the_stack() 
         .attempt_timeout(secs(10))
         .breaker(
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .count_window(10)
                 .min_calls(5)
                 .failure_rate(0.5)

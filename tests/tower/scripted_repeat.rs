@@ -4,6 +4,7 @@
 //! nanosecond.
 
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::Request;
 use tower::{Layer, ServiceExt};
@@ -31,6 +32,7 @@ fn run_once() -> Run {
             .attempt_timeout(Duration::from_secs(10))
             .breaker(
                 Breaker::builder()
+                    .trip_mode(TripMode::Open)
                     .count_window(10)
                     .min_calls(5)
                     .failure_rate(0.5)

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response, StatusCode};
 use tokio::sync::Semaphore;
@@ -19,6 +20,7 @@ use tower_test::mock;
 
 fn layer() -> CircuitBreakerLayer {
     CircuitBreakerLayer::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(2)
         .open_duration(Duration::from_secs(30))
@@ -261,6 +263,7 @@ async fn half_open_admits_exactly_three_probes_among_1000_concurrent_callers() {
 #[tokio::test(start_paused = true)]
 async fn breaker_handle_works_without_tower() {
     let b = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(1)
         .build()
@@ -279,6 +282,7 @@ fn keyed_upstream() -> (
     impl Service<Request<String>, Response = Response<ResponseBody<String>>, Error = Error> + Clone,
 ) {
     let breakers = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
         .consecutive_failures(1)
         .jitter(0.0)
         .build()
@@ -301,6 +305,7 @@ fn for_model(model: &str) -> Request<String> {
 async fn an_inner_breakers_rejection_is_ignored_by_the_outer_and_stays_a_rejection() {
     let (keyed, upstream) = keyed_upstream();
     let global = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("global")
         .consecutive_failures(1)
         .build()
@@ -348,7 +353,11 @@ async fn an_inner_breakers_rejection_is_ignored_by_the_outer_and_stays_a_rejecti
 #[tokio::test(start_paused = true)]
 async fn an_inner_rejection_behind_towers_timeout_is_ignored_too() {
     let (keyed, upstream) = keyed_upstream();
-    let global = Breaker::builder().consecutive_failures(1).build().unwrap();
+    let global = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .consecutive_failures(1)
+        .build()
+        .unwrap();
     let mut svc = tower::ServiceBuilder::new()
         .layer(CircuitBreakerLayer::new(global.clone()))
         .timeout(Duration::from_secs(60))
@@ -378,7 +387,11 @@ where
 #[tokio::test(start_paused = true)]
 async fn question_mark_converts_into_box_dyn_error_and_find_sees_the_rejection() {
     let (keyed, upstream) = keyed_upstream();
-    let global = Breaker::builder().name("global").build().unwrap();
+    let global = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("global")
+        .build()
+        .unwrap();
     let mut svc = CircuitBreaker::new(upstream, global.clone());
     assert_eq!(send(&mut svc, "big-model").await.unwrap(), StatusCode::OK);
 

@@ -5,13 +5,16 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_circuit_breaker::stack::Stack;
 use tower_circuit_breaker::stack::StackError;
-use tower_circuit_breaker::{BoxError, Breaker, CircuitOpen, ConfigError, Outcome, State};
+use tower_circuit_breaker::{
+    BoxError, Breaker, CircuitOpen, ConfigError, Outcome, Rejection, State,
+};
 
 fn counted(
     status: u16,
@@ -65,6 +68,17 @@ async fn defaults_follow_the_design_numbers() {
     }
     assert_eq!(breaker.state(), State::Closed);
     breaker.admit().unwrap().record(Outcome::Success);
+    // 10 failures in 20 calls fire the rule. Graded by default: with 10
+    // accepts in 20 requests and K = 5, a call without a fallback is still
+    // admitted; one with a fallback is rejected and opens the circuit.
+    assert_eq!(breaker.state(), State::Closed, "graded, not open");
+    let shed = breaker.snapshot().shed.expect("the rule fired: grading");
+    assert_eq!(
+        (shed.requests, shed.accepts, shed.probability),
+        (20, 10, 0.0)
+    );
+    let rejected = breaker.admit_with_fallback().unwrap_err();
+    assert_eq!(rejected.reason(), Rejection::Open);
     assert_eq!(breaker.state(), State::Open, "10 failures in 20 calls");
 
     // Open for 30 s (less up to 10 % jitter).
@@ -95,17 +109,30 @@ fn pieces_that_do_not_fit_are_refused() {
     attempt(60).total_timeout(secs(60)).build().unwrap();
 
     // A time window must hold two attempt timeouts.
-    let window = |span| Breaker::builder().time_window(secs(span), 10).min_calls(5);
+    let window = |span| {
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .time_window(secs(span), 10)
+            .min_calls(5)
+    };
     assert!(stack_error(attempt(60).breaker(window(119)).build()).contains("two attempt timeouts"));
     attempt(60).breaker(window(120)).build().unwrap();
 
     // A slow-call threshold the attempt timeout never lets a call reach.
-    let slow = |t| Breaker::builder().slow_call(secs(t), 0.5);
+    let slow = |t| {
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .slow_call(secs(t), 0.5)
+    };
     assert!(stack_error(attempt(60).breaker(slow(60)).build()).contains("slow-call"));
     attempt(60).breaker(slow(59)).build().unwrap();
 
     // A probe lease that ends before the attempt timeout can judge the probe.
-    let lease = |t| Breaker::builder().probe_lease(secs(t));
+    let lease = |t| {
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .probe_lease(secs(t))
+    };
     assert!(stack_error(attempt(60).breaker(lease(60)).build()).contains("probe lease"));
     attempt(60).breaker(lease(61)).build().unwrap();
 
@@ -131,7 +158,12 @@ fn pieces_that_do_not_fit_are_refused() {
 
     // The breaker's own errors come through unchanged.
     let err = Stack::builder()
-        .breaker(Breaker::builder().probes(2).close_after(3))
+        .breaker(
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .probes(2)
+                .close_after(3),
+        )
         .build()
         .unwrap_err();
     assert!(
@@ -144,7 +176,11 @@ fn pieces_that_do_not_fit_are_refused() {
 async fn an_open_circuit_ends_the_retry_loop() {
     let calls = Arc::new(AtomicU32::new(0));
     let layer = Stack::builder()
-        .breaker(Breaker::builder().consecutive_failures(2))
+        .breaker(
+            Breaker::builder()
+                .trip_mode(TripMode::Open)
+                .consecutive_failures(2),
+        )
         .max_retries(5)
         .seed(1)
         .build()
@@ -219,6 +255,7 @@ async fn a_hanging_probe_is_judged_by_its_attempt_timeout() {
     let layer = Stack::builder()
         .breaker(
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .consecutive_failures(1)
                 .jitter(0.0)
                 .probes(1)

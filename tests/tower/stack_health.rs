@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -125,6 +126,7 @@ fn user_call(base: &str, path: &str, model: &str) -> Request<Full<Bytes>> {
 
 fn breaker() -> tower_circuit_breaker::Builder {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .no_window()
         .consecutive_failures(2)
         .open_duration(Duration::from_secs(120))
@@ -207,6 +209,7 @@ async fn a_keyed_stack_probes_each_open_key_with_its_own_model() {
     let probe_base = base.clone();
     let layer = Stack::keyed(
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(2)
             .open_duration(Duration::from_secs(120))

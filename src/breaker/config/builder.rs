@@ -444,10 +444,11 @@ impl<T: Build> Builder<T> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_circuit_breaker::{Breaker, Outcome, Rejection, State};
+    /// use tower_circuit_breaker::{Breaker, Outcome, Rejection, State, TripMode};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// let breaker = Breaker::builder()
+    ///     .trip_mode(TripMode::Open)
     ///     .consecutive_failures(1)
     ///     .probes(1)
     ///     .close_after(1)
@@ -485,8 +486,8 @@ impl<T: Build> Builder<T> {
     /// Grading ends once the rules no longer fire and the window would
     /// reject nothing; the circuit opens for every call once the window's
     /// accepts are (nearly) zero: fewer than 1 in 100 requests, with at
-    /// least 10 requests in it. [`TripMode::Open`], the default for now, is
-    /// all-or-nothing opening for every call.
+    /// least 10 requests in it. Graded is the default. [`TripMode::Open`] is
+    /// all-or-nothing opening for every call, the classical breaker.
     ///
     /// The counts are this process's own: with the Redis backend, the open
     /// circuit is shared but graded admission is local to each replica.
@@ -495,7 +496,7 @@ impl<T: Build> Builder<T> {
     /// use tower_circuit_breaker::{Breaker, Outcome, Rejection, State, TripMode};
     ///
     /// let graded = Breaker::builder().consecutive_failures(2).trip_mode(TripMode::Graded).build().unwrap();
-    /// let open = Breaker::builder().consecutive_failures(2).build().unwrap();
+    /// let open = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(2).build().unwrap();
     /// for b in [&graded, &open] {
     ///     b.admit().unwrap().record(Outcome::Failure);
     ///     b.admit().unwrap().record(Outcome::Failure);
