@@ -16,6 +16,7 @@ use tower_service::Service;
 use tokio::time::Instant;
 
 use super::by_kind::Rules;
+use super::drain::Drained;
 use super::hedge::Hedging;
 use super::race::Race;
 use super::select::{Selection, Walk};
@@ -65,6 +66,8 @@ pin_project! {
         rng: Rng,
         // The answer of the last upstream that was actually called.
         last: Option<Result<S::Response, S::Error>>,
+        // How much of its body has been read (see `drain`).
+        drained: Drained,
         // The rejection that admits soonest.
         rejected: Option<S::Error>,
         // Until the first attempt that reaches an upstream is sent.
@@ -123,6 +126,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             jitter,
             rng,
             last: None,
+            drained: Drained::default(),
             rejected: None,
             hedge,
             rules,
@@ -149,6 +153,7 @@ where
 impl<S, Req, C, B> Future for ResponseFuture<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
+    B: http_body::Body + Unpin,
     S::Error: AttemptError,
     Req: Clone + Fallback,
     C: Classify,
@@ -222,10 +227,22 @@ where
                             *this.next = raced.next;
                             raced.result
                         }
-                        StepProj::Calling { future } => ready!(future.poll(cx)),
+                        StepProj::Calling { future } => match future.poll(cx) {
+                            Poll::Ready(result) => result,
+                            Poll::Pending => {
+                                // Under way: the answer kept from before is
+                                // read meanwhile, so its breaker judges it.
+                                this.drained.read(this.last, cx);
+                                return Poll::Pending;
+                            }
+                        },
                         _ => unreachable!("matched above"),
                     };
                     let judged = guard::judge(&*this.classifier, &result);
+                    if judged != Judged::Rejected {
+                        // An answer: the one kept from before is dropped.
+                        this.drained.drop_kept(this.last, cx);
+                    }
                     let (position, members) = (*this.next - 1, this.routes.len());
                     let member = match position.checked_sub(members) {
                         Some(last_resort) => last_resort,

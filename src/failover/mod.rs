@@ -99,6 +99,7 @@ use crate::Fallback;
 
 mod all_open;
 mod by_kind;
+mod drain;
 mod future;
 mod hedge;
 mod latency;
@@ -438,6 +439,7 @@ impl<S, Req, C> fmt::Debug for Failover<S, Req, C> {
 impl<S, Req, C, B> Service<Req> for Failover<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
+    B: http_body::Body + Unpin,
     S::Error: AttemptError,
     Req: Clone + Fallback,
     C: Classify + Clone,
