@@ -19,7 +19,7 @@ use super::by_kind::Rules;
 use super::drain::Drained;
 use super::hedge::Hedging;
 use super::race::Race;
-use super::select::{Selection, Walk};
+use super::select::{InFlight, Selection, Walk};
 use super::then::{then, Then};
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
@@ -80,6 +80,8 @@ pin_project! {
         walk: Walk,
         // When the attempt under way started, with a selection.
         started: Option<Instant>,
+        // Counts that attempt in flight for the selection's cost.
+        in_flight: Option<InFlight>,
         #[pin]
         state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
@@ -133,6 +135,7 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             selection,
             walk,
             started: None,
+            in_flight: None,
             state: Step::Start,
         }
     }
@@ -192,8 +195,12 @@ where
                     let hedged = this.hedge.as_deref().filter(|_| {
                         i + 1 < this.routes.len() && !request.is_retry() && this.selection.is_none()
                     });
-                    if this.selection.is_some() {
+                    if let Some(selection) = &*this.selection {
                         *this.started = Some(Instant::now());
+                        let member = i
+                            .checked_sub(this.routes.len())
+                            .unwrap_or_else(|| this.walk.member(i));
+                        *this.in_flight = selection.start(member);
                     }
                     let future = route.service.clone().oneshot(request);
                     match hedged {
@@ -239,6 +246,7 @@ where
                         _ => unreachable!("matched above"),
                     };
                     let judged = guard::judge(&*this.classifier, &result);
+                    *this.in_flight = None;
                     if judged != Judged::Rejected {
                         // An answer: the one kept from before is dropped.
                         this.drained.drop_kept(this.last, cx);
