@@ -189,13 +189,13 @@ where
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
-                    // A hedge goes to the next member in order; with a
-                    // selection the order is the walk's, so the two do not
-                    // combine (yet): a selecting failover does not hedge.
-                    let hedged = this.hedge.as_deref().filter(|_| {
-                        i + 1 < this.routes.len() && !request.is_retry() && this.selection.is_none()
-                    });
-                    if let Some(selection) = &*this.selection {
+                    // A hedge goes to the walk's next member: the next in
+                    // order, or the selection's second choice.
+                    let hedged = this
+                        .hedge
+                        .as_deref()
+                        .filter(|_| i + 1 < this.routes.len() && !request.is_retry());
+                    if let Some(selection) = this.selection.as_ref().filter(|_| hedged.is_none()) {
                         *this.started = Some(Instant::now());
                         let member = i
                             .checked_sub(this.routes.len())
@@ -205,7 +205,13 @@ where
                     let future = route.service.clone().oneshot(request);
                     match hedged {
                         Some(hedging) => {
-                            let race = Box::pin(Race::new(hedging, i, future));
+                            let race = Box::pin(Race::new(
+                                hedging,
+                                i,
+                                future,
+                                *this.walk,
+                                this.selection.as_ref(),
+                            ));
                             this.state.set(Step::Racing { race });
                         }
                         None => this.state.set(Step::Calling { future }),

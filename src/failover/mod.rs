@@ -26,8 +26,9 @@
 //! A slow start is not a failure, and does not move on by itself:
 //! [`Failover::hedge`] sends a first attempt that has no response head after
 //! a delay (fixed, or a percentile of that member's own recent time to first
-//! byte) to the next member whose circuit admits it as well, within a budget
-//! of its own, and keeps the first head; see [`Hedge`].
+//! byte) to the next member whose circuit admits it as well (with a
+//! [`Selection`], the member it would try second), within a budget of its
+//! own, and keeps the first head; see [`Hedge`].
 //!
 //! Two opt-in policies change the walk. [`Failover::on_kind`] sends an
 //! answer on by what went wrong, read from its body by

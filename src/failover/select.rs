@@ -40,9 +40,18 @@ use crate::sync::{lock, Mutex};
 ///   (the user's price per call, per token, any unit) that may be chosen;
 ///   ties go to the earlier member.
 ///
+/// A peak-EWMA member's cost is its estimate times its attempts in flight
+/// plus one (the failover's attempts to it that have no first byte yet), as
+/// tower's `PeakEwma` weighs pending requests: a member busy with many calls
+/// is chosen less before their samples arrive.
+///
+/// With [`Failover::hedge`](super::Failover::hedge), the hedge goes to the
+/// member the selection would try second, and a hedge that lost feeds its
+/// elapsed time to the estimate as a censored sample.
+///
 /// Clones share the estimates: keep one to feed it samples the failover does
 /// not see ([`record_at_least`](Selection::record_at_least) for an attempt
-/// that was cancelled before its first byte, such as a hedge that lost).
+/// that was cancelled before its first byte, such as a caller that left).
 ///
 /// ```
 /// use std::time::Duration;
@@ -398,7 +407,7 @@ impl Selection {
 
     /// How many of the failover's attempts to `member` are in flight.
     #[cfg(test)]
-    fn pending(&self, member: usize) -> usize {
+    pub(super) fn pending(&self, member: usize) -> usize {
         match &self.0.policy {
             Policy::PeakEwma { in_flight, .. } => in_flight[member].load(Ordering::Relaxed),
             Policy::Cheapest(_) => 0,
