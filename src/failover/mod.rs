@@ -153,6 +153,17 @@ impl<S: Clone, Req> Clone for Route<S, Req> {
 /// [`RetryPolicy`](crate::retry::RetryPolicy): a success streams to the
 /// caller, and there is no failing over once its head is out.
 ///
+/// An error answer it moves on from (a 429, or a 400, 413 or 422 a rule
+/// sends on) has its body read while the next member's attempt is under
+/// way, through that member's own body wrapper, so its breaker judges the
+/// body (a 429 that says `insufficient_quota` opens a quota-gated circuit)
+/// before the answer is dropped; at most 4 KiB, and never past the next
+/// attempt's answer. That is why the response body must be an
+/// [`http_body::Body`] and `Unpin` (hyper's `Incoming`, a
+/// [`ResponseBody`](crate::ResponseBody) over one, `Full`, `String`). Should
+/// the next attempt be rejected after all, the answer handed back lacks what
+/// was read of its body.
+///
 /// The upstream services are shared by every call through an `Arc`, so the
 /// response future is `Send` when they are `Send + Sync` (a hyper-util
 /// client, a [`CircuitBreaker`](crate::CircuitBreaker) around one,
