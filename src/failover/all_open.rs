@@ -29,14 +29,15 @@ use super::*;
 /// use std::time::Duration;
 /// use tower::{Service, ServiceExt};
 /// use tower_circuit_breaker::failover::{AllOpen, Failover};
-/// use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome};
+/// use tower_circuit_breaker::{Breaker, CircuitBreaker, Outcome, TripMode};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let ok = tower::service_fn(|_req: http::Request<String>| async {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
 /// });
-/// let a = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
-/// let b = Breaker::builder().consecutive_failures(1).jitter(0.0).build().unwrap();
+/// // Recorded on the breakers directly, the failures open them.
+/// let open_on_failure = || Breaker::builder().consecutive_failures(1).trip_mode(TripMode::Open).jitter(0.0);
+/// let (a, b) = (open_on_failure().build().unwrap(), open_on_failure().build().unwrap());
 /// a.admit().unwrap().record(Outcome::Failure);
 /// tokio::time::advance(Duration::from_secs(1)).await;
 /// b.admit().unwrap().record(Outcome::Failure);
