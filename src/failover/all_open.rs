@@ -35,8 +35,9 @@ use super::*;
 /// let ok = tower::service_fn(|_req: http::Request<String>| async {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
 /// });
-/// let a = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0).build().unwrap();
-/// let b = Breaker::builder().trip_mode(TripMode::Open).consecutive_failures(1).jitter(0.0).build().unwrap();
+/// // Recorded on the breakers directly, the failures open them.
+/// let open_on_failure = || Breaker::builder().consecutive_failures(1).trip_mode(TripMode::Open).jitter(0.0);
+/// let (a, b) = (open_on_failure().build().unwrap(), open_on_failure().build().unwrap());
 /// a.admit().unwrap().record(Outcome::Failure);
 /// tokio::time::advance(Duration::from_secs(1)).await;
 /// b.admit().unwrap().record(Outcome::Failure);

@@ -16,9 +16,10 @@ use tower_service::Service;
 use tokio::time::Instant;
 
 use super::by_kind::Rules;
+use super::drain::Drained;
 use super::hedge::Hedging;
 use super::race::Race;
-use super::select::{Selection, Walk};
+use super::select::{InFlight, Selection, Walk};
 use super::then::{then, Then};
 use super::{LastResortCircuit, Route};
 use crate::breaker::Breaker;
@@ -65,6 +66,8 @@ pin_project! {
         rng: Rng,
         // The answer of the last upstream that was actually called.
         last: Option<Result<S::Response, S::Error>>,
+        // How much of its body has been read (see `drain`).
+        drained: Drained,
         // The rejection that admits soonest.
         rejected: Option<S::Error>,
         // Until the first attempt that reaches an upstream is sent.
@@ -77,6 +80,8 @@ pin_project! {
         walk: Walk,
         // When the attempt under way started, with a selection.
         started: Option<Instant>,
+        // Counts that attempt in flight for the selection's cost.
+        in_flight: Option<InFlight>,
         #[pin]
         state: Step<Oneshot<S, Req>, Pin<Box<Race<S, Req>>>>,
     }
@@ -123,12 +128,14 @@ impl<S: Service<Req>, Req, C> ResponseFuture<S, Req, C> {
             jitter,
             rng,
             last: None,
+            drained: Drained::default(),
             rejected: None,
             hedge,
             rules,
             selection,
             walk,
             started: None,
+            in_flight: None,
             state: Step::Start,
         }
     }
@@ -149,6 +156,7 @@ where
 impl<S, Req, C, B> Future for ResponseFuture<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
+    B: http_body::Body + Unpin,
     S::Error: AttemptError,
     Req: Clone + Fallback,
     C: Classify,
@@ -181,19 +189,29 @@ where
                     if let Some(rewrite) = &route.rewrite {
                         rewrite(&mut request);
                     }
-                    // A hedge goes to the next member in order; with a
-                    // selection the order is the walk's, so the two do not
-                    // combine (yet): a selecting failover does not hedge.
-                    let hedged = this.hedge.as_deref().filter(|_| {
-                        i + 1 < this.routes.len() && !request.is_retry() && this.selection.is_none()
-                    });
-                    if this.selection.is_some() {
+                    // A hedge goes to the walk's next member: the next in
+                    // order, or the selection's second choice.
+                    let hedged = this
+                        .hedge
+                        .as_deref()
+                        .filter(|_| i + 1 < this.routes.len() && !request.is_retry());
+                    if let Some(selection) = this.selection.as_ref().filter(|_| hedged.is_none()) {
                         *this.started = Some(Instant::now());
+                        let member = i
+                            .checked_sub(this.routes.len())
+                            .unwrap_or_else(|| this.walk.member(i));
+                        *this.in_flight = selection.start(member);
                     }
                     let future = route.service.clone().oneshot(request);
                     match hedged {
                         Some(hedging) => {
-                            let race = Box::pin(Race::new(hedging, i, future));
+                            let race = Box::pin(Race::new(
+                                hedging,
+                                i,
+                                future,
+                                *this.walk,
+                                this.selection.as_ref(),
+                            ));
                             this.state.set(Step::Racing { race });
                         }
                         None => this.state.set(Step::Calling { future }),
@@ -222,10 +240,23 @@ where
                             *this.next = raced.next;
                             raced.result
                         }
-                        StepProj::Calling { future } => ready!(future.poll(cx)),
+                        StepProj::Calling { future } => match future.poll(cx) {
+                            Poll::Ready(result) => result,
+                            Poll::Pending => {
+                                // Under way: the answer kept from before is
+                                // read meanwhile, so its breaker judges it.
+                                this.drained.read(this.last, cx);
+                                return Poll::Pending;
+                            }
+                        },
                         _ => unreachable!("matched above"),
                     };
                     let judged = guard::judge(&*this.classifier, &result);
+                    *this.in_flight = None;
+                    if judged != Judged::Rejected {
+                        // An answer: the one kept from before is dropped.
+                        this.drained.drop_kept(this.last, cx);
+                    }
                     let (position, members) = (*this.next - 1, this.routes.len());
                     let member = match position.checked_sub(members) {
                         Some(last_resort) => last_resort,

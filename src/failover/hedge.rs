@@ -47,10 +47,13 @@ use crate::retry::RetryBudget;
 ///   not `Clone` (a one-shot stream) cannot go through a `Failover`, so it is
 ///   never hedged.
 ///
-/// - **Not with a selection**: a failover with a
-///   [`Selection`](super::Selection) does not hedge. A hedge goes to the next
-///   member in order, and a selection reorders the members per call; the two
-///   are not combined yet.
+/// - **With a selection**: in a failover with a
+///   [`Selection`](super::Selection), the hedge goes to the member the
+///   selection would try second (the next member of that call's walk that
+///   admits it), and both attempts feed the selection's estimates: the
+///   winner's time to first byte, the loser's elapsed time as a censored
+///   sample ([`Selection::record_at_least`](super::Selection::record_at_least)),
+///   so a member that keeps losing is chosen less.
 ///
 /// Only the first attempt that reaches an upstream is hedged, once; the
 /// first frame is the response head. A streaming answer whose head comes at
@@ -405,162 +408,5 @@ impl Hedging {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicU32, AtomicU64};
-
-    use tower::retry::Retry;
-    use tower::util::BoxCloneSyncService;
-    use tower::ServiceExt;
-
-    use super::*;
-    use crate::failover::Failover;
-    use crate::retry::RetryPolicy;
-    use crate::{Breaker, CircuitBreaker};
-
-    type Req = http::Request<String>;
-
-    /// An upstream that answers `status` after `delay`, counting its calls.
-    fn upstream(
-        delay: Duration,
-        status: u16,
-        calls: &Arc<AtomicU32>,
-    ) -> CircuitBreaker<BoxCloneSyncService<Req, Response<String>, std::convert::Infallible>> {
-        let calls = Arc::clone(calls);
-        let svc = tower::service_fn(move |_req: Req| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(delay).await;
-                let res = Response::builder().status(status).body(String::new());
-                Ok::<_, std::convert::Infallible>(res.unwrap())
-            }
-        });
-        CircuitBreaker::new(
-            BoxCloneSyncService::new(svc),
-            Breaker::builder().build().unwrap(),
-        )
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_retry_is_never_hedged() {
-        let (a, b) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-        // Both answer 503 at once: the caller's first attempt fails over and
-        // is retried; every retry is slow enough to be hedged, were it not a
-        // retry.
-        let hedge = Hedge::after(Duration::ZERO).budget_percent(1000.0).unwrap();
-        let failover = Failover::new(upstream(Duration::from_secs(1), 503, &a))
-            .fallback(upstream(Duration::from_secs(1), 503, &b))
-            .jitter(Duration::ZERO, Duration::ZERO)
-            .hedge(hedge.clone());
-        let policy = RetryPolicy::new().max_retries(2).seed(1);
-        let res = Retry::new(policy, failover)
-            .oneshot(http::Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 503);
-        // The first attempt was hedged (the fallback, at once); the two
-        // retries went to the primary, then the fallback, one at a time.
-        assert_eq!(hedge.sent(), 1);
-        assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (3, 3));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failover_with_a_selection_does_not_hedge() {
-        let calls: Vec<_> = (0..2).map(|_| Arc::new(AtomicU32::new(0))).collect();
-        let breakers: Vec<Breaker> = (0..2)
-            .map(|_| Breaker::builder().build().unwrap())
-            .collect();
-        let member = |i: usize| {
-            let calls = Arc::clone(&calls[i]);
-            let svc = tower::service_fn(move |_req: Req| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-                }
-            });
-            CircuitBreaker::new(BoxCloneSyncService::new(svc), breakers[i].clone())
-        };
-        let hedge = Hedge::after(Duration::ZERO).budget_percent(1000.0).unwrap();
-        let failover = Failover::new(member(0))
-            .fallback(member(1))
-            .hedge(hedge.clone())
-            .select(crate::failover::Selection::peak_ewma(breakers.clone()))
-            .unwrap();
-        let res = failover
-            .oneshot(http::Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-        assert_eq!(hedge.sent(), 0);
-        let n: u32 = calls.iter().map(|c| c.load(Ordering::SeqCst)).sum();
-        assert_eq!(n, 1, "one attempt, to the member the selection chose");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn when_both_fail_the_failover_goes_on_after_them() {
-        let calls: Vec<_> = (0..3).map(|_| Arc::new(AtomicU32::new(0))).collect();
-        let hedge = Hedge::after(Duration::from_millis(100))
-            .budget_percent(100.0)
-            .unwrap();
-        let failover = Failover::new(upstream(Duration::from_millis(300), 503, &calls[0]))
-            .fallback(upstream(Duration::from_millis(300), 503, &calls[1]))
-            .fallback(upstream(Duration::from_millis(10), 200, &calls[2]))
-            .jitter(Duration::ZERO, Duration::ZERO)
-            .hedge(hedge.clone());
-        let start = Instant::now();
-        let res = failover
-            .oneshot(http::Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-        // The primary failed at 300 ms, its hedge at 400 ms: the third
-        // member was called then, once.
-        assert_eq!(start.elapsed(), Duration::from_millis(410));
-        let n: Vec<u32> = calls.iter().map(|c| c.load(Ordering::SeqCst)).collect();
-        assert_eq!(n, [1, 1, 1]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_percentile_delay_follows_the_members_own_latency() {
-        let b = Arc::new(AtomicU32::new(0));
-        let delay_ms = Arc::new(AtomicU64::new(200));
-        let d = Arc::clone(&delay_ms);
-        let primary = tower::service_fn(move |_req: Req| {
-            let delay = Duration::from_millis(d.load(Ordering::SeqCst));
-            async move {
-                tokio::time::sleep(delay).await;
-                Ok::<_, std::convert::Infallible>(Response::new("primary".to_owned()))
-            }
-        });
-        let primary = CircuitBreaker::new(
-            BoxCloneSyncService::new(primary),
-            Breaker::builder().build().unwrap(),
-        );
-        let hedge = Hedge::at_percentile(50.0, Duration::from_secs(5))
-            .unwrap()
-            .budget_percent(1000.0)
-            .unwrap();
-        let failover = Failover::new(primary)
-            .fallback(upstream(Duration::from_millis(50), 200, &b))
-            .hedge(hedge.clone());
-        // Until it has samples, the initial 5 s: never reached.
-        for _ in 0..Latency::MIN_SAMPLES {
-            let res = failover.clone().oneshot(http::Request::new(String::new()));
-            assert_eq!(res.await.unwrap().status(), 200);
-        }
-        assert_eq!(hedge.sent(), 0);
-        assert_eq!(
-            failover.latency(0).and_then(|l| l.percentile(50.0)),
-            Some(Duration::from_millis(200))
-        );
-        // Now its median, 200 ms: a call that would take a second is hedged
-        // then, and the fallback answers 50 ms later.
-        delay_ms.store(1000, Ordering::SeqCst);
-        let start = Instant::now();
-        let res = failover.clone().oneshot(http::Request::new(String::new()));
-        assert_eq!(res.await.unwrap().status(), 200);
-        assert_eq!(start.elapsed(), Duration::from_millis(250));
-        assert_eq!(hedge.sent(), 1);
-        assert_eq!(b.load(Ordering::SeqCst), 1);
-    }
-}
+#[path = "hedge_tests.rs"]
+mod tests;

@@ -26,8 +26,9 @@
 //! A slow start is not a failure, and does not move on by itself:
 //! [`Failover::hedge`] sends a first attempt that has no response head after
 //! a delay (fixed, or a percentile of that member's own recent time to first
-//! byte) to the next member whose circuit admits it as well, within a budget
-//! of its own, and keeps the first head; see [`Hedge`].
+//! byte) to the next member whose circuit admits it as well (with a
+//! [`Selection`], the member it would try second), within a budget of its
+//! own, and keeps the first head; see [`Hedge`].
 //!
 //! Two opt-in policies change the walk. [`Failover::on_kind`] sends an
 //! answer on by what went wrong, read from its body by
@@ -99,6 +100,7 @@ use crate::Fallback;
 
 mod all_open;
 mod by_kind;
+mod drain;
 mod future;
 mod hedge;
 mod latency;
@@ -150,6 +152,17 @@ impl<S: Clone, Req> Clone for Route<S, Req> {
 /// classifier defers its verdict to the body, the head decides, as for
 /// [`RetryPolicy`](crate::retry::RetryPolicy): a success streams to the
 /// caller, and there is no failing over once its head is out.
+///
+/// An error answer it moves on from (a 429, or a 400, 413 or 422 a rule
+/// sends on) has its body read while the next member's attempt is under
+/// way, through that member's own body wrapper, so its breaker judges the
+/// body (a 429 that says `insufficient_quota` opens a quota-gated circuit)
+/// before the answer is dropped; at most 4 KiB, and never past the next
+/// attempt's answer. That is why the response body must be an
+/// [`http_body::Body`] and `Unpin` (hyper's `Incoming`, a
+/// [`ResponseBody`](crate::ResponseBody) over one, `Full`, `String`). Should
+/// the next attempt be rejected after all, the answer handed back lacks what
+/// was read of its body.
 ///
 /// The upstream services are shared by every call through an `Arc`, so the
 /// response future is `Send` when they are `Send + Sync` (a hyper-util
@@ -438,6 +451,7 @@ impl<S, Req, C> fmt::Debug for Failover<S, Req, C> {
 impl<S, Req, C, B> Service<Req> for Failover<S, Req, C>
 where
     S: Service<Req, Response = Response<B>> + Clone,
+    B: http_body::Body + Unpin,
     S::Error: AttemptError,
     Req: Clone + Fallback,
     C: Classify + Clone,

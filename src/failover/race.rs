@@ -12,6 +12,7 @@ use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use super::hedge::Hedging;
+use super::select::{InFlight, Selection, Walk};
 use super::then::{then, Then};
 use super::Route;
 use crate::classify::Classify;
@@ -38,6 +39,8 @@ pin_project! {
     {
         #[pin]
         first: Option<Oneshot<S, Req>>,
+        // Positions in the walk (the members in order, or the selection's
+        // choice first); `walk` turns them into members.
         first_at: usize,
         first_since: Instant,
         #[pin]
@@ -51,23 +54,40 @@ pin_project! {
         sent: bool,
         // The answer of the one that failed while the other runs.
         failed: Option<Result<S::Response, S::Error>>,
+        walk: Walk,
+        // With a selection: its estimates get each attempt's sample, and
+        // count the attempts in flight.
+        selection: Option<Selection>,
+        first_flight: Option<InFlight>,
+        second_flight: Option<InFlight>,
     }
 }
 
 impl<S: Service<Req>, Req> Race<S, Req> {
-    pub(super) fn new(hedging: &Hedging, member: usize, first: Oneshot<S, Req>) -> Self {
+    pub(super) fn new(
+        hedging: &Hedging,
+        position: usize,
+        first: Oneshot<S, Req>,
+        walk: Walk,
+        selection: Option<&Selection>,
+    ) -> Self {
         let now = Instant::now();
+        let member = walk.member(position);
         Race {
             first: Some(first),
-            first_at: member,
+            first_at: position,
             first_since: now,
             second: None,
-            second_at: member,
+            second_at: position,
             second_since: now,
             second_fresh: false,
             timer: Some(tokio::time::sleep(hedging.delay(member))),
             sent: false,
             failed: None,
+            walk,
+            selection: selection.cloned(),
+            first_flight: selection.and_then(|s| s.start(member)),
+            second_flight: None,
         }
     }
 }
@@ -109,18 +129,25 @@ where
                 };
                 this.first.set(None);
                 this.timer.set(None);
+                *this.first_flight = None;
                 let judged = guard::judge(classifier, &result);
                 if judged != Judged::Rejected {
                     if !*this.sent {
                         *this.sent = true;
                         hedging.policy.budget.deposit();
                     }
-                    hedging.finished(*this.first_at, *this.first_since, &result);
+                    let member = this.walk.member(*this.first_at);
+                    hedging.finished(member, *this.first_since, &result);
+                    if let Some(selection) = this.selection.as_ref() {
+                        selection.record(member, this.first_since.elapsed());
+                    }
                 }
                 if this.second.is_none() || settles(judged) {
                     if this.second.is_some() {
                         this.second.set(None);
-                        hedging.lost(*this.second_at, *this.second_since);
+                        *this.second_flight = None;
+                        let member = this.walk.member(*this.second_at);
+                        lost(hedging, this.selection.as_ref(), member, *this.second_since);
                     }
                     return Poll::Ready(this.end(judged, result));
                 }
@@ -157,6 +184,7 @@ where
                     return Poll::Pending;
                 };
                 self.second.set(None);
+                *self.second_flight = None;
                 let judged = guard::judge(classifier, &result);
                 if judged == Judged::Rejected {
                     if fresh {
@@ -170,12 +198,18 @@ where
                         }
                     }
                 } else {
-                    hedging.finished(*self.second_at, *self.second_since, &result);
+                    let member = self.walk.member(*self.second_at);
+                    hedging.finished(member, *self.second_since, &result);
+                    if let Some(selection) = self.selection.as_ref() {
+                        selection.record(member, self.second_since.elapsed());
+                    }
                 }
                 if self.first.is_none() || settles(judged) {
                     if self.first.is_some() {
                         self.first.set(None);
-                        hedging.lost(*self.first_at, *self.first_since);
+                        *self.first_flight = None;
+                        let member = self.walk.member(*self.first_at);
+                        lost(hedging, self.selection.as_ref(), member, *self.first_since);
                     }
                     return Poll::Ready(self.end(judged, result));
                 }
@@ -228,7 +262,12 @@ where
         request: Option<&Req>,
         from: usize,
     ) -> bool {
-        let (Some(route), Some(request)) = (routes.get(from), request) else {
+        // The hedge goes to the walk's next position: the next member in
+        // order, or with a selection the member it would try second.
+        let member = self.walk.member(from);
+        let (Some(route), Some(request)) =
+            (routes.get(member).filter(|_| from < routes.len()), request)
+        else {
             return false;
         };
         if !hedging.policy.budget.withdraw() {
@@ -247,6 +286,16 @@ where
         *self.second_at = from;
         *self.second_since = Instant::now();
         *self.second_fresh = true;
+        *self.second_flight = self.selection.as_ref().and_then(|s| s.start(member));
         true
+    }
+}
+
+/// A lost attempt's elapsed time, a censored sample for the member's
+/// latency and the selection's estimate: it had no head after that long.
+fn lost(hedging: &Hedging, selection: Option<&Selection>, member: usize, since: Instant) {
+    hedging.lost(member, since);
+    if let Some(selection) = selection {
+        selection.record_at_least(member, since.elapsed());
     }
 }

@@ -3,6 +3,7 @@
 //! first byte with two random choices, or by price.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,9 +40,18 @@ use crate::sync::{lock, Mutex};
 ///   (the user's price per call, per token, any unit) that may be chosen;
 ///   ties go to the earlier member.
 ///
+/// A peak-EWMA member's cost is its estimate times its attempts in flight
+/// plus one (the failover's attempts to it that have no first byte yet), as
+/// tower's `PeakEwma` weighs pending requests: a member busy with many calls
+/// is chosen less before their samples arrive.
+///
+/// With [`Failover::hedge`](super::Failover::hedge), the hedge goes to the
+/// member the selection would try second, and a hedge that lost feeds its
+/// elapsed time to the estimate as a censored sample.
+///
 /// Clones share the estimates: keep one to feed it samples the failover does
 /// not see ([`record_at_least`](Selection::record_at_least) for an attempt
-/// that was cancelled before its first byte, such as a hedge that lost).
+/// that was cancelled before its first byte, such as a caller that left).
 ///
 /// ```
 /// use std::time::Duration;
@@ -81,6 +91,8 @@ enum Policy {
     PeakEwma {
         estimates: Box<[Mutex<Estimate>]>,
         decay_ns: f64,
+        // The failover's attempts to each member that have no first byte yet.
+        in_flight: Box<[AtomicUsize]>,
     },
     Cheapest(Box<[f64]>),
 }
@@ -157,11 +169,13 @@ impl Selection {
             .iter()
             .map(|_| Mutex::new(Estimate::default()))
             .collect();
+        let in_flight = breakers.iter().map(|_| AtomicUsize::new(0)).collect();
         Selection(Arc::new(Inner {
             breakers,
             policy: Policy::PeakEwma {
                 estimates,
                 decay_ns: nanos(DEFAULT_DECAY),
+                in_flight,
             },
         }))
     }
@@ -212,9 +226,14 @@ impl Selection {
             Err(shared) => return Selection(shared),
         };
         let policy = match policy {
-            Policy::PeakEwma { estimates, .. } => Policy::PeakEwma {
+            Policy::PeakEwma {
+                estimates,
+                in_flight,
+                ..
+            } => Policy::PeakEwma {
                 estimates,
                 decay_ns: nanos(decay).max(1.0),
+                in_flight,
             },
             cheapest => cheapest,
         };
@@ -252,6 +271,7 @@ impl Selection {
         if let Policy::PeakEwma {
             estimates,
             decay_ns,
+            ..
         } = &self.0.policy
             && let Some(e) = estimates.get(member)
         {
@@ -315,6 +335,7 @@ impl Selection {
             Policy::PeakEwma {
                 estimates,
                 decay_ns,
+                in_flight,
             } => {
                 let now = Instant::now();
                 // A member whose estimate is stale is probed first, once a
@@ -349,13 +370,61 @@ impl Selection {
                         (nth(a).unwrap_or(0), nth(b).unwrap_or(0))
                     }
                 };
-                let load = |i: usize| lock(&estimates[i]).ns;
+                // tower's `PeakEwma` cost: the estimate times the calls in
+                // flight plus one, so a member busy with many slow calls is
+                // chosen less before their samples arrive.
+                #[allow(
+                    clippy::cast_precision_loss,
+                    reason = "a count of calls in flight, far below 2^52"
+                )]
+                let load = |i: usize| {
+                    let pending = in_flight[i].load(Ordering::Relaxed) as f64;
+                    lock(&estimates[i]).ns * (pending + 1.0)
+                };
                 if load(b) < load(a) {
                     b
                 } else {
                     a
                 }
             }
+        }
+    }
+}
+
+impl Selection {
+    /// Counts an attempt to `member` as in flight until the returned guard
+    /// is dropped (at its first byte, or when it is given up).
+    pub(super) fn start(&self, member: usize) -> Option<InFlight> {
+        let Policy::PeakEwma { in_flight, .. } = &self.0.policy else {
+            return None;
+        };
+        in_flight.get(member)?.fetch_add(1, Ordering::Relaxed);
+        Some(InFlight {
+            selection: self.clone(),
+            member,
+        })
+    }
+
+    /// How many of the failover's attempts to `member` are in flight.
+    #[cfg(test)]
+    pub(super) fn pending(&self, member: usize) -> usize {
+        match &self.0.policy {
+            Policy::PeakEwma { in_flight, .. } => in_flight[member].load(Ordering::Relaxed),
+            Policy::Cheapest(_) => 0,
+        }
+    }
+}
+
+/// One attempt counted in flight by a peak-EWMA [`Selection`].
+pub(super) struct InFlight {
+    selection: Selection,
+    member: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Policy::PeakEwma { in_flight, .. } = &self.selection.0.policy {
+            in_flight[self.member].fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -474,84 +543,5 @@ impl Walk {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_walk_puts_the_chosen_member_first_and_keeps_the_rest_in_order() {
-        let walk = Walk::starting_at(2);
-        let order: Vec<usize> = (0..4).map(|p| walk.member(p)).collect();
-        assert_eq!(order, [2, 0, 1, 3]);
-        for m in 0..4 {
-            assert_eq!(walk.member(walk.position(m)), m);
-        }
-        let plain = Walk::default();
-        assert_eq!(
-            (0..3).map(|p| plain.member(p)).collect::<Vec<_>>(),
-            [0, 1, 2]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_estimate_jumps_to_a_peak_and_a_stale_one_is_probed_and_replaced() {
-        let decay = nanos(DEFAULT_DECAY);
-        let mut e = Estimate::default();
-        let t0 = Instant::now();
-        assert!(e.stale(t0, decay), "no sample yet");
-        e.sample(1e9, t0, decay);
-        e.sample(3e9, t0, decay);
-        assert_eq!(e.ns, 3e9, "a peak replaces the estimate");
-        let t1 = t0 + DEFAULT_DECAY / 2;
-        e.sample(1e9, t1, decay);
-        assert!(e.ns < 3e9 && e.ns > 1e9, "{}", e.ns);
-        assert!(!e.stale(t1, decay));
-        let t2 = t1 + DEFAULT_DECAY;
-        assert!(e.stale(t2, decay), "not sampled for a decay time");
-        e.probe = Some(t2);
-        assert!(!e.stale(t2, decay), "one probe at a time");
-        e.sample(0.1e9, t2, decay);
-        assert_eq!(e.ns, 0.1e9, "the probe's answer replaces a stale estimate");
-        e.at_least(0.05e9, t2);
-        assert_eq!(e.ns, 0.1e9);
-        e.at_least(2e9, t2);
-        assert_eq!(e.ns, 2e9);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn open_and_paced_members_are_never_chosen_and_come_back() {
-        use crate::Outcome;
-        let b = || {
-            Breaker::builder()
-                .pace_rate_limits(true)
-                .consecutive_failures(1)
-                .build()
-                .unwrap()
-        };
-        let (cheap, dear) = (b(), b());
-        let selection = Selection::cheapest([(cheap.clone(), 1.0), (dear.clone(), 2.0)]);
-        let rng = Rng::new(7);
-        assert_eq!(selection.choose(&rng), 0);
-        // Paced for five seconds by a 429 that said so.
-        cheap.admit().unwrap().record(Outcome::RateLimited {
-            retry_after: Some(Duration::from_secs(5)),
-        });
-        assert_eq!(selection.choose(&rng), 1);
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(selection.choose(&rng), 0, "the pacing is over");
-        cheap.admit().unwrap().record(Outcome::Failure);
-        assert_eq!(selection.choose(&rng), 1, "open");
-        assert_eq!(
-            cheap.snapshot().counters.rejected,
-            0,
-            "read without admitting"
-        );
-
-        // The peak-EWMA walks around them too, by its two choices.
-        let ewma = Selection::peak_ewma([cheap.clone(), dear.clone()]);
-        ewma.record(0, Duration::from_millis(1));
-        ewma.record(1, Duration::from_secs(1));
-        for _ in 0..20 {
-            assert_eq!(ewma.choose(&rng), 1);
-        }
-    }
-}
+#[path = "select_tests.rs"]
+mod tests;

@@ -11,6 +11,7 @@ mod controls;
 mod durations;
 mod failover;
 mod failover_last_resort_keys;
+mod failover_quota_body;
 mod fallback_marker;
 mod graded;
 mod grpc;

@@ -14,8 +14,8 @@ use http::{Request, StatusCode, Uri};
 use http_body_util::Empty;
 use tower::ServiceExt;
 use tower_circuit_breaker::classify::LlmClassifier;
-use tower_circuit_breaker::failover::{Failover, Selection};
-use tower_circuit_breaker::{Breaker, CircuitBreaker, State};
+use tower_circuit_breaker::failover::{Failover, Hedge, Selection};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, State, TripMode};
 
 use crate::support::{http_client, json, read_all, serve, Hits, HttpClient};
 
@@ -56,6 +56,7 @@ fn breaker(name: &str) -> Breaker {
     Breaker::builder()
         .name(name)
         .consecutive_failures(1)
+        .trip_mode(TripMode::Open)
         .open_duration(Duration::from_secs(10))
         .jitter(0.0)
         .probes(1)
@@ -212,4 +213,45 @@ async fn the_cheapest_closed_member_is_chosen() {
         "cheap"
     );
     assert_eq!((dear.hits.get(), cheap.hits.get()), (5, 6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_goes_to_the_selections_second_choice_and_the_loser_feeds_its_estimate() {
+    let slow = region("slow", 2000).await;
+    let fast = region("fast", 40).await;
+    let breakers = [breaker("slow"), breaker("fast")];
+    let selection = Selection::peak_ewma(breakers.clone());
+    // The slow region looked the faster a moment ago: it is chosen first.
+    selection.record(0, Duration::from_millis(100));
+    selection.record(1, Duration::from_millis(300));
+    let hedge = Hedge::after(Duration::from_millis(300))
+        .budget_percent(1000.0)
+        .unwrap();
+    let svc = failover(&fast, &breakers, selection.clone()).hedge(hedge.clone());
+    let call = || svc.clone().oneshot(request(slow.addr));
+
+    let res = call().await.unwrap();
+    assert_eq!(
+        read_all(res.into_body()).await.unwrap(),
+        "fast",
+        "the hedge won"
+    );
+    assert_eq!(hedge.sent(), 1);
+    assert_eq!((slow.hits.get(), fast.hits.get()), (1, 1));
+    assert!(
+        selection.estimate(0) >= Some(Duration::from_millis(300)),
+        "the loser had no head after the hedge's delay: {:?}",
+        selection.estimate(0)
+    );
+    assert_eq!(
+        breakers[0].snapshot().counters.failures,
+        0,
+        "a lost race is no failure"
+    );
+
+    // Now the fast region is the selection's first choice: no hedge needed.
+    let res = call().await.unwrap();
+    assert_eq!(read_all(res.into_body()).await.unwrap(), "fast");
+    assert_eq!(hedge.sent(), 1);
+    assert_eq!((slow.hits.get(), fast.hits.get()), (1, 2));
 }
