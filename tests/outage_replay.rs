@@ -677,7 +677,9 @@ fn with_the_slow_rule_no_half_open_period_outlasts_the_threshold_by_two_seconds(
 
 #[test]
 fn without_health_probes_every_breaker_closes_within_its_backoff_cap_and_deadline() {
-    // A run that lasts long enough after the heal for the longest backoff.
+    // A breaker still open when the run ends is checked only where the run
+    // lasts long enough after the heal for the longest backoff.
+    let mut checked = 0;
     for name in ["seed-000-night.toml", "recovery-after-a-long-outage.toml"] {
         let scenario = load(name);
         let b = &scenario.breaker;
@@ -686,6 +688,7 @@ fn without_health_probes_every_breaker_closes_within_its_backoff_cap_and_deadlin
             .or(b.slow_call.map(|(t, _)| t))
             .unwrap_or(scenario.client.attempt_timeout);
         let bound = (b.open_max + deadline).as_secs_f64() + 5.0;
+        let end = scenario.duration.as_secs_f64();
         let replay = engine::replay(&scenario).unwrap();
         for run in breaker_stacks(&replay) {
             for r in run
@@ -694,6 +697,10 @@ fn without_health_probes_every_breaker_closes_within_its_backoff_cap_and_deadlin
                 .filter(|r| r.healed_at_s.unwrap_or(0.0) > 0.0)
             {
                 let lag = r.recovery_lag_s.unwrap_or(f64::INFINITY);
+                if lag.is_infinite() && end - r.healed_at_s.unwrap() < bound {
+                    continue;
+                }
+                checked += 1;
                 assert!(
                     lag <= bound,
                     "{name} {} {}: closed {lag} s after the heal, bound {bound} s",
@@ -703,6 +710,7 @@ fn without_health_probes_every_breaker_closes_within_its_backoff_cap_and_deadlin
             }
         }
     }
+    assert!(checked >= 4, "only {checked} recoveries long enough to check");
 }
 
 #[test]
@@ -1755,11 +1763,16 @@ fn the_breaker_opens_in_the_brownout_before_anything_fails() {
     // with a fallback (failover's to its primary) are moved by the slow-call
     // rule; a bare breaker's, without one, are not refused for slowness.
     for run in breaker_stacks(replay) {
-        let open = run.transitions.iter().find(|t| t.to == "open").unwrap();
+        let open = run.transitions.iter().find(|t| t.to == "open");
         if run.name == "breaker" {
-            assert!(open.t_s >= 900.0, "breaker: opened at {}", open.t_s);
+            // Graded: it may never open at all.
+            assert!(
+                open.is_none_or(|o| o.t_s >= 900.0),
+                "breaker: opened at {open:?}"
+            );
             continue;
         }
+        let open = open.unwrap();
         assert!(
             open.t_s > 300.0 && open.t_s < 900.0,
             "{}: opened at {}",
@@ -1801,7 +1814,9 @@ fn streams_that_break_mid_answer_trip_the_breaker() {
     assert_consistent(replay);
     let plain = outage(replay, "no-breaker");
     let failover = outage(replay, "failover");
-    assert!(stack(replay, "breaker").recovery[0]
+    // The broken streams are failures: failover's primary opens (the bare
+    // breaker grades, and sheds nothing while most streams still answer).
+    assert!(stack(replay, "failover").recovery[0]
         .time_to_trip_s
         .is_some());
     assert!(failover.user_error_rate.unwrap() * 2.0 < plain.user_error_rate.unwrap());
@@ -2356,12 +2371,16 @@ fn streams_that_stall_for_minutes_open_the_breaker_with_a_stall_deadline() {
         p99 <= bound,
         "failover's answered p99 {p99} s over {bound} s"
     );
-    for name in ["breaker", "failover"] {
-        assert!(
-            stack(replay, name).recovery[0].time_to_trip_s.is_some(),
-            "{name}: the primary's breaker never opened"
-        );
-    }
+    // The stalls are failures: failover's primary opens, and the bare
+    // breaker's rule fires (it grades, shedding calls, or opens).
+    assert!(
+        stack(replay, "failover").recovery[0].time_to_trip_s.is_some(),
+        "failover: the primary's breaker never opened"
+    );
+    assert!(
+        stack(replay, "breaker").all.rejected > 0,
+        "breaker: the primary's rule never fired"
+    );
     // No stalled stream holds its user until they give up.
     for run in &replay.stacks {
         assert_eq!(run.all.cancelled, 0, "{}", run.name);
@@ -2378,6 +2397,7 @@ fn streams_that_stall_for_minutes_open_the_breaker_with_a_stall_deadline() {
     assert_consistent(&without);
     for name in ["breaker", "failover"] {
         assert!(stack(&without, name).recovery[0].time_to_trip_s.is_none());
+        assert_eq!(stack(&without, name).all.rejected, 0, "{name}");
     }
     let stalled = outage(&without, "failover");
     assert!(stalled.cancelled > 0);
