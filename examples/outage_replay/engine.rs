@@ -32,7 +32,7 @@ use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::deadline::StreamDeadlines;
-use tower_circuit_breaker::failover::{Failover, Hedge};
+use tower_circuit_breaker::failover::{AllOpen, Failover, Hedge};
 use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
@@ -400,6 +400,14 @@ fn run_stack(
                 drive(stacks?, &sim, &arrivals).await?
             }
             StackKind::Hedged => drive(vec![hedged(&sim, &log)?], &sim, &arrivals).await?,
+            StackKind::FailoverLastResort => {
+                drive(
+                    vec![failover_all_open(&sim, &log, 0, None, true)?],
+                    &sim,
+                    &arrivals,
+                )
+                .await?
+            }
             StackKind::FailoverSelect => {
                 drive(vec![routing::failover_select(&sim, &log)?], &sim, &arrivals).await?
             }
@@ -789,6 +797,15 @@ fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStac
     failover_hedging(sim, log, replica, None)
 }
 
+fn failover_hedging(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+    hedge: Option<Hedge>,
+) -> Result<SimStack, String> {
+    failover_all_open(sim, log, replica, hedge, false)
+}
+
 /// The `hedged` stack: the failover stack with the scenario's `[hedge]`
 /// policy (one per stack, made on the stack's paused clock).
 fn hedged(sim: &Arc<Sim>, log: &TransitionLog) -> Result<SimStack, String> {
@@ -809,11 +826,14 @@ fn hedged(sim: &Arc<Sim>, log: &TransitionLog) -> Result<SimStack, String> {
     failover_hedging(sim, log, 0, Some(policy))
 }
 
-fn failover_hedging(
+/// The failover stack; with `last_resort`, `AllOpen::last_resort` over its
+/// breakers when every member rejected a call.
+fn failover_all_open(
     sim: &Arc<Sim>,
     log: &TransitionLog,
     replica: u32,
     hedge: Option<Hedge>,
+    last_resort: bool,
 ) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
@@ -827,6 +847,11 @@ fn failover_hedging(
         spawn_health_probe(sim, i, &breaker);
         breakers.push(breaker);
     }
+    let all_open = if last_resort {
+        AllOpen::last_resort(breakers.clone())
+    } else {
+        AllOpen::FailFast
+    };
     let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
@@ -859,7 +884,7 @@ fn failover_hedging(
             if let Some(hedge) = hedge.clone() {
                 failover = failover.hedge(hedge);
             }
-            failover
+            failover.when_all_open(all_open.clone())
         }};
     }
     Ok(match stream_deadlines(scenario) {

@@ -93,6 +93,9 @@ pub struct Routing {
     /// is sent on to.
     pub on_context_length: Option<usize>,
     pub on_content_policy: Option<usize>,
+    /// `all_open = "last_resort"`: the `failover-last-resort` stack, the
+    /// failover stack with `AllOpen::last_resort` over its breakers.
+    pub last_resort: bool,
 }
 
 impl Routing {
@@ -169,6 +172,9 @@ impl Scenario {
             }
             if self.hedge.is_some() {
                 kinds.push(StackKind::Hedged);
+            }
+            if self.routing.last_resort {
+                kinds.push(StackKind::FailoverLastResort);
             }
         }
         kinds.extend(self.routing_stacks());
@@ -261,6 +267,11 @@ pub enum StackKind {
     /// With a `[failover]` rule: the failover stack with the rule table,
     /// each member reading the kind of its error answers.
     FailoverByKind,
+    /// With `[failover] all_open = "last_resort"`: the failover stack that,
+    /// when every member rejected a call, lets it through to the upstream
+    /// whose circuit opened longest ago, once per open period
+    /// (`AllOpen::last_resort`).
+    FailoverLastResort,
 }
 
 impl StackKind {
@@ -285,6 +296,7 @@ impl StackKind {
             StackKind::FailoverSelect => "failover-select",
             StackKind::Oracle => "oracle",
             StackKind::FailoverByKind => "failover-by-kind",
+            StackKind::FailoverLastResort => "failover-last-resort",
         }
     }
 
@@ -304,6 +316,7 @@ impl StackKind {
                 | StackKind::FailoverSelect
                 | StackKind::Oracle
                 | StackKind::FailoverByKind
+                | StackKind::FailoverLastResort
         )
     }
 
@@ -818,6 +831,7 @@ struct RawFailover {
     decay_s: Option<S<f64>>,
     on_context_length: Option<S<String>>,
     on_content_policy: Option<S<String>>,
+    all_open: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -1433,7 +1447,21 @@ fn routing(
             )),
         },
     };
+    let last_resort = match &raw.all_open {
+        None => false,
+        Some(v) => match v.get_ref().as_str() {
+            "fail_fast" => false,
+            "last_resort" => true,
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`all_open` {other:?} is not one of \"fail_fast\", \"last_resort\""),
+                ))
+            }
+        },
+    };
     Ok(Routing {
+        last_resort,
         select,
         decay,
         on_context_length: member(&raw.on_context_length, "on_context_length")?,
