@@ -3006,3 +3006,307 @@ async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
     assert_eq!(open.reason(), Rejection::Quota);
     assert_eq!(log.attempts().len(), 1, "the rejected call never left");
 }
+
+// === per-key behaviour, rate limits and the all-open policy (#35) ===
+
+/// `GOOD` with two keys of its own on the upstream, a rate limit, pacing
+/// and the last-resort policy's table (on a second upstream).
+fn keyed_good() -> String {
+    GOOD.replace(
+        "poisson = false\n",
+        "poisson = false\n\ntraffic = [ { p = 0.5, model = \"only\", api_key = \"a\" },\n            { p = 0.5, model = \"only\", api_key = \"b\" } ]\n",
+    )
+    .replace("close_after = 1\n", "close_after = 1\npace_rate_limits = true\n")
+    .replace(
+        "name = \"only\"\n",
+        "name = \"only\"\nrate_limit = { requests = 5, period_s = 2 }\n",
+    ) + r#"
+  [[upstream.key]]
+  name = "a"
+  rate_limit = { requests = 3, period_s = 1 }
+    [[upstream.key.phase]]
+    from_s = 0
+    responses = [ { p = 1.0, kind = "ok", latency_ms = 100 } ]
+    [[upstream.key.phase]]
+    from_s = 4
+    responses = [ { p = 1.0, kind = "status", error = "insufficient_quota", latency_ms = 10 } ]
+
+  [[upstream.key]]
+  name = "b"
+    [[upstream.key.phase]]
+    from_s = 0
+    responses = [ { p = 1.0, kind = "ok", latency_ms = 100 } ]
+"#
+}
+
+#[test]
+fn keys_rate_limits_pacing_and_the_all_open_policy_parse() {
+    let text = keyed_good();
+    let s = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let u = &s.upstreams[0];
+    assert_eq!(u.keys.len(), 2);
+    assert_eq!(u.keys[0].name, "a");
+    assert_eq!(u.keys[0].phases.len(), 2);
+    assert_eq!(u.keys[0].phases[1].from, Duration::from_secs(4));
+    let limit = |l: Option<tower_circuit_breaker::testing::RateLimit>| {
+        l.map(|l| (l.requests(), l.period()))
+    };
+    assert_eq!(
+        limit(u.keys[0].rate_limit),
+        Some((3, Duration::from_secs(1)))
+    );
+    assert_eq!(limit(u.keys[1].rate_limit), None, "the upstream's, below");
+    assert_eq!(limit(u.rate_limit), Some((5, Duration::from_secs(2))));
+    assert_eq!(u.key("b"), Some(1));
+    assert_eq!(u.key("c"), None);
+    assert!(s.breaker.pace_rate_limits);
+    assert!(!parse(GOOD).unwrap().breaker.pace_rate_limits);
+    // Key a's quota runs out at 4 s and never comes back: the upstream's
+    // ground truth is its own phases' and its keys'.
+    let within = s.answer_within();
+    assert_eq!(u.keys[0].failing_from(within), Some(Duration::from_secs(4)));
+    assert_eq!(u.keys[0].healed_at(within), None);
+    assert_eq!(u.failing_from(within), Some(Duration::ZERO), "its own 503s");
+    assert_eq!(u.healed_at(within), None);
+    assert_eq!(u.keys[1].failing_from(within), None);
+    let replay = engine::replay(&s).unwrap();
+    assert_consistent(&replay);
+    assert_eq!(replay.classes, ["only/a", "only/b"]);
+
+    // The all-open policy, on a scenario with a fallback.
+    let two = GOOD.to_owned()
+        + "\n[[upstream]]\nname = \"second\"\n  [[upstream.phase]]\n  from_s = 0\n  responses = [ { p = 1.0, kind = \"ok\", latency_ms = 100 } ]\n";
+    let with = |v: &str| {
+        two.replace(
+            "[[upstream]]\nname = \"only\"",
+            &format!("[failover]\nall_open = {v}\n\n[[upstream]]\nname = \"only\""),
+        )
+    };
+    assert!(!parse(&two).unwrap().routing.last_resort);
+    assert!(!parse(&with("\"fail_fast\"")).unwrap().routing.last_resort);
+    let s = parse(&with("\"last_resort\"")).unwrap();
+    assert!(s.routing.last_resort);
+    assert!(s.stacks().contains(&StackKind::FailoverLastResort));
+    let replay = engine::replay(&s).unwrap();
+    assert_consistent(&replay);
+    assert!(replay.stack("failover-last-resort").is_some());
+}
+
+#[test]
+fn bad_keys_rate_limits_and_all_open_policies_are_errors_on_their_line() {
+    let text = keyed_good();
+    let two = GOOD.to_owned()
+        + "\n[[upstream]]\nname = \"second\"\n  [[upstream.phase]]\n  from_s = 0\n  responses = [ { p = 1.0, kind = \"ok\", latency_ms = 100 } ]\n";
+    let all_open = |v: &str| {
+        two.replace(
+            "[[upstream]]\nname = \"only\"",
+            &format!("[failover]\nall_open = {v}\n\n[[upstream]]\nname = \"only\""),
+        )
+    };
+    let cases = [
+        // A key no traffic is sent with.
+        (text.replace("api_key = \"b\"", "api_key = \"c\""), "name = \"b\"", "no traffic is sent with key \"b\""),
+        (text.replace("name = \"b\"", "name = \"a\"  "), "name = \"a\"  ", "listed twice"),
+        (text.replace("name = \"a\"", "name = \"a/x\""), "name = \"a/x\"", "without `/`"),
+        (text.replace("    from_s = 0\n    responses = [ { p = 1.0, kind = \"ok\", latency_ms = 100 } ]\n    [[upstream.key.phase]]", "    from_s = 1\n    responses = [ { p = 1.0, kind = \"ok\", latency_ms = 100 } ]\n    [[upstream.key.phase]]"), "from_s = 1", "must start at 0"),
+        (text.replace("from_s = 4", "from_s = 0"), "from_s = 0\n    responses = [ { p = 1.0, kind = \"status\"", "increasing order"),
+        (text.replace("error = \"insufficient_quota\", latency_ms = 10", "error = \"insufficient_quota\", latency_ms = 10, p = 0.5"), "latency_ms = 10, p", "duplicate key"),
+        (text.replace("name = \"b\"\n", "name = \"b\"\ncolour = \"red\"\n"), "colour", "unknown field"),
+        (text.replace("requests = 3,", "requests = 0,"), "requests = 0", "at least 1"),
+        (text.replace("period_s = 1 }", "period_s = 0 }"), "period_s = 0", "greater than 0"),
+        (text.replace("period_s = 2 }", "period_s = -2 }"), "period_s = -2", "period_s"),
+        (text.replace("requests = 5, period_s = 2", "requests = 5"), "requests = 5", "period_s"),
+        (text.replace("pace_rate_limits = true", "pace_rate_limits = \"yes\""), "pace_rate_limits", "invalid type"),
+        (all_open("\"panic\""), "all_open", "\"last_resort\""),
+        (all_open("true"), "all_open", "invalid type"),
+    ];
+    // A key with no phases.
+    let cut = text[..text.find("  [[upstream.key]]\n  name = \"b\"").unwrap()].to_owned();
+    let no_phase = cut + "  [[upstream.key]]\n  name = \"b\"\n  phase = []\n";
+    let e = error(&no_phase);
+    assert!(e.message.contains("needs at least one phase"), "{e}");
+    assert_eq!(e.line, Some(line_of(&no_phase, "phase = []")), "{e}");
+    for (text, needle, says) in cases {
+        let e = error(&text);
+        assert!(e.message.contains(says), "{needle}: {e}");
+        let line = text
+            .find(needle)
+            .map(|at| text[..at].lines().count() + usize::from(text[..at].ends_with('\n')));
+        assert_eq!(e.line, line, "{needle}: {e}");
+    }
+    for text in [
+        text.replace("[[upstream.key]]\n  name = \"a\"", "[[upstream.key]]"),
+        text.replace(
+            "rate_limit = { requests = 3, period_s = 1 }",
+            "rate_limit = 3",
+        ),
+        text[..text.find("  [[upstream.key]]\n  name = \"b\"").unwrap()].to_owned()
+            + "  [[upstream.key]]\n  name = \"b\"\n",
+        text.replace("[[upstream.key]]", "[[upstream.key.phase]]"),
+    ] {
+        let e = error(&text);
+        assert!(e.line.is_some() || !e.message.is_empty(), "{e}");
+    }
+}
+
+#[test]
+fn only_the_exhausted_key_is_gated_with_keyed_breakers() {
+    let replay = replayed("key-quota-exhausted.toml");
+    assert_consistent(replay);
+    let by = |stack_name: &str, class: &str| {
+        let run = stack(replay, stack_name);
+        let c = replay.classes.iter().position(|k| k == class).unwrap();
+        &run.by_class[c]
+    };
+    // team-a's key answers nobody after 120 s without a breaker: its own
+    // ground truth says so, team-b's key has no outage at all.
+    let a = by("no-breaker", "gpt-4o/team-a");
+    let a_outage = a.outage.as_ref().expect("team-a's key fails");
+    assert_eq!(a_outage.answered, 0);
+    assert_eq!(a_outage.user_error_rate, Some(1.0));
+    assert!(by("no-breaker", "gpt-4o/team-b").outage.is_none());
+    // Keyed breakers gate team-a's key and nothing else.
+    let keyed = stack(replay, "breaker");
+    assert!(keyed.transitions.iter().any(|t| t.to == "open"));
+    for t in &keyed.transitions {
+        assert_eq!(t.upstream, "gpt-4o/team-a", "{t:?}");
+    }
+    assert!(by("breaker", "gpt-4o/team-a").all.rejected * 2 > a.all.requests);
+    let b = &by("breaker", "gpt-4o/team-b").all;
+    assert_eq!(b.rejected, 0);
+    assert_eq!(b.answered, b.requests);
+    // One breaker for both keys gates team-b's users too.
+    let global = &by("global-breaker", "gpt-4o/team-b").all;
+    assert!(global.rejected * 2 > global.requests, "{}", global.rejected);
+}
+
+#[test]
+fn pacing_on_announced_rate_limits_spends_no_call_on_a_429() {
+    let replay = replayed("rate-limit-pacing.toml");
+    assert_consistent(replay);
+    let none = &stack(replay, "no-breaker").all;
+    let paced = &stack(replay, "breaker").all;
+    let attempts = |f: &Figures| f.attempts.iter().map(|&(_, n)| n).sum::<u64>();
+    // 150 a minute for ten minutes: without pacing, every call beyond them
+    // hears a 429 (and its retries wait for the reset); paced, the breaker
+    // rejects them locally after the answer that said none were left.
+    assert!(attempts(none) > none.answered + 1000, "{}", attempts(none));
+    assert!(
+        attempts(paced) <= paced.answered + 20,
+        "{}",
+        attempts(paced)
+    );
+    assert!(paced.answered >= 1490, "{}", paced.answered);
+    assert!(paced.rejected > 500, "{}", paced.rejected);
+    let p99 = |f: &Figures| f.answered_wait.unwrap().p99_s;
+    assert!(
+        p99(paced) < 3.0 && p99(none) > 10.0,
+        "{} {}",
+        p99(paced),
+        p99(none)
+    );
+    // Pacing is no failure: the circuit never opens.
+    assert!(stack(replay, "breaker").transitions.is_empty());
+}
+
+#[test]
+fn the_last_resort_policy_lets_calls_through_when_every_circuit_is_open() {
+    let replay = replayed("all-open-last-resort.toml");
+    assert_consistent(replay);
+    let attempts = |f: &Figures| f.attempts.iter().map(|&(_, n)| n).sum::<u64>();
+    let fail_fast = outage(replay, "failover");
+    let last_resort = outage(replay, "failover-last-resort");
+    // Both upstreams are down: every request of the outage fails either
+    // way, but the last-resort stack makes a call per open period where
+    // failing fast makes none.
+    assert_eq!(fail_fast.answered, 0);
+    assert_eq!(last_resort.answered, 0);
+    assert!(
+        attempts(last_resort) > attempts(fail_fast),
+        "{} {}",
+        attempts(last_resort),
+        attempts(fail_fast)
+    );
+    assert!(last_resort.rejected < fail_fast.rejected);
+}
+
+/// The rate-limit headers over a real connection: a scripted upstream with
+/// a rate limit served by hyper on a local port, a hyper-util client behind
+/// a breaker that paces on them.
+#[tokio::test(start_paused = true)]
+async fn announced_rate_limits_over_a_real_connection_pace_the_breaker() {
+    use http_body_util::Empty;
+    use hyper::body::{Bytes, Incoming};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    use tower_circuit_breaker::classify::LlmClassifier;
+    use tower_circuit_breaker::testing::{AttemptLog, Phase, RateLimit, Script, ScriptedUpstream};
+    use tower_circuit_breaker::{CircuitBreakerLayer, Rejection};
+
+    let log = AttemptLog::new();
+    let script = Script::builder()
+        .name("primary")
+        .rate_limit(RateLimit::new(2, Duration::from_secs(60)))
+        .phase(Phase::new(Duration::ZERO).answer(1.0, Kind::ok().after(Duration::from_millis(50))))
+        .build()
+        .unwrap();
+    let upstream = ScriptedUpstream::with_log(script, log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    upstream.clone().oneshot(req)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+
+    let layer = CircuitBreakerLayer::builder()
+        .count_window(10)
+        .min_calls(5)
+        .failure_rate(0.5)
+        .pace_rate_limits(true)
+        .build()
+        .unwrap()
+        .with_classifier(LlmClassifier::new());
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut svc = ServiceBuilder::new().layer(layer).service(client);
+    let uri = format!("http://{addr}/v1/chat/completions");
+    let request = || {
+        http::Request::post(uri.as_str())
+            .body(Empty::new())
+            .unwrap()
+    };
+
+    let first = svc.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-ratelimit-remaining-requests"], "1");
+    let second = svc.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.headers()["x-ratelimit-remaining-requests"], "0");
+    // The second answer said none are left: the third call is paced
+    // locally, not sent to hear a 429.
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    let open = err.circuit_open().expect("paced by the breaker");
+    assert_eq!(open.reason(), Rejection::RateLimited);
+    assert_eq!(log.attempts().len(), 2, "the paced call never left");
+    // After the reset, calls go out again.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let again = svc.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(log.attempts().len(), 3);
+}

@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -32,7 +32,7 @@ use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
 use tower_circuit_breaker::deadline::StreamDeadlines;
-use tower_circuit_breaker::failover::{Failover, Hedge};
+use tower_circuit_breaker::failover::{AllOpen, Failover, Hedge};
 use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::{self, KeyedBreakers};
 use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
@@ -198,6 +198,8 @@ pub struct Arrival {
     pub upstream: usize,
     pub key: Arc<str>,
     pub class: usize,
+    /// The API key the request is sent with, if any.
+    pub api_key: Option<Arc<str>>,
 }
 
 /// The requests of a scenario, the same for every stack, and the names of
@@ -238,6 +240,10 @@ pub fn requests(scenario: &Scenario) -> (Vec<Arrival>, Vec<String>) {
             .map_or_else(|| model.clone(), |k| format!("{model}/{k}"))
     };
     let labels: Vec<String> = classes.iter().map(label).collect();
+    let api_keys: Vec<Option<Arc<str>>> = classes
+        .iter()
+        .map(|c| c.1.as_deref().map(Arc::from))
+        .collect();
     let breaker_keys: Vec<Arc<str>> = classes
         .iter()
         .map(|c| match scenario.breaker.keyed_by {
@@ -267,6 +273,7 @@ pub fn requests(scenario: &Scenario) -> (Vec<Arrival>, Vec<String>) {
                 upstream: classes[class].0,
                 key: Arc::clone(&breaker_keys[class]),
                 class,
+                api_key: api_keys[class].clone(),
             }
         })
         .collect();
@@ -393,6 +400,14 @@ fn run_stack(
                 drive(stacks?, &sim, &arrivals).await?
             }
             StackKind::Hedged => drive(vec![hedged(&sim, &log)?], &sim, &arrivals).await?,
+            StackKind::FailoverLastResort => {
+                drive(
+                    vec![failover_all_open(&sim, &log, 0, None, true)?],
+                    &sim,
+                    &arrivals,
+                )
+                .await?
+            }
             StackKind::FailoverSelect => {
                 drive(vec![routing::failover_select(&sim, &log)?], &sim, &arrivals).await?
             }
@@ -434,7 +449,7 @@ fn spawn_health_probe(sim: &Arc<Sim>, i: usize, breaker: &Breaker) {
     }
     let prober = prober
         .build(client(sim), LlmClassifier::new(), move |_: &Breaker| {
-            chat_request(probe_id, &model, &model)
+            chat_request(probe_id, &model, &model, None)
         })
         .expect("a positive interval");
     tokio::spawn(prober.run(breaker.clone()));
@@ -455,7 +470,8 @@ fn spawn_keyed_health_probe(sim: &Arc<Sim>, set: &KeyedBreakers) {
         .build(client(sim), LlmClassifier::new(), move |b: &Breaker| {
             let key = b.name().unwrap_or_default();
             let model = key.split('/').next().unwrap_or(key);
-            chat_request(probe_id, model, key)
+            let api_key = key.split_once('/').map(|(_, k)| k);
+            chat_request(probe_id, model, key, api_key)
         })
         .expect("a positive interval");
     tokio::spawn(prober.run_keyed(set.clone()));
@@ -553,6 +569,7 @@ pub fn breaker_builder(
     let label: Arc<str> = format!("{}{}", scenario.upstreams[i].name, replica_suffix(r)).into();
     let seed = mix(scenario.seed ^ (i as u64 + 1)).wrapping_add(u64::from(r) << 32);
     let builder = configure(Breaker::builder(), scenario.breaker_for(i))
+        .pace_rate_limits(scenario.breaker_for(i).pace_rate_limits)
         .name(&*label)
         .seed(seed);
     let log = Arc::clone(log);
@@ -699,7 +716,8 @@ where
     let suffix = replica_suffix(replica);
     let listener_log = Arc::clone(log);
     let mut builder = crate::budget::guard(
-        configure(KeyedBreakers::builder(), &scenario.breaker),
+        configure(KeyedBreakers::builder(), &scenario.breaker)
+            .pace_rate_limits(scenario.breaker.pace_rate_limits),
         scenario,
     )
     .seed(mix(scenario.seed ^ 1).wrapping_add(u64::from(replica) << 32))
@@ -710,7 +728,10 @@ where
     for (key, upstream) in &sim.keys {
         if scenario.upstreams[*upstream].breaker.is_some() {
             let config = scenario.breaker_for(*upstream).clone();
-            builder = builder.override_key(key, move |b| configure(b, &config));
+            builder = builder.override_key(key, move |b| {
+                let pace = config.pace_rate_limits;
+                configure(b, &config).pace_rate_limits(pace)
+            });
         }
     }
     let set = builder
@@ -776,6 +797,15 @@ fn failover(sim: &Arc<Sim>, log: &TransitionLog, replica: u32) -> Result<SimStac
     failover_hedging(sim, log, replica, None)
 }
 
+fn failover_hedging(
+    sim: &Arc<Sim>,
+    log: &TransitionLog,
+    replica: u32,
+    hedge: Option<Hedge>,
+) -> Result<SimStack, String> {
+    failover_all_open(sim, log, replica, hedge, false)
+}
+
 /// The `hedged` stack: the failover stack with the scenario's `[hedge]`
 /// policy (one per stack, made on the stack's paused clock).
 fn hedged(sim: &Arc<Sim>, log: &TransitionLog) -> Result<SimStack, String> {
@@ -796,11 +826,14 @@ fn hedged(sim: &Arc<Sim>, log: &TransitionLog) -> Result<SimStack, String> {
     failover_hedging(sim, log, 0, Some(policy))
 }
 
-fn failover_hedging(
+/// The failover stack; with `last_resort`, `AllOpen::last_resort` over its
+/// breakers when every member rejected a call.
+fn failover_all_open(
     sim: &Arc<Sim>,
     log: &TransitionLog,
     replica: u32,
     hedge: Option<Hedge>,
+    last_resort: bool,
 ) -> Result<SimStack, String> {
     let scenario = &sim.scenario;
     let c = &scenario.client;
@@ -814,6 +847,11 @@ fn failover_hedging(
         spawn_health_probe(sim, i, &breaker);
         breakers.push(breaker);
     }
+    let all_open = if last_resort {
+        AllOpen::last_resort(breakers.clone())
+    } else {
+        AllOpen::FailFast
+    };
     let outer = ServiceBuilder::new()
         .option_layer(c.total_timeout.map(TimeoutLayer::new))
         .map_err(|e: tower_circuit_breaker::Error| BoxError::from(e))
@@ -846,7 +884,7 @@ fn failover_hedging(
             if let Some(hedge) = hedge.clone() {
                 failover = failover.hedge(hedge);
             }
-            failover
+            failover.when_all_open(all_open.clone())
         }};
     }
     Ok(match stream_deadlines(scenario) {
@@ -887,6 +925,7 @@ where
             id as u64,
             &scenario.upstreams[arrival.upstream].name,
             &arrival.key,
+            arrival.api_key.as_deref(),
         );
         let class = arrival.class;
         let upstream = arrival.upstream;
@@ -1020,8 +1059,31 @@ fn summarize(
     let outage = scenario
         .outage()
         .map(|(from, to)| (from.as_secs_f64(), to.as_secs_f64()));
+    let within = scenario.answer_within();
     let windows = |class: Option<usize>| {
         let of = |w| Figures::of_class(&names, &requests, &attempts, w, class, deadline);
+        // A class answered by a key's own script has that key's outage and
+        // heal.
+        let own = class.and_then(|c| sim.class_keys.get(c).copied().flatten());
+        let (outage, heals) = match own {
+            None => (outage, heals.clone()),
+            Some((u, k)) => {
+                let key = &upstreams[u].keys[k];
+                let outage = key.failing_from(within).map(|from| {
+                    let to = key
+                        .healed_at(within)
+                        .filter(|&heal| heal > from)
+                        .unwrap_or(scenario.duration);
+                    (from.as_secs_f64(), to.as_secs_f64())
+                });
+                let mut heals = heals.clone();
+                heals[u] = key.failing_from(within).and_then(|from| {
+                    let heal = key.healed_at(within)?;
+                    (heal > from && heal < scenario.duration).then_some(heal.as_secs_f64())
+                });
+                (outage, heals)
+            }
+        };
         ClassRun {
             all: of((0.0, f64::INFINITY)),
             outage: outage.map(of),
@@ -1081,6 +1143,12 @@ struct Sim {
     scenario: Arc<Scenario>,
     start: Instant,
     upstreams: Vec<ScriptedUpstream>,
+    /// Per upstream, its keys' own scripted upstreams (`[[upstream.key]]`),
+    /// in the order of its keys.
+    keyed: Vec<Vec<ScriptedUpstream>>,
+    /// Per class of traffic, the upstream and key whose own script answers
+    /// it, if any: its ground truth is that key's.
+    class_keys: Vec<Option<(usize, usize)>>,
     log: AttemptLog,
     /// How many requests the traffic sends; the health probes use the id
     /// after the last.
@@ -1110,6 +1178,45 @@ impl Sim {
                 Ok(ScriptedUpstream::with_log(script, log.clone()))
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let keyed = scenario
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                (0..u.keys.len())
+                    .map(|k| {
+                        let stream = i as u64 + ((k as u64 + 1) << 16);
+                        let script = u
+                            .script_of(
+                                Some(k),
+                                scenario.seed,
+                                stream,
+                                scenario.duration,
+                                tokens,
+                                scenario.spend.is_some(),
+                            )
+                            .map_err(|e| {
+                                format!(
+                                    "key {:?} of upstream {:?} cannot be scripted: {e}",
+                                    u.keys[k].name, u.name
+                                )
+                            })?;
+                        Ok(ScriptedUpstream::with_log(script, log.clone()))
+                    })
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let mut class_keys: Vec<Option<(usize, usize)>> = Vec::new();
+        for a in arrivals {
+            if class_keys.len() <= a.class {
+                class_keys.resize(a.class + 1, None);
+            }
+            class_keys[a.class] = a
+                .api_key
+                .as_deref()
+                .and_then(|k| scenario.upstreams[a.upstream].key(k))
+                .map(|k| (a.upstream, k));
+        }
         let mut keys: Vec<(String, usize)> = Vec::new();
         for a in arrivals {
             if !keys.iter().any(|(k, _)| **k == *a.key) {
@@ -1119,6 +1226,8 @@ impl Sim {
         Ok(Sim {
             start: Instant::now(),
             upstreams,
+            keyed,
+            class_keys,
             log,
             requests: arrivals.len(),
             keys,
@@ -1193,7 +1302,13 @@ impl Service<Request<String>> for SimClient {
         let upstream = model_of(request.body())
             .and_then(|m| sim.scenario.upstreams.iter().position(|u| u.name == m));
         match (known, upstream) {
-            (true, Some(upstream)) => Box::pin(sim.upstreams[upstream].clone().call(request)),
+            (true, Some(upstream)) => {
+                let own = api_key_of(&request)
+                    .and_then(|k| sim.scenario.upstreams[upstream].key(k))
+                    .map(|k| &sim.keyed[upstream][k]);
+                let target = own.unwrap_or(&sim.upstreams[upstream]);
+                Box::pin(target.clone().call(request))
+            }
             _ => Box::pin(async {
                 let mut response = Response::new(ScriptedBody::from(Bytes::from_static(
                     br#"{"error":"unknown model"}"#,
@@ -1208,15 +1323,28 @@ impl Service<Request<String>> for SimClient {
     }
 }
 
+/// The API key a request is sent with (`authorization: Bearer KEY`).
+fn api_key_of<B>(request: &Request<B>) -> Option<&str> {
+    request
+        .headers()
+        .get(AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
 /// The header that carries a request's breaker key.
 const BREAKER_KEY: &str = "x-breaker-key";
 
 /// A chat completion request for `model`, numbered `id`, with its breaker
 /// key.
-fn chat_request(id: u64, model: &str, key: &str) -> Request<String> {
+fn chat_request(id: u64, model: &str, key: &str, api_key: Option<&str>) -> Request<String> {
     let mut request = Request::new(chat_body(model));
     if let Ok(key) = HeaderValue::from_str(key) {
         request.headers_mut().insert(BREAKER_KEY, key);
+    }
+    if let Some(Ok(auth)) = api_key.map(|k| HeaderValue::from_str(&format!("Bearer {k}"))) {
+        request.headers_mut().insert(AUTHORIZATION, auth);
     }
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = http::Uri::from_static("http://llm.invalid/v1/chat/completions");

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
+use tower_circuit_breaker::testing::RateLimit;
 use tower_circuit_breaker::testing::{self, Script, ScriptError};
 
 /// What an upstream does with one attempt, and how its latency varies: the
@@ -92,6 +93,9 @@ pub struct Routing {
     /// is sent on to.
     pub on_context_length: Option<usize>,
     pub on_content_policy: Option<usize>,
+    /// `all_open = "last_resort"`: the `failover-last-resort` stack, the
+    /// failover stack with `AllOpen::last_resort` over its breakers.
+    pub last_resort: bool,
 }
 
 impl Routing {
@@ -168,6 +172,9 @@ impl Scenario {
             }
             if self.hedge.is_some() {
                 kinds.push(StackKind::Hedged);
+            }
+            if self.routing.last_resort {
+                kinds.push(StackKind::FailoverLastResort);
             }
         }
         kinds.extend(self.routing_stacks());
@@ -260,6 +267,11 @@ pub enum StackKind {
     /// With a `[failover]` rule: the failover stack with the rule table,
     /// each member reading the kind of its error answers.
     FailoverByKind,
+    /// With `[failover] all_open = "last_resort"`: the failover stack that,
+    /// when every member rejected a call, lets it through to the upstream
+    /// whose circuit opened longest ago, once per open period
+    /// (`AllOpen::last_resort`).
+    FailoverLastResort,
 }
 
 impl StackKind {
@@ -284,6 +296,7 @@ impl StackKind {
             StackKind::FailoverSelect => "failover-select",
             StackKind::Oracle => "oracle",
             StackKind::FailoverByKind => "failover-by-kind",
+            StackKind::FailoverLastResort => "failover-last-resort",
         }
     }
 
@@ -303,6 +316,7 @@ impl StackKind {
                 | StackKind::FailoverSelect
                 | StackKind::Oracle
                 | StackKind::FailoverByKind
+                | StackKind::FailoverLastResort
         )
     }
 
@@ -509,6 +523,9 @@ pub struct BreakerConfig {
     /// Quota gating (`quota_gate_s`): how long an `insufficient_quota`
     /// answer opens the circuit; `None`: off, the answer is neutral.
     pub quota_gate: Option<Duration>,
+    /// Pacing on known rate limits (`pace_rate_limits`,
+    /// `Builder::pace_rate_limits`).
+    pub pace_rate_limits: bool,
     /// Keyed breakers in the `breaker` stack.
     pub keyed_by: Option<KeyedBy>,
     /// The in-flight limit off (`no_in_flight_limit()`): the slow-call
@@ -533,6 +550,51 @@ pub struct Upstream {
     /// Under per-token pricing: a good answer's input and output tokens,
     /// which its `usage` reports in a scenario with `[spend]`.
     pub tokens: Option<(u64, u64)>,
+    /// Its request rate limit (`rate_limit`), announced in `x-ratelimit-*`
+    /// headers.
+    pub rate_limit: Option<RateLimit>,
+    /// API keys with behaviour of their own (`[[upstream.key]]`): a request
+    /// under one of them is answered by its phases, every other request by
+    /// the upstream's.
+    pub keys: Vec<KeyScript>,
+}
+
+/// One API key's own behaviour on an upstream (`[[upstream.key]]`).
+#[derive(Debug, Clone)]
+pub struct KeyScript {
+    /// The API key, as the traffic's `api_key` names it.
+    pub name: String,
+    pub phases: Vec<Phase>,
+    /// The key's own rate limit; absent: the upstream's (a window of its
+    /// own).
+    pub rate_limit: Option<RateLimit>,
+}
+
+impl KeyScript {
+    /// The start of the key's first phase that is not healthy.
+    pub fn failing_from(&self, within: Duration) -> Option<Duration> {
+        phases_failing_from(&self.phases, within)
+    }
+
+    /// The start of the healthy phases that end the key's script.
+    pub fn healed_at(&self, within: Duration) -> Option<Duration> {
+        phases_healed_at(&self.phases, within)
+    }
+}
+
+fn phases_failing_from(phases: &[Phase], within: Duration) -> Option<Duration> {
+    phases
+        .iter()
+        .find(|p| !p.is_healthy(within))
+        .map(|p| p.from)
+}
+
+fn phases_healed_at(phases: &[Phase], within: Duration) -> Option<Duration> {
+    let sick = phases.iter().rposition(|p| !p.is_healthy(within));
+    match sick {
+        None => Some(Duration::ZERO),
+        Some(i) => phases.get(i + 1).map(|p| p.from),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -579,14 +641,38 @@ impl Upstream {
         tokens: bool,
         usage: bool,
     ) -> Result<Script, ScriptError> {
+        self.script_of(None, seed, index as u64, end, tokens, usage)
+    }
+
+    /// The script of its key `k` (`None`: the upstream's own phases), on
+    /// draw stream `stream`.
+    pub fn script_of(
+        &self,
+        k: Option<usize>,
+        seed: u64,
+        stream: u64,
+        end: Duration,
+        tokens: bool,
+        usage: bool,
+    ) -> Result<Script, ScriptError> {
+        let (phases, rate_limit) = match k {
+            None => (&self.phases, self.rate_limit),
+            Some(k) => (
+                &self.keys[k].phases,
+                self.keys[k].rate_limit.or(self.rate_limit),
+            ),
+        };
         let mut script = Script::builder()
             .name(self.name.as_str())
             .seed(seed)
-            .stream(index as u64)
+            .stream(stream)
             .ends_at(end)
             .stream_tokens(tokens)
             .request_id_header(http::HeaderName::from_static(REQUEST_ID));
-        for phase in &self.phases {
+        if let Some(limit) = rate_limit {
+            script = script.rate_limit(limit);
+        }
+        for phase in phases {
             let mut p = testing::Phase::new(phase.from);
             for r in &phase.responses {
                 p = p.answer_with(r.p, r.kind, r.latency);
@@ -606,23 +692,28 @@ impl Upstream {
         script.build()
     }
 
-    /// The start of the first phase that is not healthy.
+    /// The start of the first phase that is not healthy (its own, or any
+    /// of its keys').
     pub fn failing_from(&self, within: Duration) -> Option<Duration> {
-        self.phases
-            .iter()
-            .find(|p| !p.is_healthy(within))
-            .map(|p| p.from)
+        std::iter::once(phases_failing_from(&self.phases, within))
+            .chain(self.keys.iter().map(|k| k.failing_from(within)))
+            .flatten()
+            .min()
     }
 
     /// The start of the healthy phases that end the scenario (0 for an
     /// upstream that never fails); `None` when the last phase is not
-    /// healthy.
+    /// healthy. With keys, the latest of its own and its keys' heals
+    /// (`None` when one of them never heals).
     pub fn healed_at(&self, within: Duration) -> Option<Duration> {
-        let sick = self.phases.iter().rposition(|p| !p.is_healthy(within));
-        match sick {
-            None => Some(Duration::ZERO),
-            Some(i) => self.phases.get(i + 1).map(|p| p.from),
-        }
+        std::iter::once(phases_healed_at(&self.phases, within))
+            .chain(self.keys.iter().map(|k| k.healed_at(within)))
+            .try_fold(Duration::ZERO, |acc, h| Some(acc.max(h?)))
+    }
+
+    /// Its key named `api_key`, when it has one.
+    pub fn key(&self, api_key: &str) -> Option<usize> {
+        self.keys.iter().position(|k| k.name == api_key)
     }
 }
 
@@ -740,6 +831,7 @@ struct RawFailover {
     decay_s: Option<S<f64>>,
     on_context_length: Option<S<String>>,
     on_content_policy: Option<S<String>>,
+    all_open: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -813,6 +905,7 @@ struct RawBreaker {
     volume_limit: Option<S<u32>>,
     volume_period_s: Option<S<f64>>,
     quota_gate_s: Option<S<f64>>,
+    pace_rate_limits: Option<S<bool>>,
     keyed_by: Option<S<String>>,
 }
 
@@ -853,6 +946,7 @@ impl RawBreaker {
             volume_limit: pick(&self.volume_limit, &over.volume_limit),
             volume_period_s: pick(&self.volume_period_s, &over.volume_period_s),
             quota_gate_s: pick(&self.quota_gate_s, &over.quota_gate_s),
+            pace_rate_limits: pick(&self.pace_rate_limits, &over.pace_rate_limits),
             keyed_by: self.keyed_by.clone(),
         }
     }
@@ -889,6 +983,23 @@ struct RawUpstream {
     cost: Option<S<RawCost>>,
     breaker: Option<S<RawBreaker>>,
     capacity: Option<S<RawCapacity>>,
+    rate_limit: Option<S<RawRateLimit>>,
+    key: Option<S<Vec<S<RawKey>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    name: S<String>,
+    phase: S<Vec<S<RawPhase>>>,
+    rate_limit: Option<S<RawRateLimit>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    requests: S<u32>,
+    period_s: S<f64>,
 }
 
 #[derive(Deserialize)]
@@ -1165,6 +1276,31 @@ pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
             });
         }
     }
+    // A key with behaviour of its own must be sent some traffic.
+    for (i, raw_upstream) in raw_upstreams.iter().enumerate() {
+        let keys = raw_upstream.get_ref().key.as_ref();
+        for k in keys.map_or(&[][..], |k| k.get_ref()) {
+            let name = k.get_ref().name.get_ref();
+            let sent = traffic
+                .iter()
+                .any(|t| t.upstream == i && t.api_key.as_deref() == Some(name))
+                || bursts.iter().any(|b| {
+                    b.source
+                        .as_ref()
+                        .is_some_and(|(u, key)| *u == i && key.as_deref() == Some(name))
+                });
+            if !sent {
+                return Err(src.at(
+                    &k.get_ref().name,
+                    format!(
+                        "`name`: no traffic is sent with key {name:?} to upstream {:?} \
+                         (add `{{ p = …, model = {:?}, api_key = {name:?} }}` to `traffic`)",
+                        upstreams[i].name, upstreams[i].name
+                    ),
+                ));
+            }
+        }
+    }
     let replicas = match &raw.replicas {
         None => 1,
         Some(v) => match *v.get_ref() {
@@ -1311,7 +1447,21 @@ fn routing(
             )),
         },
     };
+    let last_resort = match &raw.all_open {
+        None => false,
+        Some(v) => match v.get_ref().as_str() {
+            "fail_fast" => false,
+            "last_resort" => true,
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`all_open` {other:?} is not one of \"fail_fast\", \"last_resort\""),
+                ))
+            }
+        },
+    };
     Ok(Routing {
+        last_resort,
         select,
         decay,
         on_context_length: member(&raw.on_context_length, "on_context_length")?,
@@ -1626,6 +1776,7 @@ fn breaker(
     Ok(BreakerConfig {
         volume_guard,
         quota_gate,
+        pace_rate_limits: raw.pace_rate_limits.as_ref().is_some_and(|v| *v.get_ref()),
         keyed_by,
         no_in_flight_limit: false,
         window,
@@ -1657,65 +1808,51 @@ fn upstream(
             "`name` must be non-empty, without quotes, backslashes or control characters",
         ));
     }
-    let raw_phases = raw.phase.get_ref();
-    if raw_phases.is_empty() {
-        return Err(src.at(
-            &raw.phase,
-            format!("upstream {name:?} needs at least one [[upstream.phase]]"),
-        ));
-    }
-    let mut phases: Vec<Phase> = Vec::with_capacity(raw_phases.len());
-    for (i, spanned) in raw_phases.iter().enumerate() {
-        let raw_phase = spanned.get_ref();
-        let from = seconds(src, &raw_phase.from_s, "from_s")?;
-        if i == 0 && !from.is_zero() {
-            return Err(src.at(
-                &raw_phase.from_s,
-                format!("`from_s`: the first phase of {name:?} must start at 0"),
-            ));
-        }
-        if let Some(prev) = phases.last()
-            && from <= prev.from
+    let phases = parse_phases(
+        src,
+        &raw.phase,
+        &format!("upstream {name:?}"),
+        client,
+        duration,
+    )?;
+    let rate_limit = match &raw.rate_limit {
+        None => None,
+        Some(r) => Some(parse_rate_limit(src, r)?),
+    };
+    let mut keys: Vec<KeyScript> = Vec::new();
+    for k in raw.key.as_ref().map_or(&[][..], |k| k.get_ref()) {
+        let k = k.get_ref();
+        let key = k.name.get_ref();
+        if key.is_empty()
+            || key.contains(['/', '#', '"', '\\'])
+            || key.chars().any(char::is_control)
         {
             return Err(src.at(
-                &raw_phase.from_s,
-                "`from_s`: phases must be listed in increasing order of `from_s`",
+                &k.name,
+                "`name` of an [[upstream.key]] must be non-empty, without `/`, `#`, quotes, backslashes or control characters",
             ));
         }
-        let mut responses = Vec::new();
-        let mut sum = 0.0;
-        for r in raw_phase.responses.get_ref() {
-            let response = response(src, r)?;
-            // A stalled stream ends only at a stall deadline or when its
-            // user gives up.
-            let ends =
-                client.stall_timeout.is_some() || client.cancel.is_some_and(|(p, _)| p >= 1.0);
-            if matches!(response.kind, Kind::Stall { .. }) && response.p > 0.0 && !ends {
-                return Err(src.at(
-                    &r.get_ref().kind,
-                    "kind \"stall\" never ends: it needs `stall_timeout_s` in [client], or \
-                     `cancel_p = 1` (every user gives up)",
-                ));
-            }
-            sum += response.p;
-            responses.push(response);
-        }
-        if responses.is_empty() {
-            return Err(src.at(&raw_phase.responses, "`responses` is empty"));
-        }
-        if (sum - 1.0).abs() > 1e-9 {
+        if keys.iter().any(|o| o.name == *key) {
             return Err(src.at(
-                &raw_phase.responses,
-                format!("`responses`: the probabilities `p` add up to {sum}, not 1"),
+                &k.name,
+                format!("`name`: key {key:?} of upstream {name:?} is listed twice"),
             ));
         }
-        if let Some(prev) = phases.last_mut() {
-            prev.until = from;
-        }
-        phases.push(Phase {
-            from,
-            until: duration.max(from),
-            responses,
+        let phases = parse_phases(
+            src,
+            &k.phase,
+            &format!("key {key:?} of upstream {name:?}"),
+            client,
+            duration,
+        )?;
+        let rate_limit = match &k.rate_limit {
+            None => None,
+            Some(r) => Some(parse_rate_limit(src, r)?),
+        };
+        keys.push(KeyScript {
+            name: key.clone(),
+            phases,
+            rate_limit,
         });
     }
     let breaker = match &raw.breaker {
@@ -1789,7 +1926,102 @@ fn upstream(
         breaker,
         capacity,
         tokens,
+        rate_limit,
+        keys,
     })
+}
+
+/// `rate_limit = { requests = N, period_s = D }`.
+fn parse_rate_limit(
+    src: &Source<'_>,
+    spanned: &Spanned<RawRateLimit>,
+) -> Result<RateLimit, ScenarioError> {
+    let r = spanned.get_ref();
+    let requests = *r.requests.get_ref();
+    if requests == 0 {
+        return Err(src.at(
+            &r.requests,
+            "`requests` of a `rate_limit` must be at least 1",
+        ));
+    }
+    let period = seconds(src, &r.period_s, "period_s")?;
+    if period.is_zero() {
+        return Err(src.at(
+            &r.period_s,
+            "`period_s` of a `rate_limit` must be greater than 0",
+        ));
+    }
+    Ok(RateLimit::new(requests, period))
+}
+
+/// The `[[…phase]]` tables of an upstream or a key (`what` names it).
+fn parse_phases(
+    src: &Source<'_>,
+    spanned: &Spanned<Vec<S<RawPhase>>>,
+    what: &str,
+    client: &Client,
+    duration: Duration,
+) -> Result<Vec<Phase>, ScenarioError> {
+    let name = what;
+    let raw_phases = spanned.get_ref();
+    if raw_phases.is_empty() {
+        return Err(src.at(spanned, format!("{name} needs at least one phase")));
+    }
+    let mut phases: Vec<Phase> = Vec::with_capacity(raw_phases.len());
+    for (i, spanned) in raw_phases.iter().enumerate() {
+        let raw_phase = spanned.get_ref();
+        let from = seconds(src, &raw_phase.from_s, "from_s")?;
+        if i == 0 && !from.is_zero() {
+            return Err(src.at(
+                &raw_phase.from_s,
+                format!("`from_s`: the first phase of {name} must start at 0"),
+            ));
+        }
+        if let Some(prev) = phases.last()
+            && from <= prev.from
+        {
+            return Err(src.at(
+                &raw_phase.from_s,
+                "`from_s`: phases must be listed in increasing order of `from_s`",
+            ));
+        }
+        let mut responses = Vec::new();
+        let mut sum = 0.0;
+        for r in raw_phase.responses.get_ref() {
+            let response = response(src, r)?;
+            // A stalled stream ends only at a stall deadline or when its
+            // user gives up.
+            let ends =
+                client.stall_timeout.is_some() || client.cancel.is_some_and(|(p, _)| p >= 1.0);
+            if matches!(response.kind, Kind::Stall { .. }) && response.p > 0.0 && !ends {
+                return Err(src.at(
+                    &r.get_ref().kind,
+                    "kind \"stall\" never ends: it needs `stall_timeout_s` in [client], or \
+                     `cancel_p = 1` (every user gives up)",
+                ));
+            }
+            sum += response.p;
+            responses.push(response);
+        }
+        if responses.is_empty() {
+            return Err(src.at(&raw_phase.responses, "`responses` is empty"));
+        }
+        if (sum - 1.0).abs() > 1e-9 {
+            return Err(src.at(
+                &raw_phase.responses,
+                format!("`responses`: the probabilities `p` add up to {sum}, not 1"),
+            ));
+        }
+        if let Some(prev) = phases.last_mut() {
+            prev.until = from;
+        }
+        phases.push(Phase {
+            from,
+            until: duration.max(from),
+            responses,
+        });
+    }
+    Ok(phases)
 }
 
 fn cost(src: &Source<'_>, spanned: &Spanned<RawCost>) -> Result<Cost, ScenarioError> {

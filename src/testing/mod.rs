@@ -7,7 +7,8 @@
 //! streams), error statuses, a 429 with `Retry-After`, hangs, connection
 //! resets, a stream that breaks with an `event: error`, a stream that
 //! stalls; latencies fixed, lognormal or ramping; and optionally a capacity
-//! beyond which calls queue and then get a 429. Every delay runs on Tokio's
+//! beyond which calls queue and then get a 429, and a request
+//! [`RateLimit`] announced in `x-ratelimit-*` headers. Every delay runs on Tokio's
 //! clock, so under `tokio::time::pause()` a ten-minute outage replays in
 //! milliseconds, and every draw comes from a seed, so it replays the same
 //! way every time. Put it under your own stack where your HTTP client
@@ -134,11 +135,13 @@
 
 mod answer;
 mod body;
+mod rate_limit;
 mod script;
 mod upstream;
 
 pub use self::answer::{Answer, Latency};
 pub use self::body::ScriptedBody;
+pub use self::rate_limit::RateLimit;
 pub use self::script::{Capacity, Phase, Script, ScriptBuilder, ScriptError};
 pub use self::upstream::{Attempt, AttemptLog, ResponseFuture, ScriptedUpstream};
 

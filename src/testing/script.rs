@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
-use super::{Answer, Latency};
+use super::{Answer, Latency, RateLimit};
 
 /// One stretch of an upstream's life: from `from` (since the upstream was
 /// made) until the next phase, each call gets one of the phase's answers,
@@ -104,6 +104,7 @@ pub struct Script {
     pub(super) stream: u64,
     pub(super) stream_tokens: bool,
     pub(super) capacity: Option<Capacity>,
+    pub(super) rate_limit: Option<RateLimit>,
     pub(super) request_id: Option<HeaderName>,
     /// A good answer's `usage`, if it reports one.
     pub(super) usage: Option<Arc<super::body::UsageBodies>>,
@@ -213,6 +214,7 @@ pub struct ScriptBuilder {
     stream: u64,
     stream_tokens: bool,
     capacity: Option<Capacity>,
+    rate_limit: Option<RateLimit>,
     request_id: Option<HeaderName>,
     usage: Option<(u64, u64)>,
 }
@@ -227,6 +229,7 @@ impl Default for ScriptBuilder {
             stream: 0,
             stream_tokens: false,
             capacity: None,
+            rate_limit: None,
             request_id: None,
             usage: None,
         }
@@ -324,6 +327,14 @@ impl ScriptBuilder {
         self
     }
 
+    /// Keeps a request rate limit, announced in every answer's
+    /// `x-ratelimit-*` headers, with a 429 beyond it (see [`RateLimit`]).
+    #[must_use]
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
+    }
+
     /// Takes each call's request id from the header `name` (a decimal
     /// number), so that a retry is the same request's next attempt: attempt
     /// `n` of request `r` gets the same answer in every run, whatever else
@@ -340,8 +351,14 @@ impl ScriptBuilder {
     /// # Errors
     ///
     /// A [`ScriptError`] when there is no phase, the phases are out of order,
-    /// a phase has no answer or a probability is outside `0..=1`.
+    /// a phase has no answer, a probability is outside `0..=1`, or a rate
+    /// limit allows no call or has no period.
     pub fn build(self) -> Result<Script, ScriptError> {
+        if let Some(limit) = self.rate_limit
+            && (limit.requests == 0 || limit.period.is_zero())
+        {
+            return Err(ScriptError::RateLimit);
+        }
         let mut phases: Vec<Compiled> = Vec::with_capacity(self.phases.len());
         for (i, phase) in self.phases.into_iter().enumerate() {
             if let Some(prev) = phases.last_mut() {
@@ -395,6 +412,7 @@ impl ScriptBuilder {
             stream: self.stream,
             stream_tokens: self.stream_tokens,
             capacity: self.capacity,
+            rate_limit: self.rate_limit,
             request_id: self.request_id,
             usage,
         })
@@ -491,6 +509,8 @@ pub enum ScriptError {
     },
     /// A latency ramp in the last phase of a script with no end.
     RampWithoutEnd,
+    /// A [`RateLimit`] of zero calls or over no time.
+    RateLimit,
 }
 
 impl fmt::Display for ScriptError {
@@ -515,6 +535,9 @@ impl fmt::Display for ScriptError {
             }
             ScriptError::RampWithoutEnd => {
                 f.write_str("a latency ramp in the last phase needs the script's end (`ends_at`)")
+            }
+            ScriptError::RateLimit => {
+                f.write_str("a rate limit needs at least one call and a period above zero")
             }
         }
     }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::respond;
+use super::rate_limit::set_headers;
 use super::{Answer, Script, ScriptedBody};
 use crate::BoxError;
 
@@ -51,6 +52,8 @@ struct State {
     unnamed: u64,
     /// Attempts waiting for a slot.
     waiting: u32,
+    /// With a rate limit: the current window, and the calls it let in.
+    window: (u64, u32),
 }
 
 impl ScriptedUpstream {
@@ -171,8 +174,66 @@ impl<B> Service<Request<B>> for ScriptedUpstream {
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
         let shared = &self.shared;
         let id = shared.request_of(&request);
+        let limited = shared.take_rate_limit();
+        let inner = shared.call(id, limited.and_then(|l| l.over));
+        match limited {
+            None => inner,
+            Some(l) => ResponseFuture::new(async move {
+                let mut response = inner.await?;
+                let reset = l.reset_at.saturating_duration_since(Instant::now());
+                set_headers(response.headers_mut(), l.limit, l.remaining, reset);
+                Ok(response)
+            }),
+        }
+    }
+}
+
+/// What a call's rate limit says: the calls left in its window, the
+/// window's end, and the 429 of a call beyond it.
+#[derive(Clone, Copy)]
+struct Limited {
+    limit: u32,
+    remaining: u32,
+    reset_at: Instant,
+    over: Option<Answer>,
+}
+
+impl Shared {
+    /// Counts a call against the rate limit, if there is one.
+    fn take_rate_limit(&self) -> Option<Limited> {
+        let limit = self.script.rate_limit?;
+        let at = Instant::now() - self.start;
+        let w = limit.window(at);
+        let mut state = self.state();
+        if state.window.0 != w {
+            state.window = (w, 0);
+        }
+        let over = state.window.1 >= limit.requests;
+        if !over {
+            state.window.1 += 1;
+        }
+        Some(Limited {
+            limit: limit.requests,
+            remaining: limit.requests - state.window.1,
+            reset_at: self.start + limit.window_end(w),
+            over: over.then_some(Answer::too_many_requests(None)),
+        })
+    }
+
+    /// A call of request `id`, answered `over` when given, else by the
+    /// script.
+    fn call(self: &Arc<Self>, id: u64, over: Option<Answer>) -> ResponseFuture {
+        let shared = self;
         let tokens = shared.script.stream_tokens;
         let usage = shared.script.usage.clone();
+        if over.is_some() {
+            let (answer, attempt) = shared.begin(id, over);
+            let ran = Ran::start(shared, attempt);
+            return ResponseFuture::new(async move {
+                let _ran = ran;
+                respond(answer, tokens, usage.as_deref()).await
+            });
+        }
         let (Some(capacity), Some(slots)) = (shared.script.capacity, shared.slots.clone()) else {
             let (answer, attempt) = shared.begin(id, None);
             let ran = Ran::start(shared, attempt);
