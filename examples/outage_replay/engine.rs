@@ -585,7 +585,7 @@ thread_local! {
 /// Breaker settings on any builder (one breaker, or a keyed set).
 fn configure<T: Build>(builder: Builder<T>, b: &BreakerConfig) -> Builder<T> {
     let mut builder = builder;
-    if ALL_OR_NOTHING.get() {
+    if ALL_OR_NOTHING.get() || b.open_all_or_nothing {
         builder = builder.trip_mode(TripMode::Open);
     } else if let Some(&k) = crate::scenario::GRADED_K.get() {
         builder = builder.trip_mode(TripMode::Graded).graded_k(k);

@@ -526,6 +526,10 @@ pub struct BreakerConfig {
     /// Pacing on known rate limits (`pace_rate_limits`,
     /// `Builder::pace_rate_limits`).
     pub pace_rate_limits: bool,
+    /// `trip_mode = "open"`: the breakers open all or nothing
+    /// (`TripMode::Open`); `None` (or `"graded"`): the crate's default,
+    /// graded admission.
+    pub open_all_or_nothing: bool,
     /// Keyed breakers in the `breaker` stack.
     pub keyed_by: Option<KeyedBy>,
     /// The in-flight limit off (`no_in_flight_limit()`): the slow-call
@@ -906,6 +910,7 @@ struct RawBreaker {
     volume_period_s: Option<S<f64>>,
     quota_gate_s: Option<S<f64>>,
     pace_rate_limits: Option<S<bool>>,
+    trip_mode: Option<S<String>>,
     keyed_by: Option<S<String>>,
 }
 
@@ -947,6 +952,7 @@ impl RawBreaker {
             volume_period_s: pick(&self.volume_period_s, &over.volume_period_s),
             quota_gate_s: pick(&self.quota_gate_s, &over.quota_gate_s),
             pace_rate_limits: pick(&self.pace_rate_limits, &over.pace_rate_limits),
+            trip_mode: pick(&self.trip_mode, &over.trip_mode),
             keyed_by: self.keyed_by.clone(),
         }
     }
@@ -1760,6 +1766,19 @@ fn breaker(
         },
         None => None,
     };
+    let open_all_or_nothing = match &raw.trip_mode {
+        None => false,
+        Some(v) => match v.get_ref().as_str() {
+            "graded" => false,
+            "open" => true,
+            other => {
+                return Err(src.at(
+                    v,
+                    format!("`trip_mode` {other:?} is not \"graded\" or \"open\""),
+                ))
+            }
+        },
+    };
     let keyed_by = match &raw.keyed_by {
         None => None,
         Some(v) => match v.get_ref().as_str() {
@@ -1777,6 +1796,7 @@ fn breaker(
         volume_guard,
         quota_gate,
         pace_rate_limits: raw.pace_rate_limits.as_ref().is_some_and(|v| *v.get_ref()),
+        open_all_or_nothing,
         keyed_by,
         no_in_flight_limit: false,
         window,
