@@ -54,18 +54,39 @@ pub struct RateLimit {
 impl RateLimit {
     /// `requests` calls per `period`. Zero of either is refused by
     /// [`ScriptBuilder::build`](super::ScriptBuilder::build).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::testing::{Answer, Phase, RateLimit, Script, ScriptError};
+    ///
+    /// let ok = Phase::new(Duration::ZERO).answer(1.0, Answer::ok());
+    /// let none = Script::builder().rate_limit(RateLimit::new(0, Duration::from_secs(60))).phase(ok);
+    /// assert_eq!(none.build().unwrap_err(), ScriptError::RateLimit);
+    /// ```
     #[must_use]
     pub const fn new(requests: u32, period: Duration) -> RateLimit {
         RateLimit { requests, period }
     }
 
     /// The calls allowed per window.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_circuit_breaker::testing::RateLimit;
+    /// assert_eq!(RateLimit::new(150, Duration::from_secs(60)).requests(), 150);
+    /// ```
     #[must_use]
     pub const fn requests(&self) -> u32 {
         self.requests
     }
 
     /// The window's length.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_circuit_breaker::testing::RateLimit;
+    /// assert_eq!(RateLimit::new(150, Duration::from_secs(60)).period(), Duration::from_secs(60));
+    /// ```
     #[must_use]
     pub const fn period(&self) -> Duration {
         self.period

@@ -329,6 +329,17 @@ impl ScriptBuilder {
 
     /// Keeps a request rate limit, announced in every answer's
     /// `x-ratelimit-*` headers, with a 429 beyond it (see [`RateLimit`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_circuit_breaker::testing::{Answer, Phase, RateLimit, Script};
+    ///
+    /// let script = Script::builder()
+    ///     .rate_limit(RateLimit::new(150, Duration::from_secs(60)))
+    ///     .phase(Phase::new(Duration::ZERO).answer(1.0, Answer::ok()))
+    ///     .build();
+    /// assert!(script.is_ok());
+    /// ```
     #[must_use]
     pub fn rate_limit(mut self, limit: RateLimit) -> Self {
         self.rate_limit = Some(limit);
