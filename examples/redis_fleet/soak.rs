@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{Attachment, Backend, Client};
-use tower_circuit_breaker::{Outcome, State};
+use tower_circuit_breaker::{Outcome, State, TripMode};
 
 /// What a soak runs; every setting it uses is named here.
 #[derive(Debug, Clone)]
@@ -114,6 +114,8 @@ async fn start(plan: &Plan, prefix: &str, seed: u64) -> Replica {
     let set = KeyedBreakers::builder()
         .max_keys(plan.keys + 16)
         .consecutive_failures(1)
+        // Every call of a tripped key is rejected, as a fleet's would be.
+        .trip_mode(TripMode::Open)
         .jitter(0.0)
         // Long enough that only the soak's heals end an open period.
         .open_duration(Duration::from_secs(3600))
