@@ -242,7 +242,17 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
         .expect("redis answers");
     let mut fleet = Vec::new();
     for i in 0..plan.replicas {
-        fleet.push(start(plan, prefix, plan.seed ^ (i as u64 + 1)).await);
+        let r = start(plan, prefix, plan.seed ^ (i as u64 + 1)).await;
+        // One replica's first read of every key at a time: a fleet that
+        // starts all at once on a busy machine can keep Redis past the
+        // exchanges' timeout, which starts every read again.
+        let _ = timeout(Duration::from_secs(30), async {
+            while !r.attachment.is_shared() {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        fleet.push(r);
     }
     // Each replica's first exchange reads every key it holds.
     let joining = Duration::from_secs(30) + Duration::from_millis(500) * plan.replicas as u32;
