@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{Attachment, Backend, Client};
-use tower_circuit_breaker::{Outcome, State};
+use tower_circuit_breaker::{Outcome, State, TripMode};
 
 /// What a soak runs; every setting it uses is named here.
 #[derive(Debug, Clone)]
@@ -114,6 +114,8 @@ async fn start(plan: &Plan, prefix: &str, seed: u64) -> Replica {
     let set = KeyedBreakers::builder()
         .max_keys(plan.keys + 16)
         .consecutive_failures(1)
+        // Every call of a tripped key is rejected, as a fleet's would be.
+        .trip_mode(TripMode::Open)
         .jitter(0.0)
         // Long enough that only the soak's heals end an open period.
         .open_duration(Duration::from_secs(3600))
@@ -240,7 +242,17 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
         .expect("redis answers");
     let mut fleet = Vec::new();
     for i in 0..plan.replicas {
-        fleet.push(start(plan, prefix, plan.seed ^ (i as u64 + 1)).await);
+        let r = start(plan, prefix, plan.seed ^ (i as u64 + 1)).await;
+        // One replica's first read of every key at a time: a fleet that
+        // starts all at once on a busy machine can keep Redis past the
+        // exchanges' timeout, which starts every read again.
+        let _ = timeout(Duration::from_secs(30), async {
+            while !r.attachment.is_shared() {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        fleet.push(r);
     }
     // Each replica's first exchange reads every key it holds.
     let joining = Duration::from_secs(30) + Duration::from_millis(500) * plan.replicas as u32;

@@ -64,7 +64,7 @@ impl From<Failure> for ControlError {
 impl Attachment {
     /// Forces the breaker `name` open on every replica, this one included,
     /// until [`reset_cluster`](Self::reset_cluster): replicas apply it
-    /// within a round trip of the message, replicas that were away when they
+    /// as the message arrives, replicas that were away when they
     /// come back. It survives restarts of the replicas, not a Redis that
     /// loses its data.
     ///

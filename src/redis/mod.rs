@@ -17,16 +17,16 @@
 //!   outcomes, and claims for probe slots;
 //! - a local trip is sent at once (a keyed set wakes its task on any of its
 //!   breakers' transitions, which then sends the keys that tripped or
-//!   healed), and Redis publishes every cluster transition, so
-//!   the other replicas apply it within a round trip or two — about a
-//!   millisecond on loopback;
+//!   healed), and Redis publishes every cluster transition with the state
+//!   it led to, which the other replicas apply as the message arrives,
+//!   without a round trip of their own;
 //! - every resync interval (1 s) it reads the state of every breaker that
 //!   is not closed or saw calls since the last resync, in case a message was
 //!   lost, and otherwise pings Redis.
 //!
-//! A message touches only the breaker it names: the messages already
-//! received join one pipelined round trip of their keys' script calls, and
-//! no other key of a keyed set is read or written for them. Two replicas on
+//! A message touches only the breaker it names: those a replica cannot
+//! apply as they are join one pipelined round trip of their keys' script
+//! calls, and no other key of a keyed set is read or written. Two replicas on
 //! loopback, each a keyed set with every key in use, one tripping keys at
 //! once, timed from that replica's transition to the other's (`cargo run
 //! --release --features redis --example redis_replicas -- keys`, one run on

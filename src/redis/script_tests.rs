@@ -352,7 +352,7 @@ async fn the_script_ends_only_the_open_period_a_heal_was_found_in() {
     let msg = messages.next().await.unwrap();
     assert_eq!(
         msg.get_payload::<String>().unwrap(),
-        format!("v2 open {epoch} b")
+        format!("v2 open/{}/- {epoch} b", field(&opened, Field::Remaining))
     );
 
     // A heal found in another open period changes nothing.
@@ -385,7 +385,8 @@ async fn the_script_ends_only_the_open_period_a_heal_was_found_in() {
     let msg = messages.next().await.unwrap();
     assert_eq!(
         msg.get_payload::<String>().unwrap(),
-        format!("v2 open {new_epoch} b")
+        format!("v2 open/0/- {new_epoch} b"),
+        "half-open, carried in the message"
     );
 
     // Healing a half-open circuit again changes nothing.

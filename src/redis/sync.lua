@@ -445,10 +445,6 @@ if spend_width > 0 and K ~= nil then
   spend_left = math.max((cur + 1) * spend_width - now, 1)
 end
 
-if changed then
-  redis.call('PUBLISH', channel, 'v2 ' .. state .. ' ' .. str(epoch) .. ' ' .. name)
-end
-
 local code, remaining = 0, 0
 if state == 'open' then
   if now >= untl then
@@ -469,6 +465,26 @@ local was_gated = 0
 if state == 'open' and gated then
   was_gated = 1
 end
+-- The message carries the new state, so replicas that know the breaker
+-- apply it without an exchange: `v2 <state>/<ms left>/<flags> <epoch>
+-- <name>`, flags `r` (an operator's reset), `g` (a quota gate) or `-`.
+-- Replicas of an earlier release read the first word as a state they do
+-- not know, and re-read the breaker's state, as for any message.
+if changed then
+  local flags = ''
+  if was_reset == 1 then
+    flags = flags .. 'r'
+  end
+  if was_gated == 1 then
+    flags = flags .. 'g'
+  end
+  if flags == '' then
+    flags = '-'
+  end
+  redis.call('PUBLISH', channel, 'v2 ' .. state .. '/' .. str(remaining) .. '/' .. flags
+    .. ' ' .. str(epoch) .. ' ' .. name)
+end
+
 local out = {}
 out[R.code] = code
 out[R.remaining] = remaining

@@ -7,28 +7,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::{Msg, Value};
+use ::redis::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::rng::Rng;
 
 use super::conn::{Conn, Failure};
-use super::messages::{announce_spent, next, ready, schema_of, wait};
-use super::script::{self, Caller, Census, Keys, Reply, Request, Rule, SCHEMA};
+use super::messages::{announce_spent, next, ready, wait};
+use super::script::{self, Caller, Census, Keys, Reply, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
 use super::turns::{self, Ask, Desk};
 use super::{Origins, Quorum, Schemas, Settings};
-use crate::breaker::SharedRules;
 use crate::keyed::KeyedBreakers;
 use crate::sync::lock;
 use crate::Breaker;
 
 /// Script calls per round trip.
 const CHUNK: usize = 256;
-
-/// The longest breaker key a pub/sub message may name.
-const MAX_KEY_LEN: usize = 1024;
 
 /// What an attachment keeps in step.
 #[derive(Clone)]
@@ -483,108 +479,6 @@ impl Worker {
         let spent: Vec<_> = spent.collect();
         announce_spent(conn, &self.channel, spent, self.settings.timeout).await
     }
-
-    async fn on_message(&mut self, conn: &mut Conn, msg: &Msg) -> Result<(), Failure> {
-        // `v2 <state> <epoch> <key>`; anything else is not ours and is
-        // ignored, but a message of another schema is reported.
-        let Ok(text) = std::str::from_utf8(msg.get_payload_bytes()) else {
-            return Ok(());
-        };
-        let Some(rest) = text.strip_prefix("v2 ") else {
-            if let Some(other) = schema_of(text) {
-                self.other_schema(other);
-            }
-            return Ok(());
-        };
-        let mut parts = rest.splitn(3, ' ');
-        let (Some(state), Some(epoch), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Ok(());
-        };
-        let Ok(epoch) = epoch.parse::<u64>() else {
-            return Ok(());
-        };
-        if name.is_empty() || name.len() > MAX_KEY_LEN {
-            return Ok(());
-        }
-        if state == "spent" {
-            // Another replica found the fleet's spend over the budget: read
-            // it now. Nothing to discover for a key not in use here.
-            if let Some(t) = self.tracked.get_mut(name)
-                && t.spend.is_some()
-                && !t.dirty
-            {
-                t.dirty = true;
-                self.named.push(t.name.clone());
-            }
-            return Ok(());
-        }
-        if let Some(t) = self.tracked.get_mut(name) {
-            if t.view.is_none_or(|v| v.epoch != epoch) && !t.dirty {
-                t.dirty = true;
-                self.named.push(t.name.clone());
-            }
-            return Ok(());
-        }
-        if state == "closed" {
-            return Ok(());
-        }
-        self.discover(conn, name).await
-    }
-
-    /// A key this replica has not seen opened elsewhere: read its state, and
-    /// only if Redis really holds it open, create the key's breaker here.
-    async fn discover(&mut self, conn: &mut Conn, name: &str) -> Result<(), Failure> {
-        let Target::Keyed(set) = &self.target else {
-            return Ok(());
-        };
-        let keys = Keys::new(&self.settings.prefix, name);
-        let rule = Rule::new(&SharedRules::default(), self.settings.window);
-        let caller = Caller {
-            channel: &self.channel,
-            replica: &self.replica,
-            quorum: self.quorum,
-        };
-        let inv = script::invocation(&caller, name, &keys, &rule, 0.0, &Request::default());
-        let sent = Instant::now();
-        let values = conn
-            .invoke(std::slice::from_ref(&inv), self.settings.timeout)
-            .await?;
-        let reply = values
-            .first()
-            .and_then(Reply::parse)
-            .ok_or(Failure::Reply)?;
-        if reply.cluster.is_closed() {
-            return Ok(());
-        }
-        let breaker = set.get_or_insert(name);
-        // A full set hands out its overflow breaker, which must not be opened
-        // for one key; told by identity, as a key may bear its name.
-        if set.is_overflow(&breaker) || breaker.name() != Some(name) {
-            return Ok(());
-        }
-        let mut t = Tracked::new(breaker, name.into(), &self.settings);
-        t.breaker
-            .remote()
-            .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
-        t.seen = self.round;
-        t.force = true;
-        let local = t.breaker.state();
-        t.apply(
-            reply,
-            Pending {
-                name: t.name.clone(),
-                request: Request::default(),
-                local,
-            },
-            sent,
-            self.settings.flush,
-            &self.origins,
-        );
-        t.breaker.remote().set_shared(true);
-        self.tracked.insert(t.name.clone(), t);
-        Ok(())
-    }
 }
 
 impl Drop for Worker {
@@ -597,6 +491,9 @@ impl Drop for Worker {
         }
     }
 }
+
+#[path = "inbox.rs"]
+mod inbox;
 
 #[cfg(test)]
 #[path = "worker_tests.rs"]

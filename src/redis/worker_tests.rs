@@ -1,5 +1,5 @@
 use super::*;
-use crate::redis::script::Cluster;
+use crate::redis::script::{Cluster, Request};
 use crate::redis::tracked::tests::settings;
 use crate::redis::tracked::{lease_end, MARGIN};
 use crate::redis::Origin;

@@ -17,6 +17,8 @@ mod redis_fleet;
 #[cfg(feature = "redis")]
 mod redis_health;
 #[cfg(feature = "redis")]
+mod redis_messages;
+#[cfg(feature = "redis")]
 mod redis_overflow_key;
 #[cfg(feature = "redis")]
 mod redis_shared;
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
     {
         trials.extend(redis_fleet::trials());
         trials.extend(redis_health::trials());
+        trials.extend(redis_messages::trials());
         trials.extend(redis_overflow_key::trials());
         trials.extend(redis_shared::trials());
         trials.extend(redis_spend::trials());

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_circuit_breaker::redis::{Attachment, Backend, Client};
-use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, Outcome, State};
+use tower_circuit_breaker::{Breaker, CircuitBreakerLayer, Outcome, State, TripMode};
 
 use redis_support::{eventually, unique_prefix, RedisCluster};
 
@@ -25,6 +25,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn replica(urls: &[String], prefix: &str) -> (Breaker, Attachment) {
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("upstream")
         .consecutive_failures(3)
         .jitter(0.0)

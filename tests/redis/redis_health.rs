@@ -24,7 +24,9 @@ use tower_circuit_breaker::classify::HttpClassifier;
 use tower_circuit_breaker::health::HealthProbe;
 use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::Attachment;
-use tower_circuit_breaker::{BoxError, Breaker, Builder, Outcome, Reason, State, Transition};
+use tower_circuit_breaker::{
+    BoxError, Breaker, Builder, Outcome, Reason, State, Transition, TripMode,
+};
 
 use redis_support::{backend, connection, eventually, shared_url, unique_prefix, Server};
 
@@ -125,6 +127,7 @@ impl Drop for Replica {
 fn config() -> Builder<Breaker> {
     // Open for a minute: within a test, only a health probe ends it.
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("upstream")
         .consecutive_failures(1)
         .jitter(0.0)
@@ -445,6 +448,7 @@ async fn keyed_replicas_probe_each_key_once_and_share_its_heal() {
     let mut sets = Vec::new();
     for i in 0..2 {
         let set = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(1)
             .jitter(0.0)
             .open_duration(Duration::from_secs(60))

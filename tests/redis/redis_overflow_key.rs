@@ -8,7 +8,7 @@ use crate::runner::{Rt, Trial};
 use std::time::Duration;
 
 use tower_circuit_breaker::keyed::KeyedBreakers;
-use tower_circuit_breaker::{Outcome, State};
+use tower_circuit_breaker::{Outcome, State, TripMode};
 
 use redis_support::{backend, eventually, shared_url, unique_prefix};
 
@@ -21,6 +21,7 @@ async fn a_full_set_learning_a_key_named_overflow_leaves_its_overflow_breaker_al
     let prefix = unique_prefix("overflow-name");
     let set = |max_keys| {
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(2)
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))

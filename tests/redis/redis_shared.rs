@@ -20,7 +20,9 @@ use tower_circuit_breaker::keyed::KeyedBreakers;
 use tower_circuit_breaker::redis::{
     Attachment, Backend, BackendBuilder, Client, Origin, SetupError, SCHEMA,
 };
-use tower_circuit_breaker::{Breaker, Builder, CircuitBreakerLayer, Outcome, Reason, State};
+use tower_circuit_breaker::{
+    Breaker, Builder, CircuitBreakerLayer, Outcome, Reason, State, TripMode,
+};
 
 use redis_support::{
     backend, connection, eventually, scratch_dir, shared_url, unique_prefix, Server,
@@ -104,6 +106,7 @@ async fn a_trip_on_one_replica_opens_every_replica() {
     let prefix = unique_prefix("trip");
     let replicas = replicas(3, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(3)
             .jitter(0.0)
@@ -134,6 +137,7 @@ async fn replicas_under_the_threshold_on_their_own_trip_together() {
     let prefix = unique_prefix("aggregate");
     let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .count_window(20)
             .min_calls(10)
@@ -162,6 +166,7 @@ async fn replicas_together_under_the_threshold_stay_closed() {
     let prefix = unique_prefix("under");
     let replicas = replicas(5, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .count_window(20)
             .min_calls(10)
@@ -207,6 +212,7 @@ async fn eight_replicas_with_a_hundred_callers_each_send_at_most_probes_probes()
     let prefix = unique_prefix("probes");
     let replicas = replicas(8, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(1)
             .jitter(0.0)
@@ -289,6 +295,7 @@ async fn failed_probes_reopen_every_replica_with_backoff() {
     let prefix = unique_prefix("reopen");
     let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(1)
             .jitter(0.0)
@@ -322,6 +329,7 @@ async fn a_dead_replicas_probe_slot_comes_back_when_its_lease_ends() {
     let prefix = unique_prefix("lease");
     let config = || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(1)
             .jitter(0.0)
@@ -361,6 +369,7 @@ async fn restarting_redis_mid_traffic_fails_no_request_and_converges() {
     let prefix = unique_prefix("restart");
     let replicas = replicas(3, &url, &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(3)
             .jitter(0.0)
@@ -466,6 +475,7 @@ async fn garbage_in_the_keys_is_treated_as_absent() {
 
     let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name(name)
             .consecutive_failures(2)
             .jitter(0.0)
@@ -553,6 +563,7 @@ async fn keyed_sets_share_each_key_and_learn_keys_they_never_saw() {
     let prefix = unique_prefix("keyed");
     let config = || {
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(2)
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))
@@ -611,6 +622,7 @@ async fn a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush() {
     let prefix = unique_prefix("keyed-wake");
     let set = || {
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(1)
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))
@@ -659,7 +671,10 @@ async fn attaching_needs_a_name_and_sane_settings() {
     }
     let client = || Client::open(shared_url()).unwrap();
     let backend = Backend::builder(client()).build().unwrap();
-    let unnamed = Breaker::builder().build().unwrap();
+    let unnamed = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .build()
+        .unwrap();
     assert_eq!(backend.attach(&unnamed).unwrap_err(), SetupError::Unnamed);
     for bad in [
         Backend::builder(client()).prefix(""),
@@ -680,7 +695,11 @@ fn attaching_outside_a_runtime_is_an_error_not_a_panic() {
     let backend = Backend::builder(Client::open(shared_url()).unwrap())
         .build()
         .unwrap();
-    let named = Breaker::builder().name("x").build().unwrap();
+    let named = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("x")
+        .build()
+        .unwrap();
     assert_eq!(backend.attach(&named).unwrap_err(), SetupError::NoRuntime);
 }
 
@@ -693,6 +712,7 @@ async fn open_replicas_tell_a_redis_that_lost_its_state() {
     let prefix = unique_prefix("lost");
     let replicas = replicas(2, &url, &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(1)
             .jitter(0.0)
@@ -758,6 +778,7 @@ async fn lost_shared_state_changes_no_circuit_in_any_state() {
             };
             let (b, n) = counted(
                 Breaker::builder()
+                    .trip_mode(TripMode::Open)
                     .name(name)
                     .consecutive_failures(1)
                     .probes(1)
@@ -838,7 +859,10 @@ async fn a_paused_redis_counts_as_down_until_it_answers_again() {
     let url = server.url();
     let prefix = unique_prefix("paused");
     let replicas = replicas(2, &url, &prefix, || {
-        Breaker::builder().name("upstream").consecutive_failures(3)
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .name("upstream")
+            .consecutive_failures(3)
     })
     .await;
 
@@ -888,6 +912,7 @@ async fn a_server_that_never_answers_leaves_the_breaker_local() {
         }
     });
     let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
         .name("upstream")
         .consecutive_failures(1)
         .jitter(0.0)
@@ -922,7 +947,11 @@ fn a_runtime_shutting_down_leaves_the_breakers_local() {
         .enable_all()
         .build()
         .unwrap();
-    let breaker = Breaker::builder().name("upstream").build().unwrap();
+    let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .name("upstream")
+        .build()
+        .unwrap();
     let prefix = unique_prefix("runtime");
     let attachment = rt.block_on(async {
         let a = backend(shared_url(), &prefix)
@@ -949,6 +978,7 @@ async fn a_keyed_set_larger_than_one_round_trip_stays_in_step() {
     let prefix = unique_prefix("many");
     let config = || {
         KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(1)
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))
@@ -1008,6 +1038,7 @@ async fn a_listener_panicking_under_the_sync_task_does_not_end_sharing() {
     let config = |listener: bool| {
         let p = p.clone();
         let b = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(1)
             .jitter(0.0)
@@ -1083,6 +1114,7 @@ async fn replicas_with_one_key_secret_share_a_credentials_breaker_and_redis_neve
     let mut replicas = Vec::new();
     for _ in 0..2 {
         let set = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .consecutive_failures(2)
             .jitter(0.0)
             .open_duration(Duration::from_secs(30))
@@ -1159,6 +1191,7 @@ async fn cluster_wide_force_open_disable_and_reset_reach_every_replica() {
     let prefix = unique_prefix("control");
     let config = || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(3)
             .jitter(0.0)
@@ -1228,7 +1261,9 @@ async fn a_cluster_control_redis_cannot_confirm_is_an_error() {
     let mut server = Server::start().await;
     let prefix = unique_prefix("control-down");
     let replicas = replicas(1, &server.url(), &prefix, || {
-        Breaker::builder().name("upstream")
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .name("upstream")
     })
     .await;
     server.kill().await;
@@ -1255,6 +1290,7 @@ async fn with_a_quorum_of_two_one_replica_alone_never_opens_the_others() {
         &prefix,
         || {
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .name("upstream")
                 .consecutive_failures(3)
                 .jitter(0.0)
@@ -1307,6 +1343,7 @@ async fn a_quorum_larger_than_the_live_replicas_falls_to_the_largest_possible() 
         &prefix,
         || {
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .name("upstream")
                 .consecutive_failures(2)
                 .jitter(0.0)
@@ -1354,6 +1391,7 @@ async fn a_quorum_fraction_counts_the_replicas_alive() {
         &prefix,
         || {
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .name("upstream")
                 .consecutive_failures(1)
                 .jitter(0.0)
@@ -1421,6 +1459,7 @@ async fn a_quorum_counts_backends_not_the_breakers_attached_to_them() {
     let prefix = unique_prefix("quorum-backends");
     let config = |name: &str| {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name(name)
             .consecutive_failures(2)
             .jitter(0.0)
@@ -1500,6 +1539,7 @@ async fn a_heartbeat_from_before_a_clock_step_back_counts_for_one_ttl_only() {
         &prefix,
         || {
             Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .name("upstream")
                 .consecutive_failures(1)
                 .jitter(0.0)
@@ -1532,6 +1572,7 @@ async fn a_quota_gate_keeps_its_reset_on_every_replica() {
     let prefix = unique_prefix("quota");
     let replicas = replicas(2, shared_url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("account")
             .quota_gate(Duration::from_secs(3600))
             .jitter(0.0)
@@ -1622,6 +1663,7 @@ async fn an_hour_of_clock_step_on_redis_neither_holds_circuits_open_nor_ends_the
     let open = Duration::from_secs(1);
     let replicas = replicas(3, &server.url(), &prefix, || {
         Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name("upstream")
             .consecutive_failures(3)
             .jitter(0.0)
@@ -1701,7 +1743,9 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
         .await
         .unwrap();
     let replicas = replicas(1, shared_url(), &prefix, || {
-        Breaker::builder().name("upstream")
+        Breaker::builder()
+            .trip_mode(TripMode::Open)
+            .name("upstream")
     })
     .await;
     assert!(
@@ -1730,7 +1774,10 @@ async fn replicas_of_another_schema_are_detected_not_silently_split() {
     );
 
     // A keyed set learns of schema 1 from its messages.
-    let set = KeyedBreakers::builder().build().unwrap();
+    let set = KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
+        .build()
+        .unwrap();
     let keyed = backend(shared_url(), &prefix)
         .build()
         .unwrap()

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use tower_circuit_breaker::redis::Attachment;
 use tower_circuit_breaker::spend::{Charge, Period, SpendGuard};
-use tower_circuit_breaker::{Breaker, Outcome, Permit, Rejection};
+use tower_circuit_breaker::{Breaker, Outcome, Permit, Rejection, TripMode};
 
 use redis_support::{backend, connection, eventually, shared_url, unique_prefix};
 
@@ -41,6 +41,7 @@ async fn replicas(
     let mut replicas = Vec::new();
     for _ in 0..n {
         let breaker = Breaker::builder()
+            .trip_mode(TripMode::Open)
             .name(name)
             .spend_guard(guard)
             .build()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::TlsCertificates;
 use tower_circuit_breaker::redis::{Backend, Client};
-use tower_circuit_breaker::{Breaker, Outcome, State};
+use tower_circuit_breaker::{Breaker, Outcome, State, TripMode};
 
 use redis_support::{eventually, free_port, run, scratch_dir, unique_prefix, Server};
 
@@ -135,6 +135,7 @@ async fn replicas_share_state_over_rediss_with_a_certificate_the_test_made() {
     let replicas: Vec<_> = (0..2)
         .map(|_| {
             let breaker = Breaker::builder()
+                .trip_mode(TripMode::Open)
                 .name("upstream")
                 .consecutive_failures(2)
                 .jitter(0.0)
