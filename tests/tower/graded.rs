@@ -118,7 +118,6 @@ async fn an_upstream_answering_5_percent_is_shed_to_a_trickle_within_one_window(
         calls += 1;
         assert!(calls <= 20, "min_calls is 20");
     }
-    let before = hits.load(Ordering::SeqCst);
 
     // The next 50 calls, 5 s of the 30 s window: the share the snapshot
     // says was shed is what this test counts.
