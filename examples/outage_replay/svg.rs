@@ -563,10 +563,10 @@ pub fn svg_with_layout(replay: &Replay) -> (String, Layout) {
     for (colour, label) in [
         (FAILED, "failed"),
         (RATE_LIMITED, "rate limited (429)"),
-        (REJECTED, "rejected (open circuit)"),
+        (REJECTED, "rejected (open or shedding)"),
         (ATTEMPT, "attempt not failed"),
         (REFUSED_BY_LOAD, "refused for load (script: answers)"),
-        (CLOSED, "closed"),
+        (CLOSED, "closed (or shedding)"),
         (OPEN, "open"),
         (HALF_OPEN, "half-open"),
         (HEALTHY, "healthy"),
