@@ -2892,6 +2892,31 @@ fn bad_error_bodies_and_quota_gates_are_errors_on_their_line() {
     }
 }
 
+/// Serves `upstream` over HTTP/1 on 127.0.0.1, one task per connection.
+async fn serve_scripted(
+    upstream: tower_circuit_breaker::testing::ScriptedUpstream,
+) -> std::net::SocketAddr {
+    use tower::ServiceExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        upstream.clone().oneshot(req)
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 #[test]
 fn trip_mode_open_is_the_all_or_nothing_breaker_and_a_bad_mode_is_an_error_on_its_line() {
     let after = "close_after = 1\n";
@@ -2983,9 +3008,9 @@ fn an_exhausted_quota_is_retried_without_a_breaker_and_gated_with_one() {
 #[tokio::test(start_paused = true)]
 async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
     use http_body_util::{BodyExt, Empty};
-    use hyper::body::{Bytes, Incoming};
+    use hyper::body::Bytes;
     use hyper_util::client::legacy::Client;
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioExecutor;
     use tower::{Service, ServiceBuilder, ServiceExt};
     use tower_circuit_breaker::classify::LlmClassifier;
     use tower_circuit_breaker::testing::{AttemptLog, Phase, Script, ScriptedUpstream};
@@ -3002,23 +3027,7 @@ async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
         ))
         .build()
         .unwrap();
-    let upstream = ScriptedUpstream::with_log(script, log.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                    upstream.clone().oneshot(req)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    let addr = serve_scripted(ScriptedUpstream::with_log(script, log.clone())).await;
 
     let layer = CircuitBreakerLayer::builder()
         .count_window(10)
@@ -3286,9 +3295,9 @@ fn the_last_resort_policy_lets_calls_through_when_every_circuit_is_open() {
 #[tokio::test(start_paused = true)]
 async fn announced_rate_limits_over_a_real_connection_pace_the_breaker() {
     use http_body_util::Empty;
-    use hyper::body::{Bytes, Incoming};
+    use hyper::body::Bytes;
     use hyper_util::client::legacy::Client;
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioExecutor;
     use tower::{Service, ServiceBuilder, ServiceExt};
     use tower_circuit_breaker::classify::LlmClassifier;
     use tower_circuit_breaker::testing::{AttemptLog, Phase, RateLimit, Script, ScriptedUpstream};
@@ -3301,23 +3310,7 @@ async fn announced_rate_limits_over_a_real_connection_pace_the_breaker() {
         .phase(Phase::new(Duration::ZERO).answer(1.0, Kind::ok().after(Duration::from_millis(50))))
         .build()
         .unwrap();
-    let upstream = ScriptedUpstream::with_log(script, log.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                    upstream.clone().oneshot(req)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    let addr = serve_scripted(ScriptedUpstream::with_log(script, log.clone())).await;
 
     let layer = CircuitBreakerLayer::builder()
         .count_window(10)

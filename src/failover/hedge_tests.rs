@@ -13,12 +13,11 @@ use crate::{Breaker, CircuitBreaker};
 
 type Req = http::Request<String>;
 
-/// An upstream that answers `status` after `delay`, counting its calls.
-fn upstream(
-    delay: Duration,
-    status: u16,
-    calls: &Arc<AtomicU32>,
-) -> CircuitBreaker<BoxCloneSyncService<Req, Response<String>, std::convert::Infallible>> {
+type Member = CircuitBreaker<BoxCloneSyncService<Req, Response<String>, std::convert::Infallible>>;
+
+/// A member answering `status` after `delay` behind `breaker`, counting its
+/// calls.
+fn member(delay: Duration, status: u16, breaker: Breaker, calls: &Arc<AtomicU32>) -> Member {
     let calls = Arc::clone(calls);
     let svc = tower::service_fn(move |_req: Req| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -28,10 +27,12 @@ fn upstream(
             Ok::<_, std::convert::Infallible>(res.unwrap())
         }
     });
-    CircuitBreaker::new(
-        BoxCloneSyncService::new(svc),
-        Breaker::builder().build().unwrap(),
-    )
+    CircuitBreaker::new(BoxCloneSyncService::new(svc), breaker)
+}
+
+/// An upstream that answers `status` after `delay`, counting its calls.
+fn upstream(delay: Duration, status: u16, calls: &Arc<AtomicU32>) -> Member {
+    member(delay, status, Breaker::builder().build().unwrap(), calls)
 }
 
 #[tokio::test(start_paused = true)]
@@ -57,20 +58,9 @@ async fn a_retry_is_never_hedged() {
     assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (3, 3));
 }
 
-fn timed(
-    delay: Duration,
-    breaker: &Breaker,
-    calls: &Arc<AtomicU32>,
-) -> CircuitBreaker<BoxCloneSyncService<Req, Response<String>, std::convert::Infallible>> {
-    let calls = Arc::clone(calls);
-    let svc = tower::service_fn(move |_req: Req| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        async move {
-            tokio::time::sleep(delay).await;
-            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-        }
-    });
-    CircuitBreaker::new(BoxCloneSyncService::new(svc), breaker.clone())
+/// A member answering 200 after `delay` behind `breaker`.
+fn timed(delay: Duration, breaker: &Breaker, calls: &Arc<AtomicU32>) -> Member {
+    member(delay, 200, breaker.clone(), calls)
 }
 
 #[tokio::test(start_paused = true)]
