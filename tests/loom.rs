@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_circuit_breaker::TripMode;
 
 use loom::thread;
 use tower_circuit_breaker::{Breaker, Builder, InFlightLimit, Outcome, Permit, State};
@@ -49,6 +50,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 
 fn base() -> Builder<Breaker> {
     Breaker::builder()
+        .trip_mode(TripMode::Open)
         .counter_stripes(1)
         .open_duration(Duration::from_nanos(1))
         .max_open_duration(Duration::from_nanos(1))
@@ -408,6 +410,7 @@ fn keyed_calls_through_remembered_entries_count_on_their_own_key() {
     use tower_circuit_breaker::keyed::KeyedBreakers;
     model(|| {
         let set = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
             .no_window()
             .consecutive_failures(100)
             .counter_stripes(1)
