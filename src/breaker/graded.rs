@@ -9,7 +9,14 @@
 //! call with a fallback is rejected outright, as an open circuit would (and
 //! the circuit opens for it). An upstream whose accepts over the window are
 //! (nearly) zero — fewer than one in [`NEARLY_ZERO`] requests, once there
-//! are at least [`MIN_REQUESTS`] — opens the circuit for every call.
+//! are at least [`MIN_REQUESTS`] — opens the circuit for every call, and so
+//! does a streak of [`DEAD_STREAK`] failures before any graded call has
+//! succeeded. The streak is what sees a dead upstream at once: the window
+//! is seeded with the accepts the rule saw before it fired, from when the
+//! upstream still answered, and keeps them for a whole graded window. Once
+//! a graded call has succeeded the upstream is not dead, and only the
+//! window decides (a capacity-bound upstream fails its queued calls in
+//! bursts and still answers).
 
 #![allow(
     clippy::cast_possible_truncation,
@@ -34,6 +41,11 @@ pub(crate) const NEARLY_ZERO: u64 = 100;
 /// Requests the graded window must hold before its accepts can be called
 /// (nearly) zero.
 pub(crate) const MIN_REQUESTS: u64 = 10;
+/// Failures in a row, graded calls' included, that open the circuit for
+/// every call while no graded call has succeeded. An upstream that fails
+/// half its calls at random has such a streak at a given call with odds of
+/// about one in a million.
+pub(crate) const DEAD_STREAK: u64 = 20;
 
 /// The graded window's counts, by time bucket.
 #[derive(Debug, Default, Clone, Copy)]
@@ -61,6 +73,8 @@ struct Inner {
     /// call with a fallback turns it into.
     reason: Reason,
     stats: WindowStats,
+    /// Whether a graded call has succeeded since grading began.
+    answered: bool,
 }
 
 impl Graded {
@@ -71,6 +85,7 @@ impl Graded {
                 head: 0,
                 reason: Reason::FailureRate,
                 stats: WindowStats::default(),
+                answered: false,
             }),
             rng: seed.map_or_else(Rng::random, |s| Rng::new(s ^ 0x6a09_e667_f3bc_c908)),
             k,
@@ -119,8 +134,9 @@ fn nearly_zero(sum: Bucket) -> bool {
 impl Shared {
     /// A trip rule fired on the closed circuit of `generation`: with
     /// graded admission, starts grading (seeding its window with the calls
-    /// the rule saw) unless the upstream's accepts are (nearly) zero.
-    /// Returns whether it opens instead.
+    /// the rule saw) unless the upstream's accepts are (nearly) zero or,
+    /// with no graded call answered yet, the failure streak is
+    /// [`DEAD_STREAK`] long. Returns whether it opens instead.
     #[cold]
     pub(super) fn grade(
         &self,
@@ -149,8 +165,9 @@ impl Shared {
             };
             inner.reason = reason;
             inner.stats = stats;
+            inner.answered = false;
         }
-        if nearly_zero(inner.sum()) {
+        if nearly_zero(inner.sum()) || (streak >= DEAD_STREAK && !inner.answered) {
             return true;
         }
         if !word.is_graded() {
@@ -175,6 +192,7 @@ impl Shared {
         let mut inner = lock(&graded.inner);
         inner.advance(self.now(), graded.bucket_ns);
         inner.current().accepts += 1;
+        inner.answered = true;
     }
 
     /// While grading, the rules no longer fire: grading ends once the

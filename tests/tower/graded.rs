@@ -20,6 +20,13 @@ use tower_circuit_breaker::{Breaker, CircuitBreaker, CircuitBreakerLayer, Reject
 /// A server whose `n`th call (from 0) is answered 200 when
 /// `n * ok % 100 < ok`, 503 otherwise: `ok` % of every 100 calls, spread.
 async fn upstream(ok: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    serve(move |n| if n * ok % 100 < ok { 200 } else { 503 }).await
+}
+
+/// A server answering its `n`th call (from 0) with `code(n)`.
+async fn serve(
+    code: impl Fn(u64) -> u16 + Copy + Send + Sync + 'static,
+) -> (std::net::SocketAddr, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(AtomicU64::new(0));
@@ -30,8 +37,7 @@ async fn upstream(ok: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
             let h = h.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
-                    let n = h.fetch_add(1, Ordering::SeqCst);
-                    let code = if n * ok % 100 < ok { 200 } else { 503 };
+                    let code = code(h.fetch_add(1, Ordering::SeqCst));
                     async move {
                         Ok::<_, Infallible>(
                             Response::builder()
@@ -153,4 +159,49 @@ async fn an_upstream_answering_5_percent_is_shed_to_a_trickle_within_one_window(
         "{reached:?} of each 50 calls reached the upstream"
     );
     assert_eq!(breaker.state(), State::Open, "accepts nearly zero: open");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_dies_opens_after_twenty_failures_in_a_row() {
+    // Healthy for 20 calls, then 503 for good.
+    let (addr, hits) = serve(|n| if n < 20 { 200 } else { 503 }).await;
+    let (layer, breaker) = layer(0.5);
+    let mut svc = client(layer);
+    for _ in 0..20 {
+        assert_eq!(call(&mut svc, addr).await, Ok(200));
+    }
+    // The rule fires at the 10th 503 (10 of the last 20 failed), with 10
+    // accepts in the window: nothing is shed yet, and under the window's
+    // test alone (accepts below 1 in 100 requests) this would go on for
+    // its 30 s. The 20th failure in a row opens it for every call.
+    for failure in 1..=20 {
+        assert_eq!(call(&mut svc, addr).await, Ok(503), "failure {failure}");
+        let graded = breaker.snapshot().shed.is_some();
+        assert_eq!(
+            graded,
+            (10..20).contains(&failure),
+            "grading after failure {failure}"
+        );
+    }
+    assert_eq!(breaker.state(), State::Open);
+    assert_eq!(call(&mut svc, addr).await, Err(Rejection::Open));
+    assert_eq!(hits.load(Ordering::SeqCst), 40);
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_a_graded_call_succeeds_a_streak_does_not_open_it() {
+    // Healthy for 20 calls, 10 failures (the rule fires), one success
+    // while grading, then 503 for good.
+    let (addr, hits) = serve(|n| if n < 20 || n == 30 { 200 } else { 503 }).await;
+    let (layer, breaker) = layer(0.5);
+    let mut svc = client(layer);
+    for n in 0..51 {
+        let expected = if n < 20 || n == 30 { 200 } else { 503 };
+        assert_eq!(call(&mut svc, addr).await, Ok(expected), "call {n}");
+    }
+    // 20 failures in a row since that success: the upstream answered a
+    // graded call, so only the window (accepts under 1 in 100) opens it.
+    assert_eq!(breaker.state(), State::Closed);
+    assert!(breaker.snapshot().shed.is_some(), "still grading");
+    assert_eq!(hits.load(Ordering::SeqCst), 51);
 }

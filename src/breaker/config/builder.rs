@@ -486,7 +486,10 @@ impl<T: Build> Builder<T> {
     /// Grading ends once the rules no longer fire and the window would
     /// reject nothing; the circuit opens for every call once the window's
     /// accepts are (nearly) zero: fewer than 1 in 100 requests, with at
-    /// least 10 requests in it. Graded is the default. [`TripMode::Open`] is
+    /// least 10 requests in it, or once 20 calls in a row have failed
+    /// before any graded call succeeded (the window still holds the
+    /// accepts from before the upstream died, the streak does not). Graded
+    /// is the default. [`TripMode::Open`] is
     /// all-or-nothing opening for every call, the classical breaker.
     ///
     /// The counts are this process's own: with the Redis backend, the open
