@@ -2917,6 +2917,71 @@ async fn serve_scripted(
     addr
 }
 
+/// A hyper-util client to `addr` behind `layer` with the LLM classifier.
+type LlmClient = tower_circuit_breaker::CircuitBreaker<
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Empty<hyper::body::Bytes>,
+    >,
+    tower_circuit_breaker::classify::LlmClassifier,
+>;
+
+/// `layer` with the LLM classifier over a hyper-util client.
+fn llm_client(layer: tower_circuit_breaker::CircuitBreakerLayer) -> LlmClient {
+    use hyper_util::rt::TokioExecutor;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<http_body_util::Empty<hyper::body::Bytes>>();
+    tower::ServiceBuilder::new()
+        .layer(layer.with_classifier(tower_circuit_breaker::classify::LlmClassifier::new()))
+        .service(client)
+}
+
+/// A chat completion request to `addr`.
+fn chat_request(
+    addr: std::net::SocketAddr,
+) -> http::Request<http_body_util::Empty<hyper::body::Bytes>> {
+    http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .body(http_body_util::Empty::new())
+        .unwrap()
+}
+
+/// One call through `svc` that the breaker lets through.
+async fn answered(
+    svc: &mut LlmClient,
+    addr: std::net::SocketAddr,
+) -> http::Response<
+    tower_circuit_breaker::ResponseBody<
+        hyper::body::Incoming,
+        tower_circuit_breaker::classify::LlmStream,
+    >,
+> {
+    use tower::{Service, ServiceExt};
+    svc.ready()
+        .await
+        .unwrap()
+        .call(chat_request(addr))
+        .await
+        .unwrap()
+}
+
+/// One call through `svc`; the rejection if the breaker refused it.
+async fn rejected(
+    svc: &mut LlmClient,
+    addr: std::net::SocketAddr,
+) -> tower_circuit_breaker::Rejection {
+    use tower::{Service, ServiceExt};
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(chat_request(addr))
+        .await
+        .unwrap_err();
+    err.circuit_open()
+        .expect("rejected by the breaker")
+        .reason()
+}
+
 #[test]
 fn trip_mode_open_is_the_all_or_nothing_breaker_and_a_bad_mode_is_an_error_on_its_line() {
     let after = "close_after = 1\n";
@@ -3007,12 +3072,7 @@ fn an_exhausted_quota_is_retried_without_a_breaker_and_gated_with_one() {
 /// hyper on a local port, a hyper-util client behind a quota-gated breaker.
 #[tokio::test(start_paused = true)]
 async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
-    use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    use tower::{Service, ServiceBuilder, ServiceExt};
-    use tower_circuit_breaker::classify::LlmClassifier;
+    use http_body_util::BodyExt;
     use tower_circuit_breaker::testing::{AttemptLog, Phase, Script, ScriptedUpstream};
     use tower_circuit_breaker::{CircuitBreakerLayer, Reason, Rejection};
 
@@ -3035,34 +3095,18 @@ async fn a_quota_answer_over_a_real_connection_opens_a_quota_gated_breaker() {
         .failure_rate(0.5)
         .quota_gate(Duration::from_secs(60))
         .build()
-        .unwrap()
-        .with_classifier(LlmClassifier::new());
+        .unwrap();
     let breaker = layer.breaker().clone();
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut svc = ServiceBuilder::new().layer(layer).service(client);
-    let uri = format!("http://{addr}/v1/chat/completions");
-    let request = || {
-        http::Request::post(uri.as_str())
-            .body(Empty::new())
-            .unwrap()
-    };
+    let mut svc = llm_client(layer);
 
-    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
+    let res = answered(&mut svc, addr).await;
     assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     assert!(std::str::from_utf8(&body)
         .unwrap()
         .contains("insufficient_quota"));
     assert_eq!(breaker.snapshot().reason, Some(Reason::QuotaExhausted));
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(request())
-        .await
-        .unwrap_err();
-    let open = err.circuit_open().expect("rejected by the breaker");
-    assert_eq!(open.reason(), Rejection::Quota);
+    assert_eq!(rejected(&mut svc, addr).await, Rejection::Quota);
     assert_eq!(log.attempts().len(), 1, "the rejected call never left");
 }
 
@@ -3294,12 +3338,6 @@ fn the_last_resort_policy_lets_calls_through_when_every_circuit_is_open() {
 /// a breaker that paces on them.
 #[tokio::test(start_paused = true)]
 async fn announced_rate_limits_over_a_real_connection_pace_the_breaker() {
-    use http_body_util::Empty;
-    use hyper::body::Bytes;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    use tower::{Service, ServiceBuilder, ServiceExt};
-    use tower_circuit_breaker::classify::LlmClassifier;
     use tower_circuit_breaker::testing::{AttemptLog, Phase, RateLimit, Script, ScriptedUpstream};
     use tower_circuit_breaker::{CircuitBreakerLayer, Rejection};
 
@@ -3318,38 +3356,22 @@ async fn announced_rate_limits_over_a_real_connection_pace_the_breaker() {
         .failure_rate(0.5)
         .pace_rate_limits(true)
         .build()
-        .unwrap()
-        .with_classifier(LlmClassifier::new());
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut svc = ServiceBuilder::new().layer(layer).service(client);
-    let uri = format!("http://{addr}/v1/chat/completions");
-    let request = || {
-        http::Request::post(uri.as_str())
-            .body(Empty::new())
-            .unwrap()
-    };
+        .unwrap();
+    let mut svc = llm_client(layer);
 
-    let first = svc.ready().await.unwrap().call(request()).await.unwrap();
+    let first = answered(&mut svc, addr).await;
     assert_eq!(first.status(), 200);
     assert_eq!(first.headers()["x-ratelimit-remaining-requests"], "1");
-    let second = svc.ready().await.unwrap().call(request()).await.unwrap();
+    let second = answered(&mut svc, addr).await;
     assert_eq!(second.status(), 200);
     assert_eq!(second.headers()["x-ratelimit-remaining-requests"], "0");
     // The second answer said none are left: the third call is paced
     // locally, not sent to hear a 429.
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(request())
-        .await
-        .unwrap_err();
-    let open = err.circuit_open().expect("paced by the breaker");
-    assert_eq!(open.reason(), Rejection::RateLimited);
+    assert_eq!(rejected(&mut svc, addr).await, Rejection::RateLimited);
     assert_eq!(log.attempts().len(), 2, "the paced call never left");
     // After the reset, calls go out again.
     tokio::time::advance(Duration::from_secs(60)).await;
-    let again = svc.ready().await.unwrap().call(request()).await.unwrap();
+    let again = answered(&mut svc, addr).await;
     assert_eq!(again.status(), 200);
     assert_eq!(log.attempts().len(), 3);
 }

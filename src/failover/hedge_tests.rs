@@ -58,6 +58,15 @@ async fn a_retry_is_never_hedged() {
     assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (3, 3));
 }
 
+/// `n` call counters and `n` breakers with the default settings.
+fn counted_breakers(n: usize) -> (Vec<Arc<AtomicU32>>, Vec<Breaker>) {
+    let calls = (0..n).map(|_| Arc::new(AtomicU32::new(0))).collect();
+    let breakers = (0..n)
+        .map(|_| Breaker::builder().build().unwrap())
+        .collect();
+    (calls, breakers)
+}
+
 /// A member answering 200 after `delay` behind `breaker`.
 fn timed(delay: Duration, breaker: &Breaker, calls: &Arc<AtomicU32>) -> Member {
     member(delay, 200, breaker.clone(), calls)
@@ -65,10 +74,7 @@ fn timed(delay: Duration, breaker: &Breaker, calls: &Arc<AtomicU32>) -> Member {
 
 #[tokio::test(start_paused = true)]
 async fn a_selecting_failover_hedges_to_the_selections_second_choice() {
-    let calls: Vec<_> = (0..3).map(|_| Arc::new(AtomicU32::new(0))).collect();
-    let b: Vec<Breaker> = (0..3)
-        .map(|_| Breaker::builder().build().unwrap())
-        .collect();
+    let (calls, b) = counted_breakers(3);
     // The cheapest is member 1 (slow), then member 0 in the walk; member
     // 2 is next in plain order after member 1, and must not get the hedge.
     let selection = crate::failover::Selection::cheapest([
@@ -103,10 +109,7 @@ async fn a_selecting_failover_hedges_to_the_selections_second_choice() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hedge_loser_feeds_the_selection_a_censored_sample() {
-    let calls: Vec<_> = (0..2).map(|_| Arc::new(AtomicU32::new(0))).collect();
-    let b: Vec<Breaker> = (0..2)
-        .map(|_| Breaker::builder().build().unwrap())
-        .collect();
+    let (calls, b) = counted_breakers(2);
     let selection = crate::failover::Selection::peak_ewma(b.clone());
     // Member 0 looked faster; it has become slow.
     selection.record(0, Duration::from_millis(100));
