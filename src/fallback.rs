@@ -128,6 +128,9 @@ impl Fallback for () {
 /// reqwest keeps a request's extensions to itself: a `reqwest::Request`
 /// has no fallback, and marking one does nothing. A client with somewhere
 /// else to go admits through [`Breaker::admit_with_fallback`](crate::Breaker::admit_with_fallback).
+/// Nor can it carry [`Retried`]; that costs nothing, since a
+/// [`Failover`](crate::failover::Failover), the only thing that hedges, takes
+/// members answering `http::Response`, which a reqwest client does not.
 #[cfg(any(
     feature = "reqwest",
     feature = "reqwest-middleware",

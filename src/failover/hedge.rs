@@ -16,9 +16,11 @@ use crate::retry::RetryBudget;
 /// clone; clones share the budget and the counters.
 ///
 /// With a [`Hedge`] policy ([`Failover::hedge`](super::Failover::hedge)), a
-/// request whose first attempt has no response head after the hedge's delay
-/// is sent again, to the next member of the failover whose circuit admits
-/// it. The first of the two to produce its head wins and is returned; the
+/// request whose first attempt has no response head (or, for a member under
+/// a first-frame deadline, no first body frame: [below](#the-first-token))
+/// after the hedge's delay is sent again, to the next member of the failover
+/// whose circuit admits it. The first of the two to produce its head wins
+/// and is returned; the
 /// other is dropped, which cancels it: its breaker records the call as
 /// [`Ignored`](crate::Outcome::Ignored) (a lost race says nothing about the
 /// upstream's health), its connection is dropped, and its elapsed time is
@@ -55,10 +57,67 @@ use crate::retry::RetryBudget;
 ///   sample ([`Selection::record_at_least`](super::Selection::record_at_least)),
 ///   so a member that keeps losing is chosen less.
 ///
-/// Only the first attempt that reaches an upstream is hedged, once; the
-/// first frame is the response head. A streaming answer whose head comes at
-/// once and whose first token is late is not hedged (its first token is read
-/// by the breaker's body wrapper, above the failover's race).
+/// Only the first attempt that reaches an upstream is hedged, once.
+///
+/// # The first token
+///
+/// The race is on each member's response future. A plain breaker's
+/// resolves at the response head; one under a first-frame deadline
+/// ([`StreamDeadlines::first_frame`](crate::deadline::StreamDeadlines::first_frame))
+/// resolves at the body's first frame, handed back as the body's first. So
+/// with such members an event stream whose head comes at once and whose
+/// first token is late is hedged at the delay, the first token wins, and
+/// [`Hedge::at_percentile`] learns each member's time to first token.
+/// Without a first-frame deadline the head wins the race, and a late first
+/// token is not hedged. Set the deadline to what a first token may take at
+/// most (the attempt timeout, say): it is also a deadline.
+///
+/// ```
+/// use std::time::Duration;
+/// use http_body_util::BodyExt;
+/// use tower::{Layer, ServiceExt};
+/// use tower_circuit_breaker::classify::LlmClassifier;
+/// use tower_circuit_breaker::deadline::StreamDeadlines;
+/// use tower_circuit_breaker::failover::{Failover, Hedge};
+/// use tower_circuit_breaker::{Breaker, CircuitBreakerLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// // An event stream whose head comes at once; its first token comes after
+/// // 5 s from the primary, 100 ms from the fallback.
+/// let client = tower::service_fn(|req: http::Request<String>| async move {
+///     let wait = Duration::from_millis(if req.body() == "fast" { 100 } else { 5000 });
+///     // Boxed: a failover's bodies are `Unpin`.
+///     let token = Box::pin(futures::stream::once(async move {
+///         tokio::time::sleep(wait).await;
+///         Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from("data: hi\n\n")))
+///     }));
+///     let res = http::Response::builder()
+///         .header("content-type", "text/event-stream")
+///         .body(http_body_util::StreamBody::new(token))
+///         .unwrap();
+///     Ok::<_, std::convert::Infallible>(res)
+/// });
+/// let member = || {
+///     CircuitBreakerLayer::new(Breaker::builder().build().unwrap())
+///         .with_classifier(LlmClassifier::new())
+///         .stream_deadlines(StreamDeadlines::new().first_frame(Duration::from_secs(60)))
+///         .unwrap()
+///         .layer(client.clone())
+/// };
+/// let hedge = Hedge::after(Duration::from_millis(500)).budget_percent(100.0).unwrap();
+/// let failover = Failover::new(member())
+///     .fallback_with(member(), |req: &mut http::Request<String>| *req.body_mut() = "fast".into())
+///     .hedge(hedge.clone());
+///
+/// let started = tokio::time::Instant::now();
+/// let res = failover.oneshot(http::Request::new("slow".to_owned())).await.unwrap();
+/// // Hedged at 500 ms, the fallback's first token 100 ms later.
+/// assert_eq!(started.elapsed(), Duration::from_millis(600));
+/// assert_eq!(hedge.sent(), 1);
+/// let body = res.into_body().collect().await.unwrap().to_bytes();
+/// assert_eq!(body, "data: hi\n\n");
+/// # }
+/// ```
 ///
 /// # Example
 ///

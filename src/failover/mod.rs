@@ -28,7 +28,8 @@
 //! a delay (fixed, or a percentile of that member's own recent time to first
 //! byte) to the next member whose circuit admits it as well (with a
 //! [`Selection`], the member it would try second), within a budget of its
-//! own, and keeps the first head; see [`Hedge`].
+//! own, and keeps the first head; with members under a first-frame deadline,
+//! the first token of a stream instead; see [`Hedge`].
 //!
 //! Two opt-in policies change the walk. [`Failover::on_kind`] sends an
 //! answer on by what went wrong, read from its body by

@@ -2,8 +2,9 @@
 //! a breaker per upstream against hyper servers on 127.0.0.1:0, in paused
 //! time. A hedge fires at its delay, the first head wins, the loser's
 //! connection is dropped (its server sees its handler cancelled), an open
-//! circuit never gets a hedge, and under a thousand slow first attempts the
-//! hedges stay within their budget.
+//! circuit never gets a hedge, under a thousand slow first attempts the
+//! hedges stay within their budget, and with a first-frame deadline on its
+//! members the race is on the first token of an event stream.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -13,14 +14,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
+use tower_circuit_breaker::classify::LlmClassifier;
+use tower_circuit_breaker::deadline::StreamDeadlines;
 use tower_circuit_breaker::failover::{Failover, Hedge};
-use tower_circuit_breaker::{Breaker, CircuitBreaker};
+use tower_circuit_breaker::{Breaker, CircuitBreaker, CircuitBreakerLayer};
 
 use crate::support::{http2_client, http_client, HttpClient};
 
@@ -319,4 +322,142 @@ async fn under_a_thousand_slow_first_attempts_hedges_stay_within_their_budget() 
     assert!(fast_hits > 0, "the budget allowed some hedges");
     assert_eq!(fast_hits as u64, hedge.sent());
     assert_eq!(fast_answers, fast_hits);
+}
+
+/// A server that sends an event stream's head at once and its one event,
+/// `data: <name>`, after `first_token`; a stream dropped before its event
+/// counts as cancelled.
+async fn sse_server(name: &'static str, first_token: Duration) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Seen::default();
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let s = s.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    s.arrivals.lock().unwrap().push(Instant::now());
+                    let guard = Cancelled(Some(s.cancelled.clone()));
+                    let answered = s.answered.clone();
+                    let event = futures::stream::once(async move {
+                        tokio::time::sleep(first_token).await;
+                        guard.disarm();
+                        answered.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Infallible>(Frame::data(Bytes::from(format!("data: {name}\n\n"))))
+                    });
+                    async move {
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("content-type", "text/event-stream")
+                                .body(StreamBody::new(event))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A failover of breakers with the LLM classifier, each under `deadlines`,
+/// over servers `addrs` in order.
+fn streaming_failover(
+    addrs: &[SocketAddr],
+    breakers: &[Breaker],
+    deadlines: StreamDeadlines,
+    hedge: Hedge,
+) -> Failover<
+    CircuitBreaker<HttpClient, LlmClassifier, Breaker, StreamDeadlines>,
+    Request<Empty<Bytes>>,
+> {
+    let client = http_client();
+    let route = |b: &Breaker| {
+        CircuitBreakerLayer::new(b.clone())
+            .with_classifier(LlmClassifier::new())
+            .stream_deadlines(deadlines)
+            .unwrap()
+            .layer(client.clone())
+    };
+    let mut f = Failover::new(route(&breakers[0])).jitter(Duration::ZERO, Duration::ZERO);
+    for (addr, b) in addrs[1..].iter().zip(&breakers[1..]) {
+        let addr = *addr;
+        f = f.fallback_with(route(b), move |req: &mut Request<Empty<Bytes>>| {
+            *req.uri_mut() = Uri::try_from(format!("http://{addr}/v1/chat")).unwrap();
+        });
+    }
+    f.hedge(hedge)
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_first_frame_deadline_the_hedge_races_on_the_first_token() {
+    // Both heads come at once; the primary's first token comes after 10 s,
+    // the fallback's after 100 ms.
+    let (slow, slow_seen) = sse_server("slow", Duration::from_secs(10)).await;
+    let (fast, fast_seen) = sse_server("fast", Duration::from_millis(100)).await;
+    let breakers = [breaker("slow"), breaker("fast")];
+    let hedge = Hedge::after(Duration::from_millis(500))
+        .budget_percent(100.0)
+        .unwrap();
+    let deadlines = StreamDeadlines::new().first_frame(Duration::from_secs(30));
+    let svc = streaming_failover(&[slow, fast], &breakers, deadlines, hedge.clone());
+
+    let start = Instant::now();
+    let res = svc.clone().oneshot(request(slow)).await.unwrap();
+    let took = start.elapsed();
+    assert_eq!(body(res).await, "data: fast\n\n", "the first token wins");
+    assert_eq!(took, Duration::from_millis(600));
+    assert_eq!(hedge.sent(), 1);
+    assert_eq!(
+        fast_seen.arrivals.lock().unwrap()[0] - start,
+        Duration::from_millis(500),
+        "the hedge fires at its delay, though the primary's head came at once"
+    );
+    settle().await;
+    assert_eq!(
+        (slow_seen.hits(), slow_seen.cancelled.load(Ordering::SeqCst)),
+        (1, 1),
+        "the loser's stream is dropped before its first token"
+    );
+    // Dropped while waiting for its first frame: ignored, not a failure.
+    let p = breakers[0].snapshot().counters;
+    assert_eq!(
+        (p.failures, p.successes, p.ignored + p.dropped, p.in_flight),
+        (0, 0, 1, 0)
+    );
+    assert_eq!(breakers[1].snapshot().counters.successes, 1);
+    // The time to first token is what the latency estimate learns.
+    assert_eq!(svc.latency(1).unwrap().samples(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_first_frame_deadline_the_head_wins_the_race() {
+    let (slow, slow_seen) = sse_server("slow", Duration::from_secs(10)).await;
+    let (fast, fast_seen) = sse_server("fast", Duration::from_millis(100)).await;
+    let hedge = Hedge::after(Duration::from_millis(500))
+        .budget_percent(100.0)
+        .unwrap();
+    // A stall deadline only: the response future resolves at the head.
+    let deadlines = StreamDeadlines::new().stall(Duration::from_secs(30));
+    let svc = streaming_failover(
+        &[slow, fast],
+        &[breaker("slow"), breaker("fast")],
+        deadlines,
+        hedge.clone(),
+    );
+
+    let start = Instant::now();
+    let res = svc.oneshot(request(slow)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "the head came at once");
+    assert_eq!(body(res).await, "data: slow\n\n");
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert_eq!(
+        (slow_seen.hits(), fast_seen.hits(), hedge.sent()),
+        (1, 0, 0)
+    );
 }
