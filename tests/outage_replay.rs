@@ -304,6 +304,8 @@ fn figures_are_what_the_requests_and_attempts_did() {
             healed_at_s: Some(7.5),
             recovery_lag_s: Some(0.0),
             time_to_trip_s: None,
+            failing_share: Some(1.0),
+            lag_bound_s: None,
         }]
     );
 
@@ -534,6 +536,79 @@ fn billing_follows_what_was_generated() {
     assert_eq!(tokens.billed(0.0), 0.0);
     assert!(close(tokens.billed(0.5), 0.007));
     assert!(close(Cost::PerRequest { usd: 0.02 }.billed(1.0), 0.02));
+}
+
+#[test]
+fn the_ground_truth_counts_what_fails_by_construction_weighted_by_duration() {
+    // 40 s of 503s (50 %), 429s (20 %, not failures) and answers whose
+    // lognormal head has its median at the 10 s attempt timeout (half of
+    // them late); then 20 s of hangs; then healthy from 80 s.
+    let text = EXACT
+        .replace("duration_s = 10", "duration_s = 100")
+        .replace("attempt_timeout_s = 2.5", "attempt_timeout_s = 10")
+        .replace(
+            r#"  from_s = 4.5
+  responses = [ { p = 1.0, kind = "hang" } ]
+  [[upstream.phase]]
+  from_s = 7.5"#,
+            r#"  from_s = 20
+  responses = [ { p = 0.5, kind = "status", code = 503, latency_ms = 100 },
+                { p = 0.2, kind = "status", code = 429, latency_ms = 100 },
+                { p = 0.3, kind = "ok", latency_ms = 10000, latency_sigma = 0.5 } ]
+  [[upstream.phase]]
+  from_s = 60
+  responses = [ { p = 1.0, kind = "hang" } ]
+  [[upstream.phase]]
+  from_s = 80"#,
+        );
+    let scenario = scenario::parse(&text, "truth.toml").unwrap();
+    let (within, timeout) = (scenario.answer_within(), scenario.client.attempt_timeout);
+    let u = &scenario.upstreams[0];
+    let share = u.failing_share(within, timeout).unwrap();
+    let expected = (40.0 * (0.5 + 0.3 * 0.5) + 20.0 * 1.0) / 60.0;
+    assert!((share - expected).abs() < 1e-6, "{share} != {expected}");
+    assert_eq!(scenario::outage_class(share), "between");
+    assert_eq!(scenario::outage_class(0.5), "partial");
+    assert_eq!(scenario::outage_class(0.9), "dead");
+    // The exact scenario's hang is dead; an upstream that never fails has
+    // no outage to class.
+    let exact = scenario::parse(EXACT, "exact.toml").unwrap();
+    let within = exact.answer_within();
+    let timeout = exact.client.attempt_timeout;
+    assert_eq!(exact.upstreams[0].failing_share(within, timeout), Some(1.0));
+    let healthy = scenario::parse(
+        &EXACT.replace(r#"kind = "hang""#, r#"kind = "ok", latency_ms = 100"#),
+        "ok.toml",
+    )
+    .unwrap();
+    assert_eq!(healthy.upstreams[0].failing_share(within, timeout), None);
+}
+
+#[test]
+fn the_lag_bound_is_the_interval_twice_the_p99_verdict_and_a_second() {
+    let scenario = scenario::parse(EXACT, "exact.toml").unwrap();
+    let r = Recovery::of(&scenario, 0, &[]);
+    // 100 verdicts of 0.01 … 1.00 s: the p99 is 0.99 s.
+    let verdicts: Vec<f64> = (1..=100).map(|i| f64::from(i) / 100.0).collect();
+    let bounded = r.clone().with_bound(Duration::from_secs(5), verdicts);
+    assert!((bounded.lag_bound_s.unwrap() - (5.0 + 2.0 * 0.99 + 1.0)).abs() < 1e-9);
+    assert_eq!(
+        r.with_bound(Duration::from_secs(5), Vec::new()).lag_bound_s,
+        None
+    );
+    // A replay with health probes gives the breaker stack a bound and no
+    // breaker none.
+    let mut probed = scenario.clone();
+    probed.breaker.health_probe_interval = Some(Duration::from_secs(1));
+    let replay = engine::replay(&probed).unwrap();
+    let bound = |name: &str| stack(&replay, name).recovery[0].lag_bound_s;
+    assert_eq!(bound("no-breaker"), None);
+    // Healthy heads come in 100 ms: 1 + 0.2 + 1.
+    assert!(
+        (bound("breaker").unwrap() - 2.2).abs() < 1e-6,
+        "{:?}",
+        bound("breaker")
+    );
 }
 
 #[test]
@@ -868,7 +943,14 @@ fn json_has_exactly_the_documented_fields() {
                 let r = &s["upstreams"][upstream];
                 assert_eq!(
                     keys(r),
-                    ["healed_at_s", "recovery_lag_s", "time_to_trip_s"],
+                    [
+                        "class",
+                        "failing_share",
+                        "healed_at_s",
+                        "recovery_lag_bound_s",
+                        "recovery_lag_s",
+                        "time_to_trip_s"
+                    ],
                     "{file} {name} {upstream}"
                 );
                 assert!(r["healed_at_s"].is_number());
@@ -2006,6 +2088,151 @@ fn over_eleven_seeds_the_documented_scenarios_hold() {
     }
 }
 
+/// The median of `xs` (of an even count, the mean of the middle two).
+fn median_of(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    (xs[(n - 1) / 2] + xs[n / 2]) / 2.0
+}
+
+/// The dead-upstream targets with health probes every 5 s, over 11 seeds,
+/// for the breaker alone, in every shipped scenario with an upstream dead
+/// by its ground truth (at least 90 % of its outage's attempts fail): the
+/// median recovery lag within the median bound (the interval, twice the p99
+/// time to a verdict on the healed upstream, 1 s); after the heal at least
+/// `min(95 %, 1 − bound ÷ the time after the heal)` of no breaker's
+/// answers; closed at the end in every seed; and the outage's waste within
+/// 5 % of no breaker's, or the probes' own cost and the failed attempts the
+/// trip rule needs, where that is more.
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "many seeds: run in release, in its own step of .ci/run"
+)]
+fn over_eleven_seeds_health_probes_meet_the_dead_upstream_targets() {
+    let interval = Duration::from_secs(5);
+    let mut checked = Vec::new();
+    let dir = Path::new(ROOT).join("scenarios");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    for name in names {
+        let mut scenario = load(&name);
+        let within = scenario.answer_within();
+        let timeout = scenario.client.attempt_timeout;
+        let dead: Vec<usize> = (0..scenario.upstreams.len())
+            .filter(|&i| {
+                scenario.upstreams[i]
+                    .failing_share(within, timeout)
+                    .is_some_and(|f| f >= 0.9)
+            })
+            .collect();
+        if dead.is_empty() {
+            continue;
+        }
+        scenario.breaker.health_probe_interval = Some(interval);
+        for u in &mut scenario.upstreams {
+            if let Some(b) = &mut u.breaker {
+                b.health_probe_interval = Some(interval);
+            }
+        }
+        let kinds = [StackKind::NoBreaker, StackKind::Breaker];
+        let replays =
+            seeds::replay_seeds(&scenario, &kinds, &seeds::sequence(scenario.seed, 11)).unwrap();
+        let rule = {
+            let b = &scenario.breaker;
+            let by_rate = (!matches!(b.window, scenario::WindowConfig::Off)).then_some(b.min_calls);
+            by_rate
+                .into_iter()
+                .chain(b.consecutive_failures)
+                .min()
+                .unwrap_or(1) as usize
+        };
+        for &u in &dead {
+            let upstream = scenario.upstreams[u].name.clone();
+            let (mut lags, mut bounds, mut after, mut wasted, mut nb_wasted, mut allowed) =
+                (vec![], vec![], vec![], vec![], vec![], vec![]);
+            let mut heal = 0.0;
+            for replay in &replays {
+                let (nb, run) = (&replay.stacks[0], &replay.stacks[1]);
+                assert_eq!((nb.name, run.name), ("no-breaker", "breaker"));
+                // An upstream only failover reaches (a dead fallback).
+                let Some(r) = run.recovery.iter().find(|r| r.upstream == upstream) else {
+                    break;
+                };
+                heal = r.healed_at_s.expect("a dead upstream that heals");
+                let lag = r.recovery_lag_s.unwrap_or_else(|| {
+                    panic!(
+                        "{name} {upstream} seed {}: not closed at the end",
+                        replay.seed
+                    )
+                });
+                lags.push(lag);
+                bounds.push(r.lag_bound_s.expect("a bound, with health probes"));
+                let (a, n) = (
+                    run.after_heal.as_ref().unwrap(),
+                    nb.after_heal.as_ref().unwrap(),
+                );
+                after.push(a.answered as f64 / n.answered.max(1) as f64);
+                let outage = run.outage.as_ref().unwrap();
+                wasted.push(outage.wasted_cost_usd);
+                nb_wasted.push(nb.outage.as_ref().unwrap().wasted_cost_usd);
+                let failing_from = scenario.upstreams[u]
+                    .failing_from(within)
+                    .unwrap()
+                    .as_secs_f64();
+                let probes: f64 = run
+                    .attempt_log
+                    .iter()
+                    .filter(|a| a.probe && a.t_s >= outage.from_s && a.t_s < outage.to_s)
+                    .map(|a| a.cost_usd)
+                    .sum();
+                let trip: f64 = run
+                    .attempt_log
+                    .iter()
+                    .filter(|a| a.upstream == u && !a.probe && a.failed && a.t_s >= failing_from)
+                    .take(rule)
+                    .map(|a| a.cost_usd)
+                    .sum();
+                allowed.push(probes + trip);
+            }
+            if lags.is_empty() {
+                continue;
+            }
+            let (lag, bound) = (median_of(lags), median_of(bounds));
+            let after_target = 0.95f64.min(1.0 - bound / (scenario.duration.as_secs_f64() - heal));
+            let after = median_of(after);
+            let (wasted, nb_wasted, allowed) =
+                (median_of(wasted), median_of(nb_wasted), median_of(allowed));
+            println!(
+                "{name} {upstream}: lag {lag:.2} s (bound {bound:.2} s), after the heal \
+                 {after:.3} (target {after_target:.3}), outage waste ${wasted:.2} (no breaker \
+                 ${nb_wasted:.2}, probes and trip ${allowed:.2})"
+            );
+            assert!(
+                lag <= bound,
+                "{name} {upstream}: lag {lag} s > bound {bound} s"
+            );
+            assert!(
+                after >= after_target,
+                "{name} {upstream}: {after} of no breaker's answers after the heal"
+            );
+            if nb_wasted > 0.0 {
+                assert!(
+                    wasted <= (0.05 * nb_wasted).max(allowed) + 1e-9,
+                    "{name} {upstream}: wasted ${wasted} (no breaker ${nb_wasted}, \
+                     allowance ${allowed})"
+                );
+            }
+            checked.push(name.clone());
+        }
+    }
+    assert!(checked.len() >= 7, "dead scenarios checked: {checked:?}");
+}
+
 // === the sweep ===
 
 /// A shipped scenario's sweep over its grid, run once.
@@ -2980,6 +3207,19 @@ async fn rejected(
     err.circuit_open()
         .expect("rejected by the breaker")
         .reason()
+}
+
+#[test]
+fn retry_graded_is_off_unless_set_and_a_bad_value_is_an_error_on_its_line() {
+    let at = "max_retries = ";
+    let set = |v: &str| GOOD.replacen(at, &format!("retry_graded = {v}\n{at}"), 1);
+    assert!(!parse(GOOD).unwrap().client.retry_graded);
+    assert!(parse(&set("true")).unwrap().client.retry_graded);
+    assert!(!parse(&set("false")).unwrap().client.retry_graded);
+    let text = set("\"yes\"");
+    let e = error(&text);
+    assert!(e.message.contains("invalid type"), "{e}");
+    assert_eq!(e.line, Some(line_of(&text, "retry_graded")), "{e}");
 }
 
 #[test]

@@ -485,6 +485,7 @@ fn retry_policy(scenario: &Scenario) -> RetryPolicy<LlmClassifier> {
         .max_retries(c.max_retries)
         .backoff(c.backoff_base, c.backoff_max)
         .retry_after_cap(retry_after_cap(scenario))
+        .retry_graded(c.retry_graded)
         .seed(scenario.seed);
     if let Some(percent) = c.retry_budget_percent {
         let budget = RetryBudget::new(percent).expect("the parser checked the percentage");
@@ -675,7 +676,7 @@ where
     if let Some(total) = c.total_timeout {
         builder = builder.total_timeout(total);
     }
-    if c.retry_budget_percent.is_some() {
+    if c.retry_budget_percent.is_some() || c.retry_graded {
         builder = builder.retry(retry_policy(scenario));
     }
     let refused = |e| format!("the breaker stack does not accept this scenario: {e}");
@@ -1104,12 +1105,35 @@ fn summarize(
         outage: whole.outage,
         after_heal: whole.after_heal,
         recovery: (0..reachable)
-            .map(|i| Recovery::of(scenario, i, &transitions))
+            .map(|i| {
+                let r = Recovery::of(scenario, i, &transitions);
+                let probed = !matches!(kind, StackKind::NoBreaker | StackKind::NaiveFailover);
+                match (
+                    probed,
+                    scenario.breaker_for(i).health_probe_interval,
+                    r.healed_at_s,
+                ) {
+                    (true, Some(interval), Some(heal)) => {
+                        r.with_bound(interval, verdicts_after(&attempts, i, heal))
+                    }
+                    _ => r,
+                }
+            })
             .collect(),
         transitions,
         attempt_log: attempts,
         breaker_failures: routing::breaker_failures(),
     }
+}
+
+/// The times to a verdict (the response head) of the users' attempts on
+/// upstream `i` that started at or after its heal and were answered.
+fn verdicts_after(attempts: &[AttemptRecord], i: usize, heal: f64) -> Vec<f64> {
+    attempts
+        .iter()
+        .filter(|a| a.upstream == i && !a.probe && a.served && !a.failed && a.t_s >= heal)
+        .map(|a| a.ran.as_secs_f64())
+        .collect()
 }
 
 /// In the `hedged` stack two attempts of a request overlap, and the one

@@ -1,6 +1,8 @@
 //! The figures a replay reports, from what each request and each attempt
 //! did: for every request and for those that arrived during the outage.
 
+use std::time::Duration;
+
 use crate::engine::{AttemptRecord, Fate, RequestRecord, TransitionRecord};
 use crate::scenario::{Figure, Scenario};
 
@@ -229,6 +231,12 @@ pub struct Recovery {
     pub recovery_lag_s: Option<f64>,
     /// From the upstream's first failing phase to the circuit's first open.
     pub time_to_trip_s: Option<f64>,
+    /// The outage's ground truth ([`Upstream::failing_share`](crate::scenario::Upstream::failing_share)).
+    pub failing_share: Option<f64>,
+    /// With health probes: what the recovery lag should stay within, the
+    /// probe interval, twice the p99 time to a verdict of the stack's
+    /// attempts on the healed upstream, and 1 s (see `with_bound`).
+    pub lag_bound_s: Option<f64>,
 }
 
 impl Recovery {
@@ -258,6 +266,8 @@ impl Recovery {
                 .iter()
                 .filter_map(|r| r.time_to_trip_s)
                 .reduce(f64::min),
+            failing_share: each[0].failing_share,
+            lag_bound_s: None,
         }
     }
 
@@ -294,7 +304,25 @@ impl Recovery {
             healed_at_s,
             recovery_lag_s,
             time_to_trip_s,
+            failing_share: u.failing_share(within, scenario.client.attempt_timeout),
+            lag_bound_s: None,
         }
+    }
+
+    /// Sets the lag's bound for a breaker with health probes every
+    /// `interval`: `interval + 2 × p99 + 1 s`, the p99 over `verdicts_s`, the
+    /// times to a verdict of the attempts on the healed upstream. Nothing
+    /// for an upstream that never failed or never healed, or without a
+    /// verdict.
+    pub fn with_bound(mut self, interval: Duration, mut verdicts_s: Vec<f64>) -> Recovery {
+        if self.healed_at_s.is_none() || self.failing_share.is_none() || verdicts_s.is_empty() {
+            return self;
+        }
+        verdicts_s.sort_by(f64::total_cmp);
+        let rank = ((verdicts_s.len() as f64) * 0.99).ceil() as usize;
+        let p99 = verdicts_s[rank.clamp(1, verdicts_s.len()) - 1];
+        self.lag_bound_s = Some(interval.as_secs_f64() + 2.0 * p99 + 1.0);
+        self
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::engine::{ClassRun, Replay, StackRun};
 use crate::figures::{belongs, Figures, Waits};
-use crate::scenario::{Figure, Writeup};
+use crate::scenario::{outage_class, Figure, Writeup};
 
 // === table ===
 
@@ -597,6 +597,10 @@ struct JsonRecovery {
     healed_at_s: Option<f64>,
     recovery_lag_s: Option<f64>,
     time_to_trip_s: Option<f64>,
+    /// The outage's ground truth and its class (partial, between, dead).
+    failing_share: Option<f64>,
+    class: Option<&'static str>,
+    recovery_lag_bound_s: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -680,6 +684,9 @@ pub fn json(replay: &Replay) -> String {
                                 healed_at_s: r.healed_at_s.map(ms),
                                 recovery_lag_s: r.recovery_lag_s.map(ms),
                                 time_to_trip_s: r.time_to_trip_s.map(ms),
+                                failing_share: r.failing_share.map(micro),
+                                class: r.failing_share.map(outage_class),
+                                recovery_lag_bound_s: r.lag_bound_s.map(ms),
                             };
                             (r.upstream.as_str(), json)
                         })

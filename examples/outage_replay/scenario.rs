@@ -480,6 +480,9 @@ pub struct Client {
     /// Retries at most this percentage of first attempts over 10 s
     /// (`retry_budget_percent`).
     pub retry_budget_percent: Option<f64>,
+    /// Whether the retry retries a graded admission's refusal
+    /// (`retry_graded`, `RetryPolicy::retry_graded`).
+    pub retry_graded: bool,
     pub total_timeout: Option<Duration>,
     pub max_retries: u32,
     pub backoff_base: Duration,
@@ -618,6 +621,40 @@ pub struct Response {
 }
 
 impl Response {
+    /// The share of its attempts that fail: all of a failure, else those
+    /// whose head comes after `timeout`.
+    pub fn failing_share(&self, timeout: Duration) -> f64 {
+        if self.kind.is_failure() {
+            return 1.0;
+        }
+        let Some(base) = self.kind.latency() else {
+            return 1.0;
+        };
+        let (base, t) = (base.as_secs_f64(), timeout.as_secs_f64());
+        match self.latency {
+            Latency::Lognormal { sigma } if sigma > 0.0 => {
+                // P(base · e^(σZ) > t) for a standard normal Z.
+                0.5 * erfc((t / base).ln() / (sigma * std::f64::consts::SQRT_2))
+            }
+            Latency::Ramp { to } => {
+                // Linear from `base` to `to` over the phase: the share of it
+                // spent above `t`.
+                let to = to.as_secs_f64();
+                if (to - base).abs() < 1e-12 {
+                    f64::from(u8::from(base > t))
+                } else {
+                    let crossing = ((t - base) / (to - base)).clamp(0.0, 1.0);
+                    if to > base {
+                        1.0 - crossing
+                    } else {
+                        crossing
+                    }
+                }
+            }
+            _ => f64::from(u8::from(base > t)),
+        }
+    }
+
     /// The slowest head it gives (the 99th percentile of a lognormal).
     pub fn slowest(&self) -> Option<Duration> {
         let base = self.kind.latency()?;
@@ -715,13 +752,62 @@ impl Upstream {
             .try_fold(Duration::ZERO, |acc, h| Some(acc.max(h?)))
     }
 
+    /// The ground truth of its outage: the share of attempts its own phases
+    /// fail by construction from the first unhealthy one to the heal (or the
+    /// end of the run), weighted by each phase's duration; `None` when its
+    /// own phases never fail. See [`Phase::failing_share`].
+    pub fn failing_share(&self, within: Duration, attempt_timeout: Duration) -> Option<f64> {
+        let from = phases_failing_from(&self.phases, within)?;
+        let to = phases_healed_at(&self.phases, within)
+            .filter(|&heal| heal > from)
+            .or_else(|| self.phases.last().map(|p| p.until))?;
+        let (mut failing, mut total) = (0.0, 0.0);
+        for p in &self.phases {
+            let span = (p.until.min(to).saturating_sub(p.from.max(from))).as_secs_f64();
+            if span > 0.0 {
+                failing += span * p.failing_share(attempt_timeout);
+                total += span;
+            }
+        }
+        (total > 0.0).then(|| failing / total)
+    }
+
     /// Its key named `api_key`, when it has one.
     pub fn key(&self, api_key: &str) -> Option<usize> {
         self.keys.iter().position(|k| k.name == api_key)
     }
 }
 
+/// How an outage is classed by its ground truth ([`Upstream::failing_share`]):
+/// partial at most half its attempts failing, dead at least nine in ten.
+pub fn outage_class(failing_share: f64) -> &'static str {
+    if failing_share <= 0.5 {
+        "partial"
+    } else if failing_share >= 0.9 {
+        "dead"
+    } else {
+        "between"
+    }
+}
+
 impl Phase {
+    /// The share of its attempts that fail by construction: 5xx answers,
+    /// hangs, resets, stalls and stream errors, and answers whose head comes
+    /// after the attempt timeout. A 429 (an exhausted quota included) and
+    /// any other 4xx do not fail.
+    pub fn failing_share(&self, attempt_timeout: Duration) -> f64 {
+        let total: f64 = self.responses.iter().map(|r| r.p).sum();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let failing: f64 = self
+            .responses
+            .iter()
+            .map(|r| r.p * r.failing_share(attempt_timeout))
+            .sum();
+        failing / total
+    }
+
     /// At most 1 % failures (an exhausted quota counts as one), and every
     /// answer's head within `within`.
     pub fn is_healthy(&self, within: Duration) -> bool {
@@ -740,6 +826,27 @@ impl Phase {
             }
         }
         failing <= 0.01 + 1e-12
+    }
+}
+
+/// The complementary error function, to within 1.2e-7 (Numerical
+/// Recipes' Chebyshev fit).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = t * poly.exp();
+    if x >= 0.0 {
+        r
+    } else {
+        2.0 - r
     }
 }
 
@@ -884,6 +991,7 @@ struct RawClient {
     ttft_timeout_s: Option<S<f64>>,
     stall_timeout_s: Option<S<f64>>,
     retry_budget_percent: Option<S<f64>>,
+    retry_graded: Option<S<bool>>,
     deadline_s: Option<S<f64>>,
 }
 
@@ -1574,6 +1682,7 @@ fn client(src: &Source<'_>, raw: &RawClient) -> Result<Client, ScenarioError> {
         ttft_timeout,
         stall_timeout,
         retry_budget_percent,
+        retry_graded: raw.retry_graded.as_ref().is_some_and(|b| *b.get_ref()),
         cancel,
         attempt_timeout: attempt,
         total_timeout: (!total.is_zero()).then_some(total),

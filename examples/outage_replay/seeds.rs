@@ -81,6 +81,18 @@ pub fn slowest_lag(run: &StackRun) -> Option<f64> {
         .map(|l| l.into_iter().fold(0.0, f64::max))
 }
 
+/// With health probes, the lag bound of the healed upstream whose lag is
+/// the slowest (`slowest_lag`'s); `None` when one is not closed at the end
+/// or has no bound.
+pub fn slowest_lag_bound(run: &StackRun) -> Option<f64> {
+    let slowest = slowest_lag(run)?;
+    run.recovery
+        .iter()
+        .filter(|r| r.healed_at_s.is_some_and(|h| h > 0.0))
+        .find(|r| r.recovery_lag_s == Some(slowest))?
+        .lag_bound_s
+}
+
 /// Median (of an even count: the mean of the middle two), least and most.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Spread {
@@ -127,7 +139,7 @@ impl Spread {
 /// from one seed's stack and how it is printed.
 type Pick = fn(&Replay, &StackRun) -> Option<f64>;
 
-const FIGURES: [(&str, Pick, &str); 19] = [
+const FIGURES: [(&str, Pick, &str); 20] = [
     ("user_error_rate", |_, s| s.all.user_error_rate, "%"),
     ("answered", |_, s| Some(s.all.answered as f64), "n"),
     (
@@ -192,6 +204,7 @@ const FIGURES: [(&str, Pick, &str); 19] = [
         |_, s| s.outage.as_ref().map(attempts),
         "n",
     ),
+    ("recovery_lag_bound_s", |_, s| slowest_lag_bound(s), "s"),
 ];
 
 fn attempts(f: &Figures) -> f64 {
@@ -404,6 +417,10 @@ pub fn table(s: &Seeds) -> String {
             stack.name
         );
         for (name, unit, spread) in &stack.figures {
+            // Only a breaker with health probes has a lag bound.
+            if *name == "recovery_lag_bound_s" && spread.is_none() {
+                continue;
+            }
             let _ = writeln!(out, "  {name:<34} {}", cell(unit, *spread, s.seeds.len()));
         }
         for key in &stack.by_key {

@@ -13,7 +13,10 @@
 //! does a streak of [`DEAD_STREAK`] failures before any graded call has
 //! succeeded. The streak is what sees a dead upstream at once: the window
 //! is seeded with the accepts the rule saw before it fired, from when the
-//! upstream still answered, and keeps them for a whole graded window. Once
+//! upstream still answered, and keeps them for a whole graded window. When
+//! the rule fires with every failure it saw in the streak, after all its
+//! accepts, and that order is unlikely for an upstream that did not change
+//! (odds under 1 in [`CHANGE_ODDS`]), the circuit opens at once. Once
 //! a graded call has succeeded the upstream is not dead, and only the
 //! window decides (a capacity-bound upstream fails its queued calls in
 //! bursts and still answers).
@@ -46,6 +49,13 @@ pub(crate) const MIN_REQUESTS: u64 = 10;
 /// half its calls at random has such a streak at a given call with odds of
 /// about one in a million.
 pub(crate) const DEAD_STREAK: u64 = 20;
+
+/// How unlikely the order of the calls a rule saw must be, for an upstream
+/// that did not change, before "answered, then failed every call since"
+/// opens the circuit at once (see `answered_then_failed`): 10 accepts then
+/// 10 failures have odds of 1 in 184,756; one accept then 19 failures, 1 in
+/// 20.
+const CHANGE_ODDS: f64 = 10_000.0;
 
 /// The graded window's counts, by time bucket.
 #[derive(Debug, Default, Clone, Copy)]
@@ -127,6 +137,27 @@ impl Inner {
     }
 }
 
+/// Whether the calls the rule saw are its accepts, then every failure in
+/// one streak, and that order says the upstream changed: among the orders
+/// of `accepts` and `failures` an upstream that did not change gives with
+/// equal odds, this one has odds of 1 in `C(calls, accepts)`, below 1 in
+/// [`CHANGE_ODDS`].
+fn answered_then_failed(stats: WindowStats, streak: u64) -> bool {
+    if stats.failures == 0 || streak < stats.failures || stats.calls <= stats.failures {
+        return false;
+    }
+    let (n, accepts) = (stats.calls, stats.calls - stats.failures);
+    let k = accepts.min(n - accepts);
+    let mut orders = 1.0_f64;
+    for i in 0..k {
+        orders = orders * (n - i) as f64 / (i + 1) as f64;
+        if orders >= CHANGE_ODDS {
+            return true;
+        }
+    }
+    false
+}
+
 fn nearly_zero(sum: Bucket) -> bool {
     sum.requests >= MIN_REQUESTS && sum.accepts.saturating_mul(NEARLY_ZERO) < sum.requests
 }
@@ -167,7 +198,10 @@ impl Shared {
             inner.stats = stats;
             inner.answered = false;
         }
-        if nearly_zero(inner.sum()) || (streak >= DEAD_STREAK && !inner.answered) {
+        if (!word.is_graded() && answered_then_failed(stats, streak))
+            || nearly_zero(inner.sum())
+            || (streak >= DEAD_STREAK && !inner.answered)
+        {
             return true;
         }
         if !word.is_graded() {
@@ -287,5 +321,37 @@ impl Shared {
             rejected: sum.rejected,
             probability: graded.probability(sum.requests, sum.accepts),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(calls: u64, failures: u64) -> WindowStats {
+        WindowStats {
+            calls,
+            failures,
+            slow: 0,
+        }
+    }
+
+    #[test]
+    fn answered_then_failed_needs_every_failure_in_the_streak_and_an_unlikely_order() {
+        // 10 accepts, then 10 failures in a row: 1 in 184,756.
+        assert!(answered_then_failed(stats(20, 10), 10));
+        // 6 then 14: 1 in 38,760; 5 then 10: 1 in 3,003.
+        assert!(answered_then_failed(stats(20, 14), 14));
+        assert!(!answered_then_failed(stats(15, 10), 10));
+        // One accept, then 19 failures: 1 in 20, what an upstream that
+        // answers 5 % gives often.
+        assert!(!answered_then_failed(stats(20, 19), 19));
+        // A failure the streak does not hold came before an accept.
+        assert!(!answered_then_failed(stats(20, 10), 9));
+        // No accepts (the window's own test decides), or no failures.
+        assert!(!answered_then_failed(stats(20, 20), 20));
+        assert!(!answered_then_failed(stats(20, 0), 0));
+        // A long time window: it stops counting once past the odds.
+        assert!(answered_then_failed(stats(100_000, 50_000), 50_000));
     }
 }

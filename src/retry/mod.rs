@@ -4,7 +4,8 @@
 //! [`RetryPolicy`] retries what the upstream's health explains — a
 //! [`Failure`](Outcome::Failure) or a [`RateLimited`](Outcome::RateLimited)
 //! answer — and nothing else: never a bad request, never a
-//! [`CircuitOpen`](crate::CircuitOpen) rejection. Backoff is exponential with full jitter, and a
+//! [`CircuitOpen`](crate::CircuitOpen) rejection (a graded admission's
+//! refusal included, unless [`RetryPolicy::retry_graded`] says otherwise). Backoff is exponential with full jitter, and a
 //! `Retry-After` under a cap is waited out exactly.
 //!
 //! A retry layer kept apart from its breaker has one known weakness: a call
@@ -77,7 +78,7 @@ use crate::classify::{Classify, HttpClassifier};
 use crate::guard::{self, Judged};
 use crate::keyed::{Keyed, KeyedBreakers};
 use crate::rng::Rng;
-use crate::{Fallback, Outcome};
+use crate::{Fallback, Outcome, Rejection};
 
 // === RetryPolicy ===
 
@@ -147,6 +148,8 @@ pub struct RetryPolicy<C = HttpClassifier, W = ()> {
     keyed: W,
     rng: Rng,
     budget: Option<RetryBudget>,
+    /// Whether a graded admission's rejection is retried.
+    retry_graded: bool,
     /// Retries made so far for the request this clone serves.
     retries: u32,
 }
@@ -174,6 +177,7 @@ impl RetryPolicy {
             keyed: (),
             rng: Rng::random(),
             budget: None,
+            retry_graded: false,
             retries: 0,
         }
     }
@@ -208,6 +212,7 @@ impl<C, W> RetryPolicy<C, W> {
             keyed: self.keyed,
             rng: self.rng,
             budget: self.budget,
+            retry_graded: self.retry_graded,
             retries: self.retries,
         }
     }
@@ -240,6 +245,36 @@ impl<C, W> RetryPolicy<C, W> {
     #[must_use]
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Retries a call that graded admission refused
+    /// ([`Rejection::Graded`](crate::Rejection::Graded)), after a backoff
+    /// and within the budget, as it would a failure. Off by default: any
+    /// rejection ends the retry loop, a graded one as an open circuit's
+    /// does. A graded breaker refuses a call with the probability that its
+    /// upstream cannot serve it, so a retry of a refused call is a draw
+    /// against the same odds, admitted or not, at the cost of the user's
+    /// wait; without a budget it also undoes the shedding. Replayed over
+    /// every shipped scenario (the outage replay's `[client] retry_graded`,
+    /// medians of 11 seeds), retrying them answered more of what no breaker
+    /// answers in two stacks (stalled streams, 0.947 → 0.961) and fewer in
+    /// two (a brownout, 0.969 → 0.948; eight replicas on an overloaded
+    /// upstream, 0.575 → 0.473), so it is off by default.
+    ///
+    /// ```
+    /// use tower_circuit_breaker::retry::{RetryBudget, RetryPolicy};
+    ///
+    /// // Retry graded refusals too, within a 20 % budget.
+    /// let policy = RetryPolicy::new()
+    ///     .max_retries(2)
+    ///     .budget(RetryBudget::new(20.0).unwrap())
+    ///     .retry_graded(true);
+    /// # let _ = policy;
+    /// ```
+    #[must_use]
+    pub fn retry_graded(mut self, retry: bool) -> Self {
+        self.retry_graded = retry;
         self
     }
 
@@ -462,6 +497,7 @@ impl<C, W> RetryPolicy<C, W> {
             keyed: KeyedWatch::new(Keyed::new(breakers, key), self.keyed),
             rng: self.rng,
             budget: self.budget,
+            retry_graded: self.retry_graded,
             retries: self.retries,
         }
     }
@@ -529,6 +565,7 @@ where
         }
         let outcome = match judged {
             Judged::Said(outcome) => outcome,
+            Judged::Rejected if self.retry_graded && graded(result) => Outcome::Failure,
             Judged::Rejected | Judged::Opaque => return None,
         };
         let wait = self.wait_for(outcome)?;
@@ -546,6 +583,11 @@ where
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         (self.max_retries > 0).then(|| req.clone())
     }
+}
+
+/// Whether an attempt was refused by graded admission.
+fn graded<R, E: AttemptError>(result: &Result<R, E>) -> bool {
+    matches!(result, Err(e) if e.circuit_open().is_some_and(|o| o.reason() == Rejection::Graded))
 }
 
 #[cfg(test)]

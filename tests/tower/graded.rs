@@ -162,7 +162,7 @@ async fn an_upstream_answering_5_percent_is_shed_to_a_trickle_within_one_window(
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_upstream_that_dies_opens_after_twenty_failures_in_a_row() {
+async fn an_upstream_that_fails_everything_since_it_answered_opens_when_the_rule_fires() {
     // Healthy for 20 calls, then 503 for good.
     let (addr, hits) = serve(|n| if n < 20 { 200 } else { 503 }).await;
     let (layer, breaker) = layer(0.5);
@@ -170,16 +170,40 @@ async fn an_upstream_that_dies_opens_after_twenty_failures_in_a_row() {
     for _ in 0..20 {
         assert_eq!(call(&mut svc, addr).await, Ok(200));
     }
-    // The rule fires at the 10th 503 (10 of the last 20 failed), with 10
-    // accepts in the window: nothing is shed yet, and under the window's
-    // test alone (accepts below 1 in 100 requests) this would go on for
-    // its 30 s. The 20th failure in a row opens it for every call.
+    // The rule fires at the 10th 503 (10 of the last 20 failed). Its window
+    // still holds 10 accepts, but every failure it saw is in the streak:
+    // the upstream answered until it failed everything, and the circuit
+    // opens for every call, as all or nothing would.
+    for failure in 1..=10 {
+        assert_eq!(call(&mut svc, addr).await, Ok(503), "failure {failure}");
+        assert!(breaker.snapshot().shed.is_none(), "never graded");
+    }
+    assert_eq!(breaker.state(), State::Open);
+    assert_eq!(call(&mut svc, addr).await, Err(Rejection::Open));
+    assert_eq!(hits.load(Ordering::SeqCst), 30);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_dies_opens_after_twenty_failures_in_a_row() {
+    // Healthy for 20 calls but the 16th, then 503 for good.
+    let (addr, hits) = serve(|n| if n < 20 && n != 15 { 200 } else { 503 }).await;
+    let (layer, breaker) = layer(0.5);
+    let mut svc = client(layer);
+    for n in 0..20 {
+        let expected = if n == 15 { 503 } else { 200 };
+        assert_eq!(call(&mut svc, addr).await, Ok(expected));
+    }
+    // The rule fires at the 9th 503 in a row (with the 16th call's, 10 of
+    // the last 20 failed), with 10 accepts in the window: nothing is shed
+    // yet, and under the window's test alone (accepts below 1 in 100
+    // requests) this would go on for its 30 s. The 20th failure in a row
+    // opens it for every call.
     for failure in 1..=20 {
         assert_eq!(call(&mut svc, addr).await, Ok(503), "failure {failure}");
         let graded = breaker.snapshot().shed.is_some();
         assert_eq!(
             graded,
-            (10..20).contains(&failure),
+            (9..20).contains(&failure),
             "grading after failure {failure}"
         );
     }
@@ -190,13 +214,14 @@ async fn an_upstream_that_dies_opens_after_twenty_failures_in_a_row() {
 
 #[tokio::test(start_paused = true)]
 async fn once_a_graded_call_succeeds_a_streak_does_not_open_it() {
-    // Healthy for 20 calls, 10 failures (the rule fires), one success
-    // while grading, then 503 for good.
-    let (addr, hits) = serve(|n| if n < 20 || n == 30 { 200 } else { 503 }).await;
+    // Healthy for 20 calls but the 16th, 9 failures (the rule fires), one
+    // more, one success while grading, then 503 for good.
+    let ok = |n: u64| (n < 20 && n != 15) || n == 30;
+    let (addr, hits) = serve(move |n| if ok(n) { 200 } else { 503 }).await;
     let (layer, breaker) = layer(0.5);
     let mut svc = client(layer);
     for n in 0..51 {
-        let expected = if n < 20 || n == 30 { 200 } else { 503 };
+        let expected = if ok(n) { 200 } else { 503 };
         assert_eq!(call(&mut svc, addr).await, Ok(expected), "call {n}");
     }
     // 20 failures in a row since that success: the upstream answered a
@@ -204,4 +229,79 @@ async fn once_a_graded_call_succeeds_a_streak_does_not_open_it() {
     assert_eq!(breaker.state(), State::Closed);
     assert!(breaker.snapshot().shed.is_some(), "still grading");
     assert_eq!(hits.load(Ordering::SeqCst), 51);
+}
+
+/// A breaker grading with a high shed share over an upstream that has
+/// healed: 19 of its first 20 calls failed (the 11th answered), every call
+/// after them is answered.
+async fn grading_over_a_healed_upstream() -> (std::net::SocketAddr, Arc<AtomicU64>, Svc, Breaker) {
+    let (addr, hits) = serve(|n| if n >= 20 || n == 10 { 200 } else { 503 }).await;
+    let (layer, breaker) = layer(0.5);
+    let mut svc = client(layer);
+    for _ in 0..20 {
+        call(&mut svc, addr).await.unwrap();
+    }
+    let shed = breaker.snapshot().shed.expect("the rule fired and grades");
+    // (20 − 5·1) / 21.
+    assert!(shed.probability > 0.7, "{shed:?}");
+    (addr, hits, svc, breaker)
+}
+
+/// Calls through a retry of up to 5 retries; how many got an answer.
+async fn answered_through_retries(
+    svc: Svc,
+    addr: std::net::SocketAddr,
+    retry_graded: bool,
+) -> usize {
+    let policy = tower_circuit_breaker::retry::RetryPolicy::new()
+        .max_retries(5)
+        .backoff(Duration::from_millis(10), Duration::from_millis(100))
+        .retry_graded(retry_graded)
+        .seed(5);
+    let mut retrying = ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(policy))
+        .service(svc);
+    let mut answered = 0;
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let request = Request::get(format!("http://{addr}/v1/chat/completions"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        match retrying.ready().await.unwrap().call(request).await {
+            Ok(res) => {
+                assert_eq!(res.status(), 200);
+                res.into_body().collect().await.unwrap();
+                answered += 1;
+            }
+            Err(e) => assert_eq!(e.circuit_open().unwrap().reason(), Rejection::Graded),
+        }
+    }
+    answered
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_policy_retries_graded_refusals_only_when_told_to() {
+    // By default a graded refusal ends the retry loop, as an open
+    // circuit's does: some of the 20 calls end refused.
+    let (addr, hits, svc, breaker) = grading_over_a_healed_upstream().await;
+    let answered = answered_through_retries(svc, addr, false).await;
+    let refused = breaker.snapshot().counters.graded_rejected;
+    assert!(answered < 20, "{answered} of 20 answered");
+    assert_eq!(
+        refused as usize,
+        20 - answered,
+        "one refusal per refused call"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst) as usize, 20 + answered);
+
+    // Told to, it retries them after a backoff: every call is answered,
+    // after more refusals than calls refused before.
+    let (addr, hits, svc, breaker) = grading_over_a_healed_upstream().await;
+    let answered = answered_through_retries(svc, addr, true).await;
+    assert_eq!(answered, 20);
+    assert_eq!(hits.load(Ordering::SeqCst), 40);
+    assert!(
+        breaker.snapshot().counters.graded_rejected > 0,
+        "some draws refused"
+    );
 }

@@ -486,7 +486,11 @@ impl<T: Build> Builder<T> {
     /// Grading ends once the rules no longer fire and the window would
     /// reject nothing; the circuit opens for every call once the window's
     /// accepts are (nearly) zero: fewer than 1 in 100 requests, with at
-    /// least 10 requests in it, or once 20 calls in a row have failed
+    /// least 10 requests in it; at once when the rule fires on an upstream
+    /// that answered and then failed every call since (every failure the
+    /// rule saw is in the current streak, after all its accepts, an order
+    /// with odds under 1 in 10,000 for an upstream that did not change:
+    /// 10 accepts then 10 failures); or once 20 calls in a row have failed
     /// before any graded call succeeded (the window still holds the
     /// accepts from before the upstream died, the streak does not). Graded
     /// is the default. [`TripMode::Open`] is
