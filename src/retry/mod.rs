@@ -249,7 +249,7 @@ impl<C, W> RetryPolicy<C, W> {
     }
 
     /// Retries a call that graded admission refused
-    /// ([`Rejection::Graded`](crate::Rejection::Graded)), after a backoff
+    /// ([`Rejection::Graded`]), after a backoff
     /// and within the budget, as it would a failure. Off by default: any
     /// rejection ends the retry loop, a graded one as an open circuit's
     /// does. A graded breaker refuses a call with the probability that its
