@@ -60,8 +60,15 @@ impl Drop for Cancelled {
     }
 }
 
-/// A server that answers `name` after `delay`, over HTTP/1 or HTTP/2.
-async fn server(name: &'static str, delay: Duration, h2: bool) -> (SocketAddr, Seen) {
+/// A server on 127.0.0.1:0, over HTTP/1 or HTTP/2, that notes each
+/// request's arrival and answers with `answer(guard, answered)`: the guard
+/// counts the handler as cancelled unless it is disarmed.
+async fn serve<F, Fut, B>(h2: bool, answer: F) -> (SocketAddr, Seen)
+where
+    F: Fn(Cancelled, Arc<AtomicUsize>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Seen::default();
@@ -69,18 +76,12 @@ async fn server(name: &'static str, delay: Duration, h2: bool) -> (SocketAddr, S
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            let s = s.clone();
+            let (s, answer) = (s.clone(), answer.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
                     s.arrivals.lock().unwrap().push(Instant::now());
-                    let guard = Cancelled(Some(s.cancelled.clone()));
-                    let answered = s.answered.clone();
-                    async move {
-                        tokio::time::sleep(delay).await;
-                        guard.disarm();
-                        answered.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(name))))
-                    }
+                    let answer = answer(Cancelled(Some(s.cancelled.clone())), s.answered.clone());
+                    async move { Ok::<_, Infallible>(answer.await) }
                 });
                 let io = TokioIo::new(stream);
                 if h2 {
@@ -97,6 +98,20 @@ async fn server(name: &'static str, delay: Duration, h2: bool) -> (SocketAddr, S
         }
     });
     (addr, seen)
+}
+
+/// A server that answers `name` after `delay`, over HTTP/1 or HTTP/2.
+async fn server(name: &'static str, delay: Duration, h2: bool) -> (SocketAddr, Seen) {
+    serve(
+        h2,
+        move |guard: Cancelled, answered: Arc<AtomicUsize>| async move {
+            tokio::time::sleep(delay).await;
+            guard.disarm();
+            answered.fetch_add(1, Ordering::SeqCst);
+            Response::new(Full::new(Bytes::from(name)))
+        },
+    )
+    .await
 }
 
 fn breaker(name: &str) -> Breaker {
@@ -328,41 +343,24 @@ async fn under_a_thousand_slow_first_attempts_hedges_stay_within_their_budget() 
 /// `data: <name>`, after `first_token`; a stream dropped before its event
 /// counts as cancelled.
 async fn sse_server(name: &'static str, first_token: Duration) -> (SocketAddr, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Seen::default();
-    let s = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let s = s.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
-                    s.arrivals.lock().unwrap().push(Instant::now());
-                    let guard = Cancelled(Some(s.cancelled.clone()));
-                    let answered = s.answered.clone();
-                    let event = futures::stream::once(async move {
-                        tokio::time::sleep(first_token).await;
-                        guard.disarm();
-                        answered.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, Infallible>(Frame::data(Bytes::from(format!("data: {name}\n\n"))))
-                    });
-                    async move {
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "text/event-stream")
-                                .body(StreamBody::new(event))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+    serve(
+        false,
+        move |guard: Cancelled, answered: Arc<AtomicUsize>| {
+            let event = futures::stream::once(async move {
+                tokio::time::sleep(first_token).await;
+                guard.disarm();
+                answered.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(Frame::data(Bytes::from(format!("data: {name}\n\n"))))
             });
-        }
-    });
-    (addr, seen)
+            async move {
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(StreamBody::new(event))
+                    .unwrap()
+            }
+        },
+    )
+    .await
 }
 
 /// A failover of breakers with the LLM classifier, each under `deadlines`,
