@@ -582,6 +582,17 @@ fn the_ground_truth_counts_what_fails_by_construction_weighted_by_duration() {
     )
     .unwrap();
     assert_eq!(healthy.upstreams[0].failing_share(within, timeout), None);
+
+    // Per class of traffic: a model's upstream, or an API key's own script.
+    let regional = load("regional-outage-keyed.toml");
+    assert_eq!(regional.class_failing_share("gpt-eu"), Some(1.0));
+    assert_eq!(regional.class_failing_share("claude-us"), None);
+    assert_eq!(regional.class_failing_share("no-such-model"), None);
+    let keys = load("key-quota-exhausted.toml");
+    // team-a's key runs out of quota (a 429, which does not fail); team-b
+    // has no script of its own, and the upstream's never fails.
+    assert_eq!(keys.class_failing_share("gpt-4o/team-a"), Some(0.0));
+    assert_eq!(keys.class_failing_share("gpt-4o/team-b"), None);
 }
 
 #[test]

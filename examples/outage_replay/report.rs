@@ -510,6 +510,9 @@ struct JsonClass<'a> {
     all: JsonFigures<'a>,
     outage: Option<JsonOutage<'a>>,
     after_heal: Option<JsonOutage<'a>>,
+    /// The key's ground truth and its class, as for an upstream.
+    failing_share: Option<f64>,
+    class: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -693,6 +696,7 @@ pub fn json(replay: &Replay) -> String {
                         .collect(),
                 ),
                 by_key: (!s.by_class.is_empty()).then(|| {
+                    let truth = |c: &str| replay.setup.class_failing_share(c);
                     Keyed(
                         replay
                             .classes
@@ -718,6 +722,8 @@ pub fn json(replay: &Replay) -> String {
                                         class,
                                         Window::AfterHeal,
                                     ),
+                                    failing_share: truth(c).map(micro),
+                                    class: truth(c).map(outage_class),
                                 };
                                 (c.as_str(), json)
                             })

@@ -148,6 +148,22 @@ impl Scenario {
         self.upstreams[i].breaker.as_ref().unwrap_or(&self.breaker)
     }
 
+    /// The ground truth of a class of traffic (`model` or `model/api_key`):
+    /// its key's own script when it has one, else its upstream's; `None`
+    /// when it names no upstream or its script never fails.
+    pub fn class_failing_share(&self, class: &str) -> Option<f64> {
+        let (model, key) = match class.split_once('/') {
+            Some((m, k)) => (m, Some(k)),
+            None => (class, None),
+        };
+        let u = self.upstreams.iter().find(|u| u.name == model)?;
+        let phases = match key.and_then(|k| u.key(k)) {
+            Some(k) => &u.keys[k].phases,
+            None => &u.phases,
+        };
+        phases_failing_share(phases, self.answer_within(), self.client.attempt_timeout)
+    }
+
     /// Whether requests go to more than the primary.
     pub fn has_mix(&self) -> bool {
         !self.traffic.is_empty() || self.bursts.iter().any(|b| b.source.is_some())
@@ -589,6 +605,28 @@ impl KeyScript {
     }
 }
 
+/// [`Upstream::failing_share`] of a list of phases (an upstream's own, or a
+/// key's).
+fn phases_failing_share(
+    phases: &[Phase],
+    within: Duration,
+    attempt_timeout: Duration,
+) -> Option<f64> {
+    let from = phases_failing_from(phases, within)?;
+    let to = phases_healed_at(phases, within)
+        .filter(|&heal| heal > from)
+        .or_else(|| phases.last().map(|p| p.until))?;
+    let (mut failing, mut total) = (0.0, 0.0);
+    for p in phases {
+        let span = (p.until.min(to).saturating_sub(p.from.max(from))).as_secs_f64();
+        if span > 0.0 {
+            failing += span * p.failing_share(attempt_timeout);
+            total += span;
+        }
+    }
+    (total > 0.0).then(|| failing / total)
+}
+
 fn phases_failing_from(phases: &[Phase], within: Duration) -> Option<Duration> {
     phases
         .iter()
@@ -757,19 +795,7 @@ impl Upstream {
     /// end of the run), weighted by each phase's duration; `None` when its
     /// own phases never fail. See [`Phase::failing_share`].
     pub fn failing_share(&self, within: Duration, attempt_timeout: Duration) -> Option<f64> {
-        let from = phases_failing_from(&self.phases, within)?;
-        let to = phases_healed_at(&self.phases, within)
-            .filter(|&heal| heal > from)
-            .or_else(|| self.phases.last().map(|p| p.until))?;
-        let (mut failing, mut total) = (0.0, 0.0);
-        for p in &self.phases {
-            let span = (p.until.min(to).saturating_sub(p.from.max(from))).as_secs_f64();
-            if span > 0.0 {
-                failing += span * p.failing_share(attempt_timeout);
-                total += span;
-            }
-        }
-        (total > 0.0).then(|| failing / total)
+        phases_failing_share(&self.phases, within, attempt_timeout)
     }
 
     /// Its key named `api_key`, when it has one.
