@@ -24,6 +24,16 @@ const NAME: &str = "upstream";
 /// The states a breaker entered, in order.
 type Entered = Arc<Mutex<Vec<State>>>;
 
+/// Waits until the replica is in `state` and its transition listener has
+/// heard of it (the listener runs just after the state changes, on the
+/// thread that changed it).
+async fn reached(b: &Breaker, entered: &Entered, state: State) -> bool {
+    eventually(WAIT, || async {
+        b.state() == state && entered.lock().unwrap().last() == Some(&state)
+    })
+    .await
+}
+
 /// A replica of the breaker `NAME` on `url`, with the states it enters.
 /// Resyncs are an hour apart, so every command a test counts is one of
 /// the exchanges it causes.
@@ -118,7 +128,7 @@ async fn a_trip_reaches_another_replica_without_an_exchange() {
     a.admit().unwrap().record(Outcome::Failure);
     assert_eq!(a.state(), State::Open);
     assert!(
-        eventually(WAIT, || async { b.state() == State::Open }).await,
+        reached(&b, &entered, State::Open).await,
         "the trip reaches the other replica"
     );
     assert_eq!(*entered.lock().unwrap(), [State::Open]);
@@ -170,7 +180,7 @@ async fn an_older_message_does_not_roll_a_replica_back() {
     // second one has it, it read the older messages before it.
     a.record_health_probe(Outcome::Success);
     assert!(
-        eventually(WAIT, || async { b.state() == State::HalfOpen }).await,
+        reached(&b, &entered, State::HalfOpen).await,
         "the newer transition is applied"
     );
     assert_eq!(
@@ -223,7 +233,7 @@ async fn a_malformed_message_is_ignored() {
     // A well-formed one after them: once it is applied, they were all read.
     publish(&url, &prefix, format!("v2 open/1000000/- {next} {NAME}")).await;
     assert!(
-        eventually(WAIT, || async { b.state() == State::Open }).await,
+        reached(&b, &entered, State::Open).await,
         "the well-formed message is applied"
     );
     assert_eq!(
