@@ -53,6 +53,20 @@ async fn main() {
         "  redis commands: {per_s:.0}/s in all, {:.1}/s per replica, over {secs:.1} s",
         per_s / replicas as f64
     );
+    let steady = f.steady_elapsed.as_secs_f64().max(1e-9);
+    let n = replicas as f64;
+    println!(
+        "  steady (rounds without a restart, {steady:.1} s): {:.1} commands/s and {:.1} script calls/s per replica",
+        f.steady_commands as f64 / steady / n,
+        f.steady_scripts as f64 / steady / n
+    );
+    f.join_commands.sort_unstable();
+    if let Some(median) = f.join_commands.get(f.join_commands.len() / 2) {
+        println!(
+            "  a restarted replica's join: {median} commands (median of {})",
+            f.join_commands.len()
+        );
+    }
     if f.breakers_stored > 0 {
         println!(
             "  redis memory: {} bytes per breaker with state ({} breakers)",

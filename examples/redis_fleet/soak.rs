@@ -73,6 +73,15 @@ pub struct Figures {
     /// Redis commands processed while the rounds ran, and for how long.
     pub commands: u64,
     pub elapsed: Duration,
+    /// The same over the rounds without a restart alone, with the script
+    /// calls among them: the fleet's steady load, apart from what a
+    /// restarted replica's first read of every key costs once.
+    pub steady_commands: u64,
+    pub steady_scripts: u64,
+    pub steady_elapsed: Duration,
+    /// Commands and script calls the restart rounds processed, less the
+    /// steady rate over their length: what a replica's join costs.
+    pub join_commands: Vec<u64>,
     /// Bytes of Redis memory the prefix's keys take, and the breakers they
     /// hold state for.
     pub bytes: u64,
@@ -232,6 +241,23 @@ async fn info_field(
         .unwrap_or(0)
 }
 
+/// Commands Redis processed so far (script commands included), and
+/// `EVALSHA` calls among them, with one `INFO` each.
+async fn counts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let total = info_field(conn, "stats", "total_commands_processed").await;
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let scripts = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next()?.parse().ok())
+        .unwrap_or(0);
+    (total, scripts)
+}
+
 /// Runs the soak; `prefix` keeps its keys apart from anything else.
 pub async fn run(plan: &Plan, prefix: &str) -> Figures {
     let mut rng = Rng(plan.seed);
@@ -266,6 +292,8 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
 
     let mut figures = Figures::default();
     let mut open: Vec<usize> = Vec::new();
+    let mut joins: Vec<(u64, Duration)> = Vec::new();
+    let mut last = None;
     let before = info_field(&mut conn, "stats", "total_commands_processed").await;
     let began = Instant::now();
     let mut ticks = tokio::time::interval(plan.round_every);
@@ -275,110 +303,137 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
         let decider = rng.below(fleet.len());
         let roll = rng.below(100);
         let since = Instant::now();
-        let (k, want) = if roll < 10 && fleet.len() > 1 {
-            // A replica restarts: a new backend, a new id, a fresh set.
-            let old = fleet.swap_remove(decider);
-            old.traffic.abort();
-            old.attachment.detach().await;
-            let joined = Instant::now();
-            let fresh = start(plan, prefix, rng.next()).await;
-            let caught_up = timeout(plan.converge, async {
-                while !open.iter().all(|&i| local(&fresh, &key(i)) == State::Open) {
-                    sleep(Duration::from_millis(2)).await;
-                }
-            })
-            .await;
-            if caught_up.is_ok() {
-                figures.join.push(joined.elapsed());
-            } else {
-                figures.diverged += 1;
-            }
-            fleet.push(fresh);
-            figures.rounds += 1;
-            continue;
-        } else if roll < 55 || open.is_empty() {
-            // A trip on one replica.
-            let i = loop {
-                let i = rng.below(plan.keys);
-                if !open.contains(&i) {
-                    break i;
-                }
-            };
-            let k = key(i);
-            if let Ok(p) = fleet[decider].set.admit(&k) {
-                p.record(Outcome::Failure);
-            }
-            open.push(i);
-            let behind = converge(plan, &fleet, &k, State::Open).await;
-            figures
-                .trip
-                .extend(delays(&fleet, decider, &k, &[State::Open], since));
-            figures.diverged += behind;
-            figures.rounds += 1;
-            continue;
-        } else if roll < 85 {
-            // A heal: one replica's health probe finds the upstream
-            // answering, and its probe closes the circuit for everyone.
-            let i = open.swap_remove(rng.below(open.len()));
-            let k = key(i);
-            let b = fleet[decider].set.get_or_insert(&k);
-            b.record_health_probe(Outcome::Success);
-            let probed = timeout(plan.converge, async {
-                loop {
-                    if let Ok(p) = b.admit() {
-                        p.record(Outcome::Success);
-                        if b.state() == State::Closed {
-                            return;
-                        }
+        let restart = roll < 10 && fleet.len() > 1;
+        // Each round's count runs to the next round's start.
+        let now = counts(&mut conn).await;
+        tally(
+            &mut figures,
+            &mut joins,
+            last.replace((now, since, restart)),
+            now,
+        );
+        'round: {
+            let (k, want) = if restart {
+                // A replica restarts: a new backend, a new id, a fresh set.
+                let old = fleet.swap_remove(decider);
+                old.traffic.abort();
+                old.attachment.detach().await;
+                let joined = Instant::now();
+                let fresh = start(plan, prefix, rng.next()).await;
+                let caught_up = timeout(plan.converge, async {
+                    while !open.iter().all(|&i| local(&fresh, &key(i)) == State::Open) {
+                        sleep(Duration::from_millis(2)).await;
                     }
-                    sleep(Duration::from_millis(2)).await;
+                })
+                .await;
+                if caught_up.is_ok() {
+                    figures.join.push(joined.elapsed());
+                } else {
+                    figures.diverged += 1;
                 }
-            })
-            .await;
-            if probed.is_err() {
-                figures.diverged += 1;
-            }
-            let behind = converge(plan, &fleet, &k, State::Closed).await;
-            figures
-                .heal
-                .extend(delays(&fleet, decider, &k, &[State::Closed], since));
-            figures.diverged += behind;
-            (k, State::Closed)
-        } else {
-            // An operator resets one open key for every replica.
-            let i = open.swap_remove(rng.below(open.len()));
-            let k = key(i);
-            // The control opens its own connection, which a loaded machine
-            // may not finish within the backend's timeout: ask again.
-            let mut confirmed = false;
-            for _ in 0..5 {
-                if fleet[decider].attachment.reset_cluster(&k).await.is_ok() {
-                    confirmed = true;
-                    break;
-                }
-            }
-            if !confirmed {
-                figures.unconfirmed += 1;
-                open.push(i);
+                // Its first read of every key ends in this round, so the
+                // steady rounds after it do not count it.
+                let _ = timeout(plan.converge, async {
+                    while !fresh.attachment.is_shared() {
+                        sleep(Duration::from_millis(2)).await;
+                    }
+                })
+                .await;
+                fleet.push(fresh);
                 figures.rounds += 1;
-                continue;
-            }
-            let behind = converge(plan, &fleet, &k, State::Closed).await;
-            // Timed from the call: the operator's replica learns it from
-            // the same message as the others.
-            figures.control.extend(
-                fleet
-                    .iter()
-                    .filter_map(|r| entered(r, &k, &[State::Closed], since))
-                    .map(|at| at.saturating_duration_since(since)),
-            );
-            figures.diverged += behind;
-            (k, State::Closed)
-        };
-        let _ = (k, want);
-        figures.rounds += 1;
+                break 'round;
+            } else if roll < 55 || open.is_empty() {
+                // A trip on one replica.
+                let i = loop {
+                    let i = rng.below(plan.keys);
+                    if !open.contains(&i) {
+                        break i;
+                    }
+                };
+                let k = key(i);
+                if let Ok(p) = fleet[decider].set.admit(&k) {
+                    p.record(Outcome::Failure);
+                }
+                open.push(i);
+                let behind = converge(plan, &fleet, &k, State::Open).await;
+                figures
+                    .trip
+                    .extend(delays(&fleet, decider, &k, &[State::Open], since));
+                figures.diverged += behind;
+                figures.rounds += 1;
+                break 'round;
+            } else if roll < 85 {
+                // A heal: one replica's health probe finds the upstream
+                // answering, and its probe closes the circuit for everyone.
+                let i = open.swap_remove(rng.below(open.len()));
+                let k = key(i);
+                let b = fleet[decider].set.get_or_insert(&k);
+                b.record_health_probe(Outcome::Success);
+                let probed = timeout(plan.converge, async {
+                    loop {
+                        if let Ok(p) = b.admit() {
+                            p.record(Outcome::Success);
+                            if b.state() == State::Closed {
+                                return;
+                            }
+                        }
+                        sleep(Duration::from_millis(2)).await;
+                    }
+                })
+                .await;
+                if probed.is_err() {
+                    figures.diverged += 1;
+                }
+                let behind = converge(plan, &fleet, &k, State::Closed).await;
+                figures
+                    .heal
+                    .extend(delays(&fleet, decider, &k, &[State::Closed], since));
+                figures.diverged += behind;
+                (k, State::Closed)
+            } else {
+                // An operator resets one open key for every replica.
+                let i = open.swap_remove(rng.below(open.len()));
+                let k = key(i);
+                // The control opens its own connection, which a loaded machine
+                // may not finish within the backend's timeout: ask again.
+                let mut confirmed = false;
+                for _ in 0..5 {
+                    if fleet[decider].attachment.reset_cluster(&k).await.is_ok() {
+                        confirmed = true;
+                        break;
+                    }
+                }
+                if !confirmed {
+                    figures.unconfirmed += 1;
+                    open.push(i);
+                    figures.rounds += 1;
+                    break 'round;
+                }
+                let behind = converge(plan, &fleet, &k, State::Closed).await;
+                // Timed from the call: the operator's replica learns it from
+                // the same message as the others.
+                figures.control.extend(
+                    fleet
+                        .iter()
+                        .filter_map(|r| entered(r, &k, &[State::Closed], since))
+                        .map(|at| at.saturating_duration_since(since)),
+                );
+                figures.diverged += behind;
+                (k, State::Closed)
+            };
+            let _ = (k, want);
+            figures.rounds += 1;
+        }
     }
+    let now = counts(&mut conn).await;
+    tally(&mut figures, &mut joins, last.take(), now);
     figures.elapsed = began.elapsed();
+    // A join's commands, less what the rest of the fleet sent meanwhile.
+    let steady = figures.steady_commands as f64 / figures.steady_elapsed.as_secs_f64().max(1e-9);
+    figures.join_commands = joins
+        .iter()
+        .map(|&(c, took)| (c as f64 - steady * took.as_secs_f64()).max(0.0) as u64)
+        .collect();
     let after = info_field(&mut conn, "stats", "total_commands_processed").await;
     figures.commands = after.saturating_sub(before);
 
@@ -406,6 +461,31 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
         conn.del(&stored).await
     };
     figures
+}
+
+/// Adds the round that began at `at` (counts `then`, a restart or not) up
+/// to counts `now`, taken as the next round starts.
+fn tally(
+    figures: &mut Figures,
+    joins: &mut Vec<(u64, Duration)>,
+    last: Option<((u64, u64), Instant, bool)>,
+    now: (u64, u64),
+) {
+    let Some((then, at, restart)) = last else {
+        return;
+    };
+    // The counts' own two INFO commands are not the fleet's.
+    let (c, scripts) = (
+        now.0.saturating_sub(then.0 + 2),
+        now.1.saturating_sub(then.1),
+    );
+    if restart {
+        joins.push((c, at.elapsed()));
+    } else {
+        figures.steady_commands += c;
+        figures.steady_scripts += scripts;
+        figures.steady_elapsed += at.elapsed();
+    }
 }
 
 /// p50, p99 and max of `v`, in ms.

@@ -85,6 +85,13 @@ impl Remote<'_> {
     /// Opens the circuit for `remaining` because the account's quota ran
     /// out on another replica: a quota gate, as
     /// [`Builder::quota_gate`](crate::Builder::quota_gate) opens locally.
+    /// The lifetime counters alone, as in a snapshot: no lock, no window,
+    /// no clock.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn counters(&self) -> super::Counters {
+        self.shared.counters.sum()
+    }
+
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn gate_for(&self, remaining: Duration) {
         self.open_because(remaining, Reason::QuotaExhausted);

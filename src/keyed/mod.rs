@@ -149,6 +149,9 @@ struct Inner {
     shards: [RwLock<HashTable<Arc<Entry>>>; SHARDS],
     /// Changes whenever keys are evicted; see [`last`].
     version: AtomicU64,
+    /// Counts every key added and every sweep that evicted any: a
+    /// shared-state backend reads the set's keys again only when it moved.
+    members: AtomicU64,
     hasher: DefaultHashBuilder,
     /// Mixed into every key's hash first: see [`Inner::hash`].
     seed: u128,
@@ -256,6 +259,7 @@ impl Build for KeyedBreakers {
             Inner {
                 shards: std::array::from_fn(|_| RwLock::new(HashTable::new())),
                 version: AtomicU64::new(last::next_version()),
+                members: AtomicU64::new(0),
                 hasher: DefaultHashBuilder::default(),
                 seed: os_random_seed(),
                 max_keys: extra.max_keys,
@@ -278,6 +282,13 @@ impl Build for KeyedBreakers {
 }
 
 impl KeyedBreakers {
+    /// Moves whenever a key is added or evicted: equal readings mean
+    /// [`breakers`](Self::breakers) holds the same breakers as before.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn membership(&self) -> u64 {
+        self.inner.members.load(Ordering::Acquire)
+    }
+
     /// Completes at the next transition of any breaker of the set (taken
     /// before a look at the set, it misses none that follow the look).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]

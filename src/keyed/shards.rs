@@ -121,6 +121,9 @@ impl Inner {
             }),
             |e| self.hash(&e.key),
         );
+        // Under the shard's lock: a reader that sees the new count and
+        // then reads the shard finds the key.
+        self.members.fetch_add(1, Ordering::AcqRel);
         Some(breaker)
     }
 
@@ -152,6 +155,7 @@ impl Inner {
         if evicted > 0 {
             // Entries cached by threads may be gone: make them look again.
             self.version.store(last::next_version(), Ordering::Release);
+            self.members.fetch_add(1, Ordering::AcqRel);
         }
         if evicted > 0 {
             tracing::debug!(target: "tower_circuit_breaker", evicted, "evicted idle keyed breakers");

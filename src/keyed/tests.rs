@@ -97,3 +97,28 @@ fn a_set_with_a_cap_on_open_keys_is_freed_with_its_last_handle() {
     drop(set);
     assert!(weak.upgrade().is_none(), "the cap outlived its set");
 }
+
+/// The membership count moves when a key is added or evicted, and only
+/// then: a backend keeping the set in step looks at its keys again by it.
+#[tokio::test(start_paused = true)]
+async fn membership_moves_when_keys_come_and_go() {
+    let idle = std::time::Duration::from_secs(60);
+    let set = KeyedBreakers::builder().idle_timeout(idle).build().unwrap();
+    let empty = set.membership();
+    set.admit("a").unwrap().record(Outcome::Success);
+    let one = set.membership();
+    assert_ne!(one, empty, "a key added");
+    set.admit("a").unwrap().record(Outcome::Success);
+    drop(set.get_or_insert("a"));
+    assert_eq!(set.membership(), one, "the same key again");
+    // Two idle periods without a call to "a": the next insert's sweep
+    // evicts it.
+    tokio::time::advance(idle * 2).await;
+    set.admit("b").unwrap().record(Outcome::Success);
+    tokio::time::advance(idle * 2).await;
+    set.admit("c").unwrap().record(Outcome::Success);
+    assert!(set.get("a").is_none(), "evicted");
+    let later = set.membership();
+    assert!(later >= one + 3, "two keys added and a sweep that evicted");
+    assert_eq!(set.len(), 2, "\"b\" was used since the sweep before");
+}

@@ -189,6 +189,27 @@ impl Tracked {
         self.tripped() || self.healed()
     }
 
+    /// Whether a closed breaker the cluster holds closed has nothing to tell
+    /// or learn: nothing recorded since the last exchange (nor since the
+    /// last resync, for one), nothing owed or asked. Told from its counters
+    /// alone, without a snapshot: most of a large keyed set at every flush.
+    fn quiet(&self, all: bool) -> bool {
+        let pending = self.force
+            || self.dirty
+            || self.local_cycle
+            || self.spend.is_some()
+            || !self.leases.is_empty()
+            || !self.releases.is_empty();
+        if pending
+            || !self.view.is_some_and(|v| v.cluster.is_closed())
+            || self.breaker.state() != State::Closed
+        {
+            return false;
+        }
+        let c = self.breaker.remote().counters();
+        c == self.base && (!all || c.admitted + c.rejected == self.activity)
+    }
+
     /// What to tell the cluster, if anything; with the breaker's state at
     /// this moment.
     pub(super) fn prepare(
@@ -198,6 +219,10 @@ impl Tracked {
         shared: bool,
         claim: impl FnOnce() -> String,
     ) -> Option<(Request, State)> {
+        if self.quiet(all) {
+            self.trip_sent = false;
+            return None;
+        }
         let snap = self.breaker.snapshot();
         let (c, b) = (
             snap.counters,

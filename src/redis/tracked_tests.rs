@@ -189,3 +189,48 @@ async fn a_heal_the_cluster_did_not_take_gives_way_to_the_cluster() {
     apply(&mut t, reopened, req);
     assert_eq!(t.breaker.state(), State::Open);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_closed_breaker_is_skipped_but_an_outcome_of_an_older_call_is_sent() {
+    let breaker = Breaker::builder()
+        .name("b")
+        .failure_rate(0.5)
+        .min_calls(10)
+        .build()
+        .unwrap();
+    breaker.remote().set_shared(true);
+    let mut t = Tracked::new(breaker, "b".into(), &settings());
+    let closed = Reply {
+        cluster: Cluster::Closed,
+        epoch: 3,
+        granted: false,
+        reset: false,
+        gated: false,
+        window: None,
+        spend: None,
+    };
+    apply(&mut t, closed, Request::default());
+    t.force = false;
+    let all = |t: &mut Tracked| {
+        t.prepare(Instant::now(), true, true, || "lease".into())
+            .map(|(req, _)| req)
+    };
+    // The first resync takes the activity so far; nothing since, then.
+    drop(all(&mut t));
+    assert!(prepare(&mut t).is_none(), "nothing happened");
+    assert!(all(&mut t).is_none(), "nor since the last resync");
+
+    // Admitted before an exchange, finished after it: the admission alone
+    // moved nothing the cluster sums, the outcome does.
+    let permit = t.breaker.admit().unwrap();
+    assert!(prepare(&mut t).is_none(), "no outcome yet");
+    permit.record(Outcome::Failure);
+    let req = prepare(&mut t).expect("the failure is news");
+    assert_eq!((req.calls, req.failures), (1, 1));
+    assert!(prepare(&mut t).is_none(), "sent once");
+    assert!(
+        all(&mut t).is_some(),
+        "the next resync reads a breaker with calls"
+    );
+    assert!(all(&mut t).is_none(), "and the one after skips it again");
+}

@@ -57,6 +57,8 @@ pub(super) struct Worker {
     replica: Arc<str>,
     rng: Rng,
     round: u64,
+    /// The keyed set's membership at the last look at its keys.
+    members: Option<u64>,
     /// The quorum in force: the one configured, or the live replicas when
     /// fewer are alive.
     quorum: u32,
@@ -97,6 +99,7 @@ impl Worker {
             channel,
             rng: Rng::new(seed),
             round: 0,
+            members: None,
             schemas: HashSet::new(),
             seen_schemas,
             #[allow(
@@ -372,6 +375,12 @@ impl Worker {
             }
             return;
         };
+        // Read before the look: a key added during it moves the count, and
+        // the next flush looks again.
+        let members = set.membership();
+        if self.members.replace(members) == Some(members) {
+            return;
+        }
         self.round += 1;
         let round = self.round;
         for b in set.breakers() {
