@@ -53,6 +53,11 @@ async fn main() {
         "  redis commands: {per_s:.0}/s in all, {:.1}/s per replica, over {secs:.1} s",
         per_s / replicas as f64
     );
+    println!(
+        "  calls made: {:.1}/s per replica; {:.1} redis commands per call",
+        f.calls as f64 / secs / replicas as f64,
+        f.commands as f64 / f.calls.max(1) as f64
+    );
     let steady = f.steady_elapsed.as_secs_f64().max(1e-9);
     let n = replicas as f64;
     println!(

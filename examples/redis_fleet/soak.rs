@@ -4,6 +4,7 @@
 //! Redis test suite.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,7 +87,13 @@ pub struct Figures {
     /// hold state for.
     pub bytes: u64,
     pub breakers_stored: usize,
+    /// Calls the replicas made while the rounds ran (a loaded machine
+    /// makes fewer than the plan asks).
+    pub calls: u64,
 }
+
+/// Calls every replica of the process made so far.
+static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// Transitions a replica saw: key, state entered, when.
 type Log = Arc<Mutex<Vec<(Arc<str>, State, Instant)>>>;
@@ -160,6 +167,7 @@ async fn start(plan: &Plan, prefix: &str, seed: u64) -> Replica {
             if let Ok(p) = s.admit(&key(rng.below(keys))) {
                 p.record(Outcome::Success);
             }
+            CALLS.fetch_add(1, Ordering::Relaxed);
         }
     });
     Replica {
@@ -295,6 +303,7 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
     let mut joins: Vec<(u64, Duration)> = Vec::new();
     let mut last = None;
     let before = info_field(&mut conn, "stats", "total_commands_processed").await;
+    let calls = CALLS.load(Ordering::Relaxed);
     let began = Instant::now();
     let mut ticks = tokio::time::interval(plan.round_every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -436,6 +445,7 @@ pub async fn run(plan: &Plan, prefix: &str) -> Figures {
         .collect();
     let after = info_field(&mut conn, "stats", "total_commands_processed").await;
     figures.commands = after.saturating_sub(before);
+    figures.calls = CALLS.load(Ordering::Relaxed) - calls;
 
     let stored: Vec<String> = conn.keys(format!("{{{prefix}:*")).await.unwrap();
     let mut names = HashMap::new();
