@@ -39,6 +39,7 @@ bare-json                    -               bare service_fn, a JSON 200
 passthrough                  bare            tower MapResponse doing nothing (reference)
 passthrough-wrapped          bare            MapResponse, body rebuilt in a 64-byte wrapper (reference)
 closed                       bare            closed
+closed-shared                closed          closed, shared through a live Redis backend
 closed-5xx                   bare-5xx        closed, 2 % failing
 http-json                    bare-json       closed, HttpClassifier, JSON 200
 llm-json                     http-json       closed, LlmClassifier, JSON 200
@@ -71,6 +72,7 @@ seatbelt-open                failing         seatbelt 0.11, open (named, as ever
 # A second figure for some of ours: what the path adds over another of ours.
 also='
 closed passthrough-wrapped
+closed-shared bare
 closed-5xx closed
 window closed
 open-named open
@@ -92,8 +94,14 @@ label_of() { awk -v m="$1" 'NF && $1 == m { $1 = ""; $2 = ""; sub(/^ +/, ""); pr
 known=$(awk 'NF { print $1 }' <<<"$table")
 
 # The modes asked for, then their floors (and their floors' floors), in
-# table order.
-want=" $(echo ${MODES:-$known}) "
+# table order. The shared row needs Redis (REDIS_URL, by default
+# 127.0.0.1:6379): without one answering it is left out of the default set.
+default=$known
+if [[ -z ${MODES:-} && -z ${REDIS_URL:-} ]] && ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
+  echo "no Redis on 127.0.0.1:6379: leaving out closed-shared" >&2
+  default=$(grep -vx closed-shared <<<"$known")
+fi
+want=" $(echo ${MODES:-$default}) "
 for m in $want; do
   grep -qx -- "$m" <<<"$known" || { echo "unknown mode: $m (known: $(echo $known))" >&2; exit 2; }
 done
@@ -105,8 +113,14 @@ for _ in 1 2 3; do
 done
 modes=$(for m in $known; do if [[ $want == *" $m "* ]]; then echo "$m"; fi; done)
 
+local_modes=$(grep -vx closed-shared <<<"$modes" || true)
 cargo build --quiet --release -p tower-circuit-breaker-bench ${FEATURES:+--features "$FEATURES"} \
-  $(printf -- '--bin cg-%s ' $modes)
+  $(printf -- '--bin cg-%s ' $local_modes)
+# Built on its own, so the redis feature reaches no other row's binary.
+if grep -qx closed-shared <<<"$modes"; then
+  cargo build --quiet --release -p tower-circuit-breaker-bench --features "redis ${FEATURES:-}" \
+    --bin cg-closed-shared
+fi
 
 ir() { # mode calls -> total Ir
   if ! valgrind --tool=callgrind --callgrind-out-file="$out/$1.$2.out" \

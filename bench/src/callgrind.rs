@@ -107,6 +107,9 @@ loops! {
     passthrough_wrapped => Ok(rows::passthrough_wrapped());
     /// This crate, closed.
     closed => rows::ours_closed();
+    /// This crate, closed, shared with a live Redis backend.
+    #[cfg(feature = "redis")]
+    closed_shared => rows::ours_closed_shared();
     /// This crate, closed, every 50th call a 503.
     closed_5xx => rows::ours_closed_failing();
     /// This crate, closed, `HttpClassifier` on a JSON 200.

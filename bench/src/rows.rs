@@ -551,6 +551,59 @@ pub fn ours_closed() -> Result<bench_service!(tower_circuit_breaker::Error), Str
     Ok(ours_layer(OPEN).layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
+/// Closed, the breaker named and in shared mode with a live Redis backend
+/// (`REDIS_URL`, by default `redis://127.0.0.1:6379/`), whose task runs on
+/// a runtime of its own. Its exchanges are an hour apart, so the loops
+/// measure the calls alone: an exchange costs per flush, not per call.
+///
+/// # Errors
+///
+/// When Redis does not answer, or the backend does not reach shared mode
+/// within 10 s.
+#[cfg(feature = "redis")]
+pub fn ours_closed_shared() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    use tower_circuit_breaker::redis::{Backend, Client};
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let layer = ours_builder(OPEN)
+        .name(format!("bench-shared-{}", std::process::id()))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+    let hour = Duration::from_secs(3600);
+    let backend = Backend::builder(client)
+        .prefix("tcb-bench")
+        .flush_interval(hour)
+        .resync_interval(hour)
+        .build()
+        .map_err(|e| e.to_string())?;
+    // The backend's task lives as long as the process.
+    let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?,
+    ));
+    let attachment = {
+        let _in = rt.enter();
+        backend.attach(layer.breaker()).map_err(|e| e.to_string())?
+    };
+    let shared = rt.block_on(async {
+        for _ in 0..1000 {
+            if attachment.is_shared() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    });
+    if !shared {
+        return Err(format!("no shared state through {url} within 10 s"));
+    }
+    std::mem::forget(attachment);
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
 /// Closed, every 50th call a 503.
 pub fn ours_closed_failing() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
     Ok(ours_layer(OPEN).layer(failing_every::<Infallible>()))
