@@ -82,9 +82,6 @@ impl Remote<'_> {
         self.open_because(remaining, Reason::Remote);
     }
 
-    /// Opens the circuit for `remaining` because the account's quota ran
-    /// out on another replica: a quota gate, as
-    /// [`Builder::quota_gate`](crate::Builder::quota_gate) opens locally.
     /// The lifetime counters alone, as in a snapshot: no lock, no window,
     /// no clock.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -92,6 +89,9 @@ impl Remote<'_> {
         self.shared.counters.sum()
     }
 
+    /// Opens the circuit for `remaining` because the account's quota ran
+    /// out on another replica: a quota gate, as
+    /// [`Builder::quota_gate`](crate::Builder::quota_gate) opens locally.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn gate_for(&self, remaining: Duration) {
         self.open_because(remaining, Reason::QuotaExhausted);
