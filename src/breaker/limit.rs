@@ -34,6 +34,13 @@
 //!   [`InFlightLimit::increase`] per step, and is unbounded again once it
 //!   is back above the most calls in flight it ever fell from. The watch
 //!   ends after a window without any signal and an unbounded limit.
+//! - Signals too rare to shed for end it too: a watch whose window holds at
+//!   least 1,000 calls with signals on fewer than 1 in 20 of them, and an
+//!   unbounded limit, ends at its next signal. From then on a signal starts
+//!   a watch only once signals come on at least 1 in 20 calls over the last
+//!   two steps (the calls read from the breaker's counters at each signal),
+//!   or after two steps without one. A steady 2 % of 503s would otherwise
+//!   keep every admission on the watched path for good.
 //!
 //! While no signal came for a window (a calm circuit), a closed admission
 //! pays one more load of a flag on the state's cache line, nothing else.
@@ -105,6 +112,17 @@ impl Signal {
 /// where the overload is.
 const TO_START: (f64, f64) = (0.25, 4.0);
 const TO_GO_ON: (f64, f64) = (0.15, 3.0);
+
+/// Signals on fewer than one call in this many are too rare to watch: a
+/// watch whose window holds at least [`RARE_AFTER`] calls, signals on
+/// fewer than one in `RARE` of them and an unbounded limit ends, and the
+/// next watch waits for signals on at least one call in `RARE` (see
+/// [`Gate`]). Shedding calls to spare so few errors would cost more
+/// answers than it saves; a 2 % share of 503s would otherwise keep every
+/// admission watched for good.
+const RARE: u64 = 20;
+/// The calls a watch's window must hold before its signals are called rare.
+const RARE_AFTER: u64 = 1_000;
 
 /// In-flight counts are binned exactly below 32, then in eighths of each
 /// doubling.
@@ -232,6 +250,53 @@ impl Bins {
 struct Inner {
     watch: Option<Box<Watch>>,
     ramp: Option<Ramp>,
+    /// Set when a watch ended on rare signals: what the next must wait for.
+    gate: Option<Gate>,
+}
+
+/// The signals since a watch ended on rare signals ([`RARE`]), in two steps
+/// of the window, the calls from the breaker's admissions counted at each
+/// signal: a signal starts a watch again once signals come on at least one
+/// call in `RARE` over the two, or after two quiet steps.
+#[derive(Debug, Clone, Copy)]
+struct Gate {
+    /// When the current step began.
+    start: u64,
+    /// The admissions as the previous step began, and as the current one did.
+    base: u64,
+    mid: u64,
+    /// The signals of the previous step and of the current one.
+    prev: u64,
+    cur: u64,
+}
+
+impl Gate {
+    fn new(now: u64, admitted: u64) -> Self {
+        Gate {
+            start: now,
+            base: admitted,
+            mid: admitted,
+            prev: 0,
+            cur: 0,
+        }
+    }
+
+    /// A signal at `now` with `admitted` calls admitted so far: whether it
+    /// starts a watch.
+    fn opens(&mut self, now: u64, admitted: u64, step_ns: u64) -> bool {
+        let since = now.saturating_sub(self.start);
+        if since >= step_ns.saturating_mul(2) {
+            // Quiet for two steps: a signal now is not part of a rare run.
+            return true;
+        }
+        if since >= step_ns {
+            (self.base, self.mid) = (self.mid, admitted);
+            (self.prev, self.cur) = (self.cur, 0);
+            self.start = now;
+        }
+        self.cur += 1;
+        (self.prev + self.cur).saturating_mul(RARE) >= admitted.saturating_sub(self.base)
+    }
 }
 
 struct Ramp {
@@ -390,6 +455,24 @@ impl Watch {
             let b = bin(f);
             self.signals[slot][k][b] = self.signals[slot][k][b].saturating_add(1);
         }
+    }
+
+    /// Whether the window holds at least [`RARE_AFTER`] calls and signals
+    /// (of any kind) on fewer than one in [`RARE`] of them.
+    fn rare(&self, bins: &Bins) -> bool {
+        let top = (bins.top.load(Ordering::Relaxed) as usize).min(BINS - 1);
+        let mut calls = 0;
+        let mut signals = 0;
+        for h in 0..2 {
+            for b in 0..=top {
+                calls += bins.calls(h, b);
+                signals += self.signals[h]
+                    .iter()
+                    .map(|kind| u64::from(kind[b]))
+                    .sum::<u64>();
+            }
+        }
+        calls >= RARE_AFTER && signals.saturating_mul(RARE) < calls
     }
 
     /// Whether signals of kind `k` grow with the calls in flight over the
@@ -629,6 +712,13 @@ impl Shared {
             Some(_) => l.bins.get_or_init(Bins::new),
             None if signal == Signal::None => return,
             None => {
+                if let Some(gate) = &mut inner.gate {
+                    let admitted = self.counters.sum().admitted;
+                    if !gate.opens(now, admitted, l.step_ns) {
+                        return;
+                    }
+                    inner.gate = None;
+                }
                 // The first signal: watch from now on.
                 inner.watch = Some(Watch::new(now));
                 l.summed_at.store(u64::MAX, Ordering::Release);
@@ -646,6 +736,18 @@ impl Shared {
             watch.observe(bins, u64::from(f), signal);
         }
         l.expire_probe(watch, now);
+        if signal != Signal::None
+            && l.current().is_none()
+            && watch.probe.is_none()
+            && watch.rare(bins)
+        {
+            // Too rare to watch: the closed path goes back to its plain
+            // admissions until signals come more often.
+            inner.watch = None;
+            inner.gate = Some(Gate::new(now, self.counters.sum().admitted));
+            self.set_guarded(l, &inner);
+            return;
+        }
         if let Some(k) = signal.index() {
             let judged = watch.judge(bins, k, l.min_signals, l.current().is_some());
             let due = now.saturating_sub(watch.last_change) >= l.step_ns;
@@ -684,6 +786,7 @@ impl Shared {
         let mut inner = lock(&l.inner);
         inner.watch = None;
         inner.ramp = None;
+        inner.gate = None;
         l.limit.store(u64::MAX, Ordering::Release);
         if to == State::Closed && from == State::HalfOpen && l.ramp_ns > 0 {
             inner.ramp = Some(Ramp {

@@ -150,3 +150,66 @@ fn the_watch_is_calm_until_the_first_moment_the_locked_path_would_act() {
     });
     assert_eq!(l.calm(&inner), 0);
 }
+
+#[test]
+fn a_watch_on_rare_signals_ends_and_waits_for_them_to_come_more_often() {
+    use crate::{Breaker, Outcome};
+    let breaker = Breaker::builder().seed(3).build().unwrap();
+    let shared = breaker.shared.clone();
+    // One call; every `every`th (from `n`) ends with a 503.
+    let call = |n: u64, every: u64| {
+        let mut permit = breaker.admit().unwrap();
+        if n.is_multiple_of(every) {
+            permit.overloaded();
+            permit.record(Outcome::Failure);
+        } else {
+            permit.record(Outcome::Success);
+        }
+    };
+    call(0, 50);
+    assert!(shared.is_guarded(), "the first signal starts a watch");
+    // A 2 % share: the watch ends at the first signal after its window
+    // holds 1,000 calls.
+    for n in 1..=1_050 {
+        call(n, 50);
+    }
+    assert!(
+        !shared.is_guarded(),
+        "signals on 1 call in 50 are too rare to watch"
+    );
+    for n in 1_051..=4_000 {
+        call(n, 50);
+        assert!(!shared.is_guarded(), "still rare at call {n}");
+    }
+    // One in 10: once the signals since the watch ended come on 1 call in
+    // 20, a signal watches again.
+    let watched = (1..=2_000u64).find(|&n| {
+        call(n, 10);
+        shared.is_guarded()
+    });
+    assert!(
+        watched.is_some_and(|n| n > 100),
+        "watched again after {watched:?} calls"
+    );
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[test]
+fn a_gate_opens_on_signals_of_one_call_in_twenty_over_two_steps_or_after_two_quiet_steps() {
+    let step = 1_000;
+    let mut gate = Gate::new(0, 100);
+    // 4 signals over 100 calls: 1 in 25.
+    for i in 1..=3 {
+        assert!(!gate.opens(10 * i, 100 + 25 * i, step));
+    }
+    // The 5th at 1 in 20 (5 × 20 = 100 calls).
+    assert!(!gate.opens(40, 200, step));
+    assert!(gate.opens(50, 200, step));
+    // A new step keeps the one before: its signals still count.
+    let mut gate = Gate::new(0, 0);
+    assert!(!gate.opens(500, 100, step));
+    assert!(!gate.opens(1_200, 200, step), "2 signals over 200 calls");
+    assert_eq!((gate.base, gate.mid, gate.prev, gate.cur), (0, 200, 1, 1));
+    // Two steps without a signal: the next one watches.
+    assert!(gate.opens(3_200, 10_000, step));
+}
