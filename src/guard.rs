@@ -583,3 +583,34 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod sizes {
+    use std::convert::Infallible;
+    use std::future::Ready;
+    use std::mem::size_of;
+
+    use http::Response;
+
+    use crate::body::ResponseBody;
+    use crate::classify::HttpClassifier;
+    use crate::future::ResponseFuture;
+
+    type Answer = Ready<Result<Response<String>, Infallible>>;
+
+    /// What a call through a breaker moves, on top of what it would move
+    /// without one: every call moves its future and its response's body
+    /// wrapper, and their sizes are a good part of the closed path's cost.
+    #[test]
+    fn a_call_moves_a_permit_of_four_words_at_most() {
+        let permit = size_of::<crate::breaker::Permit>();
+        let body = size_of::<ResponseBody<String>>() - size_of::<String>();
+        let future = size_of::<ResponseFuture<Answer, HttpClassifier>>() - size_of::<Answer>();
+        // The observer's token for the time to first byte takes a word of
+        // its own.
+        let most = if cfg!(feature = "metrics") { 40 } else { 32 };
+        assert!(permit <= most, "a permit of {permit} bytes");
+        assert!(body <= most, "the body wrapper adds {body} bytes");
+        assert!(future <= most, "the future adds {future} bytes");
+    }
+}

@@ -23,13 +23,38 @@ pub(crate) const FAILED: u8 = 0b01;
 pub(crate) const SLOW: u8 = 0b10;
 
 /// Where in a window one call was recorded: the count window's write index,
-/// or the time window's bucket period.
+/// or the time window's bucket period, in their low 32 bits (a permit
+/// carries one, and every call moves its permit). Compared modulo 2^32:
+/// the count window holds far fewer calls than that, and a time window's
+/// bucket periods pass 2^32 only after 2^32 buckets' time (49 days at 1 ms
+/// buckets; a call slow in flight then goes unmarked, or, once in 2^32
+/// periods, marks the bucket of a later one). The one index in 2^32 that
+/// reads as [`NONE`](Slot::NONE) goes unmarked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Slot(u64);
+pub(crate) struct Slot(u32);
 
 impl Slot {
     /// Recorded nowhere (yet).
-    pub(crate) const NONE: Slot = Slot(u64::MAX);
+    pub(crate) const NONE: Slot = Slot(u32::MAX);
+
+    fn of(at: u64) -> Slot {
+        // The low 32 bits, by design (see above).
+        Slot(at as u32)
+    }
+
+    /// As the calls in flight keep it in the low bits of a word, where
+    /// [`NONE`](Slot::NONE) is every bit of `inflight::LOW`.
+    fn low(self) -> u64 {
+        if self == Slot::NONE {
+            inflight::LOW
+        } else {
+            u64::from(self.0)
+        }
+    }
+
+    fn from_low(low: u64) -> Slot {
+        u32::try_from(low).map_or(Slot::NONE, Slot)
+    }
 }
 
 /// The rate rules' window, whichever kind is configured.
@@ -157,7 +182,7 @@ impl CountWindow {
         // counter ends equal to the number of slots with its bit set.
         adjust(&self.failures, old & FAILED != 0, entry & FAILED != 0);
         adjust(&self.slow, old & SLOW != 0, entry & SLOW != 0);
-        (self.stats(), Slot(at))
+        (self.stats(), Slot::of(at))
     }
 
     /// Sets the failed bit of the call written at `slot`, if no later call
@@ -165,8 +190,12 @@ impl CountWindow {
     /// the bit instead: the counters stay equal to the bits either way.)
     fn mark_failed(&self, slot: Slot) -> WindowStats {
         let head = self.head.load(Ordering::Acquire);
-        if slot != Slot::NONE && slot.0 < head && head - slot.0 <= self.len() {
-            let old = self.slots[(slot.0 % self.len()) as usize].fetch_or(FAILED, Ordering::AcqRel);
+        // How many calls were recorded since (modulo 2^32): the slot is
+        // still the call's while that is at most the window's length.
+        let since = (head as u32).wrapping_sub(slot.0);
+        if slot != Slot::NONE && since >= 1 && u64::from(since) <= self.len() {
+            let at = head - u64::from(since);
+            let old = self.slots[(at % self.len()) as usize].fetch_or(FAILED, Ordering::AcqRel);
             adjust(&self.failures, old & FAILED != 0, true);
         }
         self.stats()
@@ -266,14 +295,14 @@ impl TimeWindow {
         bucket.calls += 1;
         bucket.failures += u64::from(entry & FAILED != 0);
         bucket.slow += u64::from(entry & SLOW != 0);
-        (self.stats(now), Slot(period))
+        (self.stats(now), Slot::of(period))
     }
 
     fn mark_failed(&mut self, slot: Slot, now: u64) -> WindowStats {
         let n = self.buckets.len() as u64;
         if slot != Slot::NONE {
-            let bucket = &mut self.buckets[(slot.0 % n) as usize];
-            if bucket.period == slot.0 && bucket.calls > bucket.failures {
+            let bucket = &mut self.buckets[(u64::from(slot.0) % n) as usize];
+            if Slot::of(bucket.period) == slot && bucket.calls > bucket.failures {
                 bucket.failures += 1;
             }
         }

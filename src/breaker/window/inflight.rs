@@ -63,7 +63,7 @@ const CROSSED: u64 = 1 << 63;
 /// ended, and no sweep counts it.
 const FORGOT: u64 = 1 << 62;
 /// The bits below the two marks.
-const LOW: u64 = FORGOT - 1;
+pub(super) const LOW: u64 = FORGOT - 1;
 /// Crossed, and not (yet) in the window: the window slot [`Slot::NONE`].
 const CROSSED_NOWHERE: u64 = CROSSED | LOW;
 
@@ -228,7 +228,7 @@ impl InFlight {
                 // not where (a later failure does not mark this entry).
                 let _ = slot.compare_exchange(
                     CROSSED_NOWHERE,
-                    CROSSED | (place.0 & LOW),
+                    CROSSED | place.low(),
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 );
@@ -295,7 +295,7 @@ impl InFlightRing {
 fn decode(held: u64) -> Taken {
     if held & CROSSED != 0 {
         let low = held & LOW;
-        Taken::Crossed(if low == LOW { Slot::NONE } else { Slot(low) })
+        Taken::Crossed(Slot::from_low(low))
     } else if held & FORGOT != 0 {
         Taken::Forgotten((held & LOW).saturating_sub(1))
     } else {
