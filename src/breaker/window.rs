@@ -193,8 +193,11 @@ impl CountWindow {
         // How many calls were recorded since (modulo 2^32): the slot is
         // still the call's while that is at most the window's length.
         let since = (head as u32).wrapping_sub(slot.0);
-        if slot != Slot::NONE && since >= 1 && u64::from(since) <= self.len() {
-            let at = head - u64::from(since);
+        if slot != Slot::NONE
+            && since >= 1
+            && u64::from(since) <= self.len()
+            && let Some(at) = head.checked_sub(u64::from(since))
+        {
             let old = self.slots[(at % self.len()) as usize].fetch_or(FAILED, Ordering::AcqRel);
             adjust(&self.failures, old & FAILED != 0, true);
         }
