@@ -442,6 +442,76 @@ fn keyed_calls_through_remembered_entries_count_on_their_own_key() {
     });
 }
 
+// === which keys saw calls, for a shared-state backend ===
+
+fn keyed_set() -> tower_circuit_breaker::keyed::KeyedBreakers {
+    tower_circuit_breaker::keyed::KeyedBreakers::builder()
+        .trip_mode(TripMode::Open)
+        .no_window()
+        .consecutive_failures(100)
+        .counter_stripes(1)
+        .build()
+        .unwrap()
+}
+
+/// After the threads are done, a key is either on the list or the next
+/// call puts it there: no mark is left set without its entry listed.
+fn not_stuck(set: &tower_circuit_breaker::keyed::KeyedBreakers, key: &str) {
+    if !set.model_take_touched().iter().any(|k| &**k == key) {
+        set.admit(key).unwrap().record(Outcome::Success);
+        let again = set.model_take_touched();
+        assert_eq!(again.len(), 1, "{again:?}");
+        assert_eq!(&*again[0], key);
+    }
+}
+
+#[test]
+fn calls_racing_a_backends_look_list_each_key_once_and_leave_no_mark_stuck() {
+    model(|| {
+        let set = keyed_set();
+        for key in ["a", "b"] {
+            set.admit(key).unwrap().record(Outcome::Success);
+        }
+        let listening = set.model_listen();
+        let caller = {
+            let set = set.clone();
+            thread::spawn(move || {
+                for key in ["a", "b"] {
+                    set.admit(key).unwrap().record(Outcome::Success);
+                }
+            })
+        };
+        let mut taken = set.model_take_touched();
+        let n = taken.len();
+        taken.sort();
+        taken.dedup();
+        assert_eq!(taken.len(), n, "a key listed twice in one look");
+        caller.join().unwrap();
+        for key in ["a", "b"] {
+            not_stuck(&set, key);
+        }
+        drop(listening);
+    });
+}
+
+#[test]
+fn a_call_racing_the_start_of_listening_leaves_no_mark_stuck() {
+    model(|| {
+        let set = keyed_set();
+        // Called before anyone listens: its marks are set.
+        set.admit("a").unwrap().record(Outcome::Success);
+        set.admit("a").unwrap().record(Outcome::Success);
+        let caller = {
+            let set = set.clone();
+            thread::spawn(move || set.admit("a").unwrap().record(Outcome::Success))
+        };
+        let listening = set.model_listen();
+        caller.join().unwrap();
+        not_stuck(&set, "a");
+        drop(listening);
+    });
+}
+
 // === the slow-call rule's calls in flight ===
 
 #[test]

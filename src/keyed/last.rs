@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::key::same_key;
+use super::touched::Touched;
 use super::Entry;
 use crate::breaker::CircuitOpen;
 use crate::sync::thread_local;
@@ -56,6 +57,7 @@ thread_local! {
 pub(super) fn admit(
     version: u64,
     key: &str,
+    touched: &Touched,
     fallback: impl FnOnce() -> bool,
 ) -> Option<Result<Permit, CircuitOpen>> {
     LAST.try_with(|last| {
@@ -70,8 +72,9 @@ pub(super) fn admit(
         if !same_key(&entry.key, key) {
             return None;
         }
-        entry.mark_used();
-        Some(entry.breaker.admit_marked(fallback))
+        let admitted = entry.breaker.admit_marked(fallback);
+        entry.touch(touched);
+        Some(admitted)
     })
     .ok()
     .flatten()

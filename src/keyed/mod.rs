@@ -99,9 +99,12 @@ mod settings;
 mod shards;
 #[cfg(test)]
 mod tests;
+mod touched;
 
 pub use self::select::Keyed;
 pub use self::settings::{KeyedConfigError, KeyedSettings};
+#[cfg_attr(not(feature = "redis"), allow(unused_imports))]
+pub(crate) use self::touched::Listening;
 
 pub use self::key::{
     authority, extension, from_fn, header, header_hashed, Authority, ExtensionKey, FromFn,
@@ -110,7 +113,7 @@ pub use self::key::{
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -171,23 +174,17 @@ struct Inner {
     key_fn_panics: AtomicU64,
     /// The cap on open keys, if one is set.
     open_cap: Option<Arc<open_cap::OpenCap>>,
+    /// The keys that saw calls, for a shared-state backend.
+    touched: touched::Touched,
 }
 
 struct Entry {
     key: Arc<str>,
     breaker: Breaker,
-    /// Set on use, cleared by each sweep: a key found unused by a sweep has
-    /// been idle at least since the previous one.
-    used: AtomicBool,
-}
-
-impl Entry {
-    #[inline]
-    fn mark_used(&self) {
-        if !self.used.load(Ordering::Relaxed) {
-            self.used.store(true, Ordering::Relaxed);
-        }
-    }
+    /// Set on use; `USED` is cleared by each sweep (a key found unused by a
+    /// sweep has been idle at least since the previous one), `UNSENT` by a
+    /// backend's look (see [`touched`]).
+    marks: touched::Marks,
 }
 
 impl fmt::Debug for KeyedBreakers {
@@ -275,6 +272,7 @@ impl Build for KeyedBreakers {
                 last_sweep: Mutex::new(None),
                 key_fn_panics: AtomicU64::new(0),
                 open_cap,
+                touched: touched::Touched::new(),
             }
         });
         Ok(KeyedBreakers { inner })
@@ -366,16 +364,17 @@ impl KeyedBreakers {
     ) -> Result<Permit, CircuitOpen> {
         let inner = &*self.inner;
         let version = inner.version.load(Ordering::Acquire);
-        if let Some(admitted) = last::admit(version, key, fallback) {
+        if let Some(admitted) = last::admit(version, key, &inner.touched, fallback) {
             return admitted;
         }
         let hash = inner.hash(key);
         {
             let table = read(inner.shard(hash));
             if let Some(e) = table.find(hash, |e| same_key(&e.key, key)) {
-                e.mark_used();
                 last::looked_up(version, hash, e);
-                return e.breaker.admit_marked(fallback);
+                let admitted = e.breaker.admit_marked(fallback);
+                e.touch(&inner.touched);
+                return admitted;
             }
         }
         inner.admit_new(key, hash, fallback())

@@ -117,7 +117,7 @@ impl Inner {
             Arc::new(Entry {
                 key: name,
                 breaker: breaker.clone(),
-                used: AtomicBool::new(true),
+                marks: touched::Marks::new(),
             }),
             |e| self.hash(&e.key),
         );
@@ -140,7 +140,7 @@ impl Inner {
         let mut evicted = 0;
         for shard in self.shards.iter() {
             write(shard).retain(|e| {
-                let used = e.used.swap(false, Ordering::Relaxed);
+                let used = e.marks.take_used();
                 let keep = used || e.breaker.state() != State::Closed;
                 evicted += usize::from(!keep);
                 if !keep && let Some(cap) = &self.open_cap {

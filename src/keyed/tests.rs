@@ -122,3 +122,54 @@ async fn membership_moves_when_keys_come_and_go() {
     assert!(later >= one + 3, "two keys added and a sweep that evicted");
     assert_eq!(set.len(), 2, "\"b\" was used since the sweep before");
 }
+
+/// The keys a listening backend takes, sorted.
+fn taken(set: &KeyedBreakers) -> Vec<String> {
+    let mut keys = Vec::new();
+    set.take_touched(|b| keys.push(b.name().unwrap().to_owned()));
+    keys.sort();
+    keys
+}
+
+fn call(set: &KeyedBreakers, key: &str) {
+    set.admit(key).unwrap().record(Outcome::Success);
+}
+
+/// Through the table and through the entry a thread remembers (a key
+/// called twice in a row), each key that saw calls is told once per look,
+/// new keys are left to the set's membership, and nothing is kept while
+/// nobody listens.
+#[test]
+fn a_listening_backend_is_told_each_key_that_saw_calls_once_per_look() {
+    let set = KeyedBreakers::builder().build().unwrap();
+    for key in ["a", "a", "b"] {
+        call(&set, key);
+    }
+    assert!(taken(&set).is_empty(), "nobody listened");
+
+    let listening = set.listen();
+    assert_eq!(set.listeners(), 1);
+    for key in ["a", "b", "a", "a", "a"] {
+        call(&set, key);
+    }
+    assert_eq!(
+        taken(&set),
+        ["a", "b"],
+        "each once, marks set before listening cleared"
+    );
+    assert!(taken(&set).is_empty(), "no calls since");
+    call(&set, "a");
+    assert_eq!(taken(&set), ["a"], "through the remembered entry");
+    call(&set, "c");
+    assert!(
+        taken(&set).is_empty(),
+        "a new key is found by the set's membership"
+    );
+    call(&set, "c");
+    assert_eq!(taken(&set), ["c"]);
+
+    drop(listening);
+    assert_eq!(set.listeners(), 0);
+    call(&set, "b");
+    assert!(taken(&set).is_empty(), "nobody listens");
+}

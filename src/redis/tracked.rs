@@ -62,6 +62,10 @@ pub(super) struct Tracked {
     /// Calls admitted and rejected at the last resync: a closed breaker
     /// without calls since has nothing to protect and skips the next one.
     pub(super) activity: u64,
+    /// At the last look it had nothing to tell or learn and no call in
+    /// flight: until a call comes (a keyed set tells), a flush need not
+    /// look again.
+    pub(super) idle: bool,
     /// The breaker runs its half-open cycle on its own: it was half-open
     /// when Redis turned out to hold no state for it (restarted empty,
     /// flushed), so no cluster cycle exists to grant its probes, and closing
@@ -118,6 +122,7 @@ impl Tracked {
             releases: Vec::new(),
             seen: 0,
             activity: 0,
+            idle: false,
             opened: None,
             local_cycle: false,
             gate: Duration::ZERO,
@@ -191,9 +196,10 @@ impl Tracked {
 
     /// Whether a closed breaker the cluster holds closed has nothing to tell
     /// or learn: nothing recorded since the last exchange (nor since the
-    /// last resync, for one), nothing owed or asked. Told from its counters
-    /// alone, without a snapshot: most of a large keyed set at every flush.
-    fn quiet(&self, all: bool) -> bool {
+    /// last resync, for one), nothing owed or asked; if so, the calls it
+    /// has in flight. Told from its counters alone, without a snapshot:
+    /// most of a large keyed set at every resync.
+    fn quiet(&self, all: bool) -> Option<u64> {
         let pending = self.force
             || self.dirty
             || self.local_cycle
@@ -204,10 +210,11 @@ impl Tracked {
             || !self.view.is_some_and(|v| v.cluster.is_closed())
             || self.breaker.state() != State::Closed
         {
-            return false;
+            return None;
         }
         let c = self.breaker.remote().counters();
-        c == self.base && (!all || c.admitted + c.rejected == self.activity)
+        (c == self.base && (!all || c.admitted + c.rejected == self.activity))
+            .then_some(c.in_flight)
     }
 
     /// What to tell the cluster, if anything; with the breaker's state at
@@ -219,8 +226,10 @@ impl Tracked {
         shared: bool,
         claim: impl FnOnce() -> String,
     ) -> Option<(Request, State)> {
-        if self.quiet(all) {
+        self.idle = false;
+        if let Some(in_flight) = self.quiet(all) {
             self.trip_sent = false;
+            self.idle = in_flight == 0;
             return None;
         }
         let snap = self.breaker.snapshot();

@@ -222,12 +222,19 @@ async fn a_quiet_closed_breaker_is_skipped_but_an_outcome_of_an_older_call_is_se
 
     // Admitted before an exchange, finished after it: the admission alone
     // moved nothing the cluster sums, the outcome does.
+    assert!(t.idle, "nothing in flight either");
     let permit = t.breaker.admit().unwrap();
     assert!(prepare(&mut t).is_none(), "no outcome yet");
+    assert!(
+        !t.idle,
+        "a call in flight keeps the breaker in the flushes' looks"
+    );
     permit.record(Outcome::Failure);
     let req = prepare(&mut t).expect("the failure is news");
+    assert!(!t.idle);
     assert_eq!((req.calls, req.failures), (1, 1));
     assert!(prepare(&mut t).is_none(), "sent once");
+    assert!(t.idle);
     assert!(
         all(&mut t).is_some(),
         "the next resync reads a breaker with calls"

@@ -19,7 +19,8 @@ use super::script::{self, Caller, Census, Keys, Reply, SCHEMA};
 use super::tracked::{later, Pending, Tracked};
 use super::turns::{self, Ask, Desk};
 use super::{Origins, Quorum, Schemas, Settings};
-use crate::keyed::KeyedBreakers;
+use crate::breaker::Counters;
+use crate::keyed::{KeyedBreakers, Listening};
 use crate::sync::lock;
 use crate::Breaker;
 
@@ -73,6 +74,12 @@ pub(super) struct Worker {
     asks: mpsc::Receiver<Ask>,
     /// Breakers whose transitions messages announced, for `Pass::Named`.
     named: Vec<Arc<str>>,
+    /// The breakers of a keyed set a flush looks at: every one not found
+    /// idle at its last look, and those that saw calls since (the set
+    /// tells). A resync looks at all of them.
+    busy: HashSet<Arc<str>>,
+    /// The keyed set telling which keys saw calls.
+    _listening: Option<Listening>,
 }
 
 impl Worker {
@@ -87,6 +94,10 @@ impl Worker {
         let seed = crate::rng::random_seed();
         let channel = format!("{}:events", settings.prefix);
         let (desk, asks) = Desk::new(shared.clone(), settings.timeout);
+        let listening = match &target {
+            Target::Keyed(set) => Some(set.listen()),
+            Target::One(_) => None,
+        };
         let mut w = Worker {
             quorum: settings.quorum.needed(u32::MAX),
             replica: settings.replica.clone(),
@@ -110,6 +121,8 @@ impl Worker {
             desk,
             asks,
             named: Vec::new(),
+            busy: HashSet::new(),
+            _listening: listening,
         };
         w.refresh(false);
         w
@@ -224,13 +237,10 @@ impl Worker {
                 },
                 _ = wait(&mut changed) => {
                     changed = self.changed();
-                    if !keyed {
-                        self.exchange(&mut conn, Pass::Changes).await?;
-                    } else if self.tracked.values().any(Tracked::moved) {
-                        // A transition in the set: send only the breakers
-                        // that tripped or healed here.
-                        self.exchange(&mut conn, Pass::Trips).await?;
-                    }
+                    // A transition in a keyed set: send only the breakers
+                    // that tripped or healed here, if any.
+                    let pass = if keyed { Pass::Trips } else { Pass::Changes };
+                    self.exchange(&mut conn, pass).await?;
                 }
                 _ = flush.tick() => self.exchange(&mut conn, Pass::Changes).await?,
                 _ = resync.tick() => {
@@ -393,17 +403,54 @@ impl Worker {
                         b.remote().set_shared(true);
                     }
                     let mut t = Tracked::new(b.clone(), name.into(), &self.settings);
+                    if shared {
+                        // Made while sharing: every call it saw counts,
+                        // the first ones (which made the key) too.
+                        t.base = Counters::default();
+                    }
                     b.remote()
                         .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                     t.seen = round;
+                    self.busy.insert(t.name.clone());
                     self.tracked.insert(t.name.clone(), t);
                 }
             }
         }
         self.tracked.retain(|_, t| t.seen == round);
+        let tracked = &self.tracked;
+        self.busy.retain(|name| tracked.contains_key(name));
         // Evicted keys take their origin with them.
         let tracked = &self.tracked;
         lock(&self.origins).retain(|name, _| tracked.contains_key(name));
+    }
+
+    /// Adds the keys of the set that saw calls since the last time to the
+    /// busy ones.
+    fn take_touched(&mut self) {
+        let Target::Keyed(set) = &self.target else {
+            return;
+        };
+        let (tracked, busy) = (&self.tracked, &mut self.busy);
+        set.take_touched(|b| {
+            // A key not tracked yet is new: the next look at the set's
+            // membership finds it.
+            if let Some(name) = b.name()
+                && let Some((name, t)) = tracked.get_key_value(name)
+                && t.breaker.ptr_eq(b)
+            {
+                busy.insert(name.clone());
+            }
+        });
+    }
+
+    /// Whether a pass must look at every breaker: a resync does, and so
+    /// does any pass over a keyed set whose calls are told to another
+    /// listener too (who may have taken them from the list).
+    fn looks_at_all(&self, pass: Pass) -> bool {
+        match &self.target {
+            Target::One(_) => true,
+            Target::Keyed(set) => pass == Pass::All || set.listeners() != 1,
+        }
     }
 
     /// One round trip: every breaker with something to say or learn, in one
@@ -416,33 +463,60 @@ impl Worker {
         if pass != Pass::Named {
             self.refresh(shared);
         }
+        let all = pass != Pass::Named && self.looks_at_all(pass);
+        if !all && pass != Pass::Named {
+            self.take_touched();
+        }
         let settings = self.settings.clone();
-        let mut visit = |t: &mut Tracked| {
+        // Whether the breaker is still busy after this look (`None`: not
+        // looked at).
+        let mut visit = |t: &mut Tracked| -> Option<bool> {
             if pass == Pass::Trips && !t.moved() {
-                return;
+                return None;
             }
             let claim = || {
                 let n = settings.leases.fetch_add(1, Ordering::Relaxed) + 1;
                 format!("{}:{n}", settings.replica)
             };
-            if let Some((request, local)) = t.prepare(now, pass == Pass::All, shared, claim) {
-                pending.push(Pending {
-                    name: t.name.clone(),
-                    request,
-                    local,
-                });
+            match t.prepare(now, pass == Pass::All, shared, claim) {
+                Some((request, local)) => {
+                    pending.push(Pending {
+                        name: t.name.clone(),
+                        request,
+                        local,
+                    });
+                    Some(true)
+                }
+                None => Some(!t.idle),
             }
         };
-        if pass == Pass::Named {
-            // Only the keys the messages named: no scan of the whole set
-            // (the next flush picks up keys new to it).
-            for name in &named {
-                if let Some(t) = self.tracked.get_mut(name) {
-                    visit(t);
-                }
+        // Only the keys messages named, or the busy ones: no scan of the
+        // whole set (the next flush picks up keys new to it).
+        let names = match pass {
+            _ if all => Vec::new(),
+            Pass::Named => named,
+            _ => self.busy.iter().cloned().collect(),
+        };
+        let (tracked, busy) = (&mut self.tracked, &mut self.busy);
+        let mut look = |name: &Arc<str>, t: &mut Tracked| match visit(t) {
+            Some(true) => {
+                busy.insert(name.clone());
+            }
+            Some(false) => {
+                busy.remove(name);
+            }
+            None => {}
+        };
+        if all {
+            for (name, t) in tracked.iter_mut() {
+                look(name, t);
             }
         } else {
-            self.tracked.values_mut().for_each(visit);
+            for name in &names {
+                if let Some(t) = tracked.get_mut(name) {
+                    look(name, t);
+                }
+            }
         }
         if pending.is_empty() {
             if pass == Pass::All {
@@ -456,6 +530,7 @@ impl Worker {
         }
         // In chunks, so a large keyed set neither holds Redis up with one
         // huge pipeline nor runs one round trip past the timeout.
+        let mut spent = Vec::new();
         while !pending.is_empty() {
             let rest = pending.split_off(pending.len().min(CHUNK));
             let caller = Caller {
@@ -480,12 +555,11 @@ impl Worker {
                 let reply = Reply::parse(value).ok_or(Failure::Reply)?;
                 if let Some(t) = self.tracked.get_mut(&p.name) {
                     t.apply(reply, p, sent, self.settings.flush, &self.origins);
+                    spent.extend(t.spent_news());
                 }
             }
             pending = rest;
         }
-        let spent = self.tracked.values_mut().filter_map(Tracked::spent_news);
-        let spent: Vec<_> = spent.collect();
         announce_spent(conn, &self.channel, spent, self.settings.timeout).await
     }
 }

@@ -665,6 +665,73 @@ async fn a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush() {
     attach_b.detach().await;
 }
 
+async fn an_idle_key_that_sees_calls_again_is_summed_by_the_next_flushes() {
+    if redis_support::skip() {
+        return;
+    }
+    let prefix = unique_prefix("keyed-touched");
+    let mut replicas = Vec::new();
+    for _ in 0..5 {
+        let set = KeyedBreakers::builder()
+            .trip_mode(TripMode::Open)
+            .count_window(20)
+            .min_calls(10)
+            .failure_rate(0.5)
+            .jitter(0.0)
+            .open_duration(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        // No resync within the test: flushes alone carry the counts.
+        let attachment = backend(shared_url(), &prefix)
+            .resync_interval(Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .attach_keyed(&set)
+            .unwrap();
+        replicas.push((set, attachment));
+    }
+    assert!(
+        eventually(WAIT, || async {
+            replicas.iter().all(|(_, a)| a.is_shared())
+        })
+        .await
+    );
+    let round = async |key: &str, outcome: Outcome, calls: i64| {
+        for (set, _) in &replicas {
+            set.admit(key).unwrap().record(outcome);
+        }
+        let counted = eventually(WAIT, || async {
+            window_sum(&prefix, key, 'c').await >= calls
+        })
+        .await;
+        assert!(counted, "{key}: {calls} calls summed");
+    };
+    // "k" is sent, then found idle by a later flush: the one that sends
+    // "tick", called only once "k" was summed.
+    round("k", Outcome::Success, 5).await;
+    round("tick", Outcome::Success, 5).await;
+    // Four failures each: under min_calls (10) on every replica alone, 20
+    // failures in 25 calls together, seen only if the flushes look at "k"
+    // again.
+    for (set, _) in &replicas {
+        for _ in 0..4 {
+            set.admit("k").unwrap().record(Outcome::Failure);
+        }
+        assert_eq!(set.get("k").unwrap().state(), State::Closed);
+    }
+    let tripped = eventually(WAIT, || async {
+        replicas.iter().all(|(set, _)| {
+            set.get("k")
+                .is_some_and(|b| reached(b.state(), State::Open))
+        })
+    })
+    .await;
+    assert!(tripped, "the cluster sums the calls of a key that was idle");
+    for (_, a) in replicas {
+        a.detach().await;
+    }
+}
+
 async fn attaching_needs_a_name_and_sane_settings() {
     if redis_support::skip() {
         return;
@@ -1809,6 +1876,7 @@ pub fn trials() -> Vec<Trial> {
         Trial::tokio("redis_shared::garbage_in_the_keys_is_treated_as_absent", Rt::Multi, garbage_in_the_keys_is_treated_as_absent),
         Trial::tokio("redis_shared::keyed_sets_share_each_key_and_learn_keys_they_never_saw", Rt::Multi, keyed_sets_share_each_key_and_learn_keys_they_never_saw),
         Trial::tokio("redis_shared::a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush", Rt::Multi, a_keyed_sets_trip_is_sent_on_its_transition_not_at_the_next_flush),
+        Trial::tokio("redis_shared::an_idle_key_that_sees_calls_again_is_summed_by_the_next_flushes", Rt::Multi, an_idle_key_that_sees_calls_again_is_summed_by_the_next_flushes),
         Trial::tokio("redis_shared::attaching_needs_a_name_and_sane_settings", Rt::Current, attaching_needs_a_name_and_sane_settings),
         Trial::sync("redis_shared::attaching_outside_a_runtime_is_an_error_not_a_panic", attaching_outside_a_runtime_is_an_error_not_a_panic),
         Trial::tokio("redis_shared::open_replicas_tell_a_redis_that_lost_its_state", Rt::Multi, open_replicas_tell_a_redis_that_lost_its_state),

@@ -1,0 +1,158 @@
+//! Which keys saw calls since a shared-state backend last looked, so that
+//! its flushes visit those keys rather than every key of a large set.
+//!
+//! Each entry carries two marks: `USED`, which the idle sweep clears, and
+//! `UNSENT`, which the backend clears when it takes the entry from the
+//! list. A call sets both once its admission is counted, and only the call
+//! that finds `UNSENT` clear puts the entry on the list, so an entry is on
+//! it at most once between two looks. Every other call reads the marks and
+//! moves on: no read-modify-write on a hot key's line, no lock.
+//!
+//! The backend takes the list, clears each entry's `UNSENT` (a
+//! read-modify-write, so a call that set the mark before it is seen) and
+//! then reads the breaker's counters. A call that found the mark still set
+//! just before it was cleared needs its admission's counts to be visible to
+//! that read; a weak memory order may show them later, and the backend's
+//! resync, which reads every key, is the bound on how much later. Keys with
+//! calls in flight stay in the backend's visits until those calls end, so
+//! an outcome recorded long after its admission is seen too.
+//!
+//! Without a backend listening no call puts anything on the list, and the
+//! marks stay set after a key's first call: the check is one load.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Entry, KeyedBreakers};
+use crate::sync::{lock, AtomicU32, AtomicU8, Mutex};
+use crate::Breaker;
+
+/// A call came since the last idle sweep.
+pub(super) const USED: u8 = 1;
+/// A call came since the backend last took the entry from the list.
+pub(super) const UNSENT: u8 = 2;
+
+/// The entries that saw calls, for the backends listening.
+pub(super) struct Touched {
+    listeners: AtomicU32,
+    list: Mutex<Vec<Arc<Entry>>>,
+}
+
+impl Touched {
+    pub(super) fn new() -> Touched {
+        Touched {
+            listeners: AtomicU32::new(0),
+            list: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// An entry's marks, [`USED`] and [`UNSENT`].
+pub(super) struct Marks(AtomicU8);
+
+impl Marks {
+    /// The marks of an entry made for a call: used, and not yet put on the
+    /// list (a backend finds a new key by the set's membership).
+    pub(super) fn new() -> Marks {
+        Marks(AtomicU8::new(USED))
+    }
+
+    /// Clears [`USED`]; whether it was set.
+    pub(super) fn take_used(&self) -> bool {
+        self.0.fetch_and(!USED, Ordering::Relaxed) & USED != 0
+    }
+}
+
+impl Entry {
+    /// Notes a call, after its admission was counted.
+    #[inline]
+    pub(super) fn touch(self: &Arc<Self>, touched: &Touched) {
+        if self.marks.0.load(Ordering::Relaxed) != USED | UNSENT {
+            touched.add(self);
+        }
+    }
+}
+
+impl Touched {
+    #[cold]
+    #[inline(never)]
+    fn add(&self, entry: &Arc<Entry>) {
+        // Acquire: a backend that cleared `UNSENT` started listening first,
+        // and this call must see that it did.
+        let before = entry.marks.0.fetch_or(USED | UNSENT, Ordering::AcqRel);
+        if before & UNSENT == 0 && self.listeners.load(Ordering::Acquire) > 0 {
+            lock(&self.list).push(Arc::clone(entry));
+        }
+    }
+}
+
+/// A backend listening to a set's calls; it stops when dropped.
+pub(crate) struct Listening {
+    set: KeyedBreakers,
+}
+
+impl KeyedBreakers {
+    /// Starts telling a backend which keys see calls
+    /// ([`take_touched`](Self::take_touched)).
+    #[cfg_attr(not(any(feature = "redis", loom)), allow(dead_code))]
+    pub(crate) fn listen(&self) -> Listening {
+        let inner = &*self.inner;
+        inner.touched.listeners.fetch_add(1, Ordering::AcqRel);
+        // Marks set while nobody listened: the next call of every key puts
+        // it on the list.
+        for shard in &inner.shards {
+            for e in super::shards::read(shard).iter() {
+                if e.marks.0.load(Ordering::Relaxed) & UNSENT != 0 {
+                    e.marks.0.fetch_and(!UNSENT, Ordering::AcqRel);
+                }
+            }
+        }
+        Listening { set: self.clone() }
+    }
+
+    /// How many backends listen: a list taken by one is lost to the
+    /// others, who must then visit every key.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn listeners(&self) -> u32 {
+        self.inner.touched.listeners.load(Ordering::Acquire)
+    }
+
+    /// Hands `f` the breaker of every key that saw a call since the last
+    /// time, each once; read its counters after this returns.
+    #[cfg_attr(not(any(feature = "redis", loom)), allow(dead_code))]
+    pub(crate) fn take_touched(&self, mut f: impl FnMut(&Breaker)) {
+        let list = std::mem::take(&mut *lock(&self.inner.touched.list));
+        for e in list {
+            e.marks.0.fetch_and(!UNSENT, Ordering::AcqRel);
+            f(&e.breaker);
+        }
+    }
+
+    /// For the model checker: [`listen`](Self::listen).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn model_listen(&self) -> impl Drop {
+        self.listen()
+    }
+
+    /// For the model checker: the names [`take_touched`](Self::take_touched)
+    /// hands on.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn model_take_touched(&self) -> Vec<Arc<str>> {
+        let mut out = Vec::new();
+        self.take_touched(|b| out.extend(b.name().map(Arc::from)));
+        out
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let t = &self.set.inner.touched;
+        if t.listeners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Nobody takes the list any more: it would only keep evicted
+            // entries alive.
+            lock(&t.list).clear();
+        }
+    }
+}
