@@ -54,7 +54,7 @@ impl Worker {
                     t.apply(reply, pending, Instant::now(), flush, &self.origins);
                     // A read already due for another reason still happens.
                     t.dirty = dirty;
-                    self.busy.insert(t.name.clone());
+                    self.busy.set(t, true);
                     return Ok(());
                 }
                 (name, reply.epoch, reply.cluster.is_closed())
@@ -128,7 +128,7 @@ impl Worker {
             &self.origins,
         );
         t.breaker.remote().set_shared(true);
-        self.busy.insert(t.name.clone());
+        self.busy.set(&mut t, true);
         self.tracked.insert(t.name.clone(), t);
         Ok(())
     }

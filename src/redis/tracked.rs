@@ -66,6 +66,8 @@ pub(super) struct Tracked {
     /// flight: until a call comes (a keyed set tells), a flush need not
     /// look again.
     pub(super) idle: bool,
+    /// In the worker's set of breakers a flush looks at.
+    pub(super) busy: bool,
     /// The breaker runs its half-open cycle on its own: it was half-open
     /// when Redis turned out to hold no state for it (restarted empty,
     /// flushed), so no cluster cycle exists to grant its probes, and closing
@@ -123,6 +125,7 @@ impl Tracked {
             seen: 0,
             activity: 0,
             idle: false,
+            busy: false,
             opened: None,
             local_cycle: false,
             gate: Duration::ZERO,

@@ -77,7 +77,7 @@ pub(super) struct Worker {
     /// The breakers of a keyed set a flush looks at: every one not found
     /// idle at its last look, and those that saw calls since (the set
     /// tells). A resync looks at all of them.
-    busy: HashSet<Arc<str>>,
+    busy: Busy,
     /// The keyed set telling which keys saw calls.
     _listening: Option<Listening>,
 }
@@ -121,7 +121,7 @@ impl Worker {
             desk,
             asks,
             named: Vec::new(),
-            busy: HashSet::new(),
+            busy: Busy::default(),
             _listening: listening,
         };
         w.refresh(false);
@@ -411,14 +411,14 @@ impl Worker {
                     b.remote()
                         .set_turns(Some(self.desk.hook(&t.name, &t.keys.health)));
                     t.seen = round;
-                    self.busy.insert(t.name.clone());
+                    self.busy.set(&mut t, true);
                     self.tracked.insert(t.name.clone(), t);
                 }
             }
         }
         self.tracked.retain(|_, t| t.seen == round);
         let tracked = &self.tracked;
-        self.busy.retain(|name| tracked.contains_key(name));
+        self.busy.0.retain(|name| tracked.contains_key(name));
         // Evicted keys take their origin with them.
         let tracked = &self.tracked;
         lock(&self.origins).retain(|name, _| tracked.contains_key(name));
@@ -430,15 +430,15 @@ impl Worker {
         let Target::Keyed(set) = &self.target else {
             return;
         };
-        let (tracked, busy) = (&self.tracked, &mut self.busy);
+        let (tracked, busy) = (&mut self.tracked, &mut self.busy);
         set.take_touched(|b| {
             // A key not tracked yet is new: the next look at the set's
             // membership finds it.
             if let Some(name) = b.name()
-                && let Some((name, t)) = tracked.get_key_value(name)
+                && let Some(t) = tracked.get_mut(name)
                 && t.breaker.ptr_eq(b)
             {
-                busy.insert(name.clone());
+                busy.set(t, true);
             }
         });
     }
@@ -495,26 +495,20 @@ impl Worker {
         let names = match pass {
             _ if all => Vec::new(),
             Pass::Named => named,
-            _ => self.busy.iter().cloned().collect(),
+            _ => self.busy.0.iter().cloned().collect(),
         };
         let (tracked, busy) = (&mut self.tracked, &mut self.busy);
-        let mut look = |name: &Arc<str>, t: &mut Tracked| match visit(t) {
-            Some(true) => {
-                busy.insert(name.clone());
+        let mut look = |t: &mut Tracked| {
+            if let Some(b) = visit(t) {
+                busy.set(t, b);
             }
-            Some(false) => {
-                busy.remove(name);
-            }
-            None => {}
         };
         if all {
-            for (name, t) in tracked.iter_mut() {
-                look(name, t);
-            }
+            tracked.values_mut().for_each(&mut look);
         } else {
             for name in &names {
                 if let Some(t) = tracked.get_mut(name) {
-                    look(name, t);
+                    look(t);
                 }
             }
         }
@@ -561,6 +555,25 @@ impl Worker {
             pending = rest;
         }
         announce_spent(conn, &self.channel, spent, self.settings.timeout).await
+    }
+}
+
+/// The breakers a flush looks at, each marked in its [`Tracked`] too, so a
+/// resync's look at every key changes the set only where a key's standing
+/// changed.
+#[derive(Default)]
+struct Busy(HashSet<Arc<str>>);
+
+impl Busy {
+    fn set(&mut self, t: &mut Tracked, busy: bool) {
+        if t.busy != busy {
+            t.busy = busy;
+            if busy {
+                self.0.insert(t.name.clone());
+            } else {
+                self.0.remove(&t.name);
+            }
+        }
     }
 }
 
