@@ -72,9 +72,8 @@ pub(super) fn admit(
         if !same_key(&entry.key, key) {
             return None;
         }
-        let admitted = entry.breaker.admit_marked(fallback);
         entry.touch(touched);
-        Some(admitted)
+        Some(entry.breaker.admit_marked(fallback))
     })
     .ok()
     .flatten()

@@ -371,10 +371,9 @@ impl KeyedBreakers {
         {
             let table = read(inner.shard(hash));
             if let Some(e) = table.find(hash, |e| same_key(&e.key, key)) {
-                last::looked_up(version, hash, e);
-                let admitted = e.breaker.admit_marked(fallback);
                 e.touch(&inner.touched);
-                return admitted;
+                last::looked_up(version, hash, e);
+                return e.breaker.admit_marked(fallback);
             }
         }
         inner.admit_new(key, hash, fallback())

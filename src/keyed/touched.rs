@@ -3,19 +3,20 @@
 //!
 //! Each entry carries two marks: `USED`, which the idle sweep clears, and
 //! `UNSENT`, which the backend clears when it takes the entry from the
-//! list. A call sets both once its admission is counted, and only the call
-//! that finds `UNSENT` clear puts the entry on the list, so an entry is on
-//! it at most once between two looks. Every other call reads the marks and
-//! moves on: no read-modify-write on a hot key's line, no lock.
+//! list. A call sets both as it is admitted, and only the call that finds
+//! `UNSENT` clear puts the entry on the list, so an entry is on it at most
+//! once between two looks. Every other call reads the marks and moves on:
+//! no read-modify-write on a hot key's line, no lock.
 //!
 //! The backend takes the list, clears each entry's `UNSENT` (a
 //! read-modify-write, so a call that set the mark before it is seen) and
-//! then reads the breaker's counters. A call that found the mark still set
-//! just before it was cleared needs its admission's counts to be visible to
-//! that read; a weak memory order may show them later, and the backend's
-//! resync, which reads every key, is the bound on how much later. Keys with
-//! calls in flight stay in the backend's visits until those calls end, so
-//! an outcome recorded long after its admission is seen too.
+//! then reads the breaker's counters. A call marks its key just before its
+//! admission is counted, so that read may miss it: a key taken from the
+//! list is looked at by the next flush too, whatever the first look found,
+//! and keys with calls in flight stay in the backend's looks until those
+//! calls end (an outcome may come long after its admission). A weak memory
+//! order may show a call's counts later still; the backend's resync, which
+//! reads every key, bounds how much later.
 //!
 //! Without a backend listening no call puts anything on the list, and the
 //! marks stay set after a key's first call: the check is one load.
@@ -64,7 +65,7 @@ impl Marks {
 }
 
 impl Entry {
-    /// Notes a call, after its admission was counted.
+    /// Notes a call, as it is admitted.
     #[inline]
     pub(super) fn touch(self: &Arc<Self>, touched: &Touched) {
         if self.marks.0.load(Ordering::Relaxed) != USED | UNSENT {
@@ -118,7 +119,9 @@ impl KeyedBreakers {
     }
 
     /// Hands `f` the breaker of every key that saw a call since the last
-    /// time, each once; read its counters after this returns.
+    /// time, each once; read its counters after this returns, and again a
+    /// little later (a call is marked just before its admission is
+    /// counted).
     #[cfg_attr(not(any(feature = "redis", loom)), allow(dead_code))]
     pub(crate) fn take_touched(&self, mut f: impl FnMut(&Breaker)) {
         let list = std::mem::take(&mut *lock(&self.inner.touched.list));

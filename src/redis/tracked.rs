@@ -68,6 +68,10 @@ pub(super) struct Tracked {
     pub(super) idle: bool,
     /// In the worker's set of breakers a flush looks at.
     pub(super) busy: bool,
+    /// Taken from the keyed set's list of keys that saw calls since the
+    /// last look: the call that put it there may not be counted yet, so
+    /// the next look is followed by one more.
+    pub(super) told: bool,
     /// The breaker runs its half-open cycle on its own: it was half-open
     /// when Redis turned out to hold no state for it (restarted empty,
     /// flushed), so no cluster cycle exists to grant its probes, and closing
@@ -126,6 +130,7 @@ impl Tracked {
             activity: 0,
             idle: false,
             busy: false,
+            told: false,
             opened: None,
             local_cycle: false,
             gate: Duration::ZERO,
@@ -363,6 +368,15 @@ impl Tracked {
             });
         }
         needed.then_some((req, local))
+    }
+
+    /// Whether a flush looks at the breaker again after a look that sent
+    /// it (`sent`) or not: a look that sent it awaits the reply, and one
+    /// that found it idle ends its flushes' looks unless it was just taken
+    /// from the set's list.
+    pub(super) fn stays_busy(&mut self, sent: bool) -> bool {
+        let told = std::mem::take(&mut self.told);
+        sent || !self.idle || told
     }
 
     /// The breaker's name and epoch, once, if the other replicas are to

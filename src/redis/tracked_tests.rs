@@ -235,6 +235,15 @@ async fn a_quiet_closed_breaker_is_skipped_but_an_outcome_of_an_older_call_is_se
     assert_eq!((req.calls, req.failures), (1, 1));
     assert!(prepare(&mut t).is_none(), "sent once");
     assert!(t.idle);
+    assert!(!t.stays_busy(false), "idle: no more looks");
+    // Taken from a keyed set's list: the call that put it there may be
+    // counted only after this look, so the next flush looks again.
+    t.told = true;
+    assert!(prepare(&mut t).is_none());
+    assert!(t.stays_busy(false), "one more look");
+    assert!(prepare(&mut t).is_none());
+    assert!(!t.stays_busy(false), "and only one");
+    assert!(t.stays_busy(true), "sent: the reply is awaited");
     assert!(
         all(&mut t).is_some(),
         "the next resync reads a breaker with calls"

@@ -438,6 +438,7 @@ impl Worker {
                 && let Some(t) = tracked.get_mut(name)
                 && t.breaker.ptr_eq(b)
             {
+                t.told = true;
                 busy.set(t, true);
             }
         });
@@ -478,17 +479,16 @@ impl Worker {
                 let n = settings.leases.fetch_add(1, Ordering::Relaxed) + 1;
                 format!("{}:{n}", settings.replica)
             };
-            match t.prepare(now, pass == Pass::All, shared, claim) {
-                Some((request, local)) => {
-                    pending.push(Pending {
-                        name: t.name.clone(),
-                        request,
-                        local,
-                    });
-                    Some(true)
-                }
-                None => Some(!t.idle),
+            let prepared = t.prepare(now, pass == Pass::All, shared, claim);
+            let sent = prepared.is_some();
+            if let Some((request, local)) = prepared {
+                pending.push(Pending {
+                    name: t.name.clone(),
+                    request,
+                    local,
+                });
             }
+            Some(t.stays_busy(sent))
         };
         // Only the keys messages named, or the busy ones: no scan of the
         // whole set (the next flush picks up keys new to it).
