@@ -29,18 +29,19 @@
 //! calls, and no other key of a keyed set is read or written. Two replicas on
 //! loopback, each a keyed set with every key in use, one tripping keys at
 //! once, timed from that replica's transition to the other's (`cargo run
-//! --release --features redis --example redis_replicas -- keys`, one run on
-//! a shared 2-core machine):
+//! --release --features redis --example redis_replicas -- keys`, three runs
+//! on a shared 2-core machine, load average 2.4 to 4.1 when the last two
+//! began):
 //!
 //! | keys | trips | p50 | max |
 //! |---:|---:|---:|---:|
-//! | 50 | 1 | 3 ms | 3 ms |
-//! | 5,000 | 1 | 3 ms | 3 ms |
-//! | 5,000 | 100 | 16 ms | 17 ms |
-//! | 5,000 | 1,000 | 64 ms | 94 ms |
-//! | 20,000 | 1 | 17 ms | 17 ms |
-//! | 20,000 | 100 | 21 ms | 22 ms |
-//! | 20,000 | 1,000 | 58 ms | 86 ms |
+//! | 50 | 1 | 0; 0; 3 ms | 0; 0; 3 ms |
+//! | 5,000 | 1 | 0; 0; 0 ms | 0; 0; 0 ms |
+//! | 5,000 | 100 | 4; 6; 7 ms | 7; 10; 11 ms |
+//! | 5,000 | 1,000 | 33; 45; 50 ms | 63; 89; 94 ms |
+//! | 20,000 | 1 | 0; 0; 0 ms | 0; 0; 0 ms |
+//! | 20,000 | 100 | 6; 8; 5 ms | 9; 12; 10 ms |
+//! | 20,000 | 1,000 | 43; 55; 34 ms | 90; 104; 77 ms |
 //!
 //! A call costs about the same whether its breaker is attached or not (the
 //! `redis_overhead` example measures both in one run).
