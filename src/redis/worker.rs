@@ -463,11 +463,12 @@ impl Worker {
         let named = std::mem::take(&mut self.named);
         if pass != Pass::Named {
             self.refresh(shared);
-        }
-        let all = pass != Pass::Named && self.looks_at_all(pass);
-        if !all && pass != Pass::Named {
+            // Taken at every pass that looks at the set, so the list never
+            // holds what a pass over every key has seen anyway (nor, with
+            // two listeners, grows with the keys evicted meanwhile).
             self.take_touched();
         }
+        let all = pass != Pass::Named && self.looks_at_all(pass);
         let settings = self.settings.clone();
         // Whether the breaker is still busy after this look (`None`: not
         // looked at).
