@@ -122,7 +122,7 @@ impl KeyedBreakers {
     /// time, each once; read its counters after this returns, and again a
     /// little later (a call is marked just before its admission is
     /// counted).
-    #[cfg_attr(not(any(feature = "redis", loom)), allow(dead_code))]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn take_touched(&self, mut f: impl FnMut(&Breaker)) {
         let list = std::mem::take(&mut *lock(&self.inner.touched.list));
         for e in list {
@@ -138,14 +138,21 @@ impl KeyedBreakers {
         self.listen()
     }
 
-    /// For the model checker: the names [`take_touched`](Self::take_touched)
-    /// hands on.
+    /// For the model checker: whether `key`'s mark says it saw a call the
+    /// list does not hold, or the list holds a key whose mark is clear (so
+    /// no look would find it, or one would find it twice).
     #[cfg(loom)]
     #[doc(hidden)]
-    pub fn model_take_touched(&self) -> Vec<Arc<str>> {
-        let mut out = Vec::new();
-        self.take_touched(|b| out.extend(b.name().map(Arc::from)));
-        out
+    pub fn model_stuck(&self, key: &str) -> bool {
+        let inner = &*self.inner;
+        let listed = lock(&inner.touched.list)
+            .iter()
+            .any(|e| super::key::same_key(&e.key, key));
+        let hash = inner.hash(key);
+        let unsent = super::shards::read(inner.shard(hash))
+            .find(hash, |e| super::key::same_key(&e.key, key))
+            .is_some_and(|e| e.marks.0.load(Ordering::Relaxed) & UNSENT != 0);
+        listed != unsent
     }
 }
 
