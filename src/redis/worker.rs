@@ -420,7 +420,6 @@ impl Worker {
         let tracked = &self.tracked;
         self.busy.0.retain(|name| tracked.contains_key(name));
         // Evicted keys take their origin with them.
-        let tracked = &self.tracked;
         lock(&self.origins).retain(|name, _| tracked.contains_key(name));
     }
 
