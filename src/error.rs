@@ -115,8 +115,14 @@ impl Error {
     /// assert!(err.is_circuit_open());
     /// ```
     #[must_use]
+    #[inline]
     pub fn is_circuit_open(&self) -> bool {
-        self.circuit_open().is_some()
+        // This breaker's own rejection is told from the variant alone; only
+        // an inner error is searched.
+        match &self.kind {
+            Kind::Open(_) => true,
+            Kind::Inner(e) => CircuitOpen::find(&**e).is_some(),
+        }
     }
 
     /// The inner service's error, if the call reached the inner service (an

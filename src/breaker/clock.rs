@@ -155,6 +155,29 @@ pub(crate) const fn past(start: u64, limit: u64) -> u64 {
     start.saturating_add(limit).saturating_add(1)
 }
 
+#[inline]
 pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    // In 64-bit arithmetic: the 128-bit product `as_nanos` builds costs
+    // the slow-call rule's every admission a multiplication and a
+    // conversion more.
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nanos;
+    use std::time::Duration;
+
+    #[test]
+    fn a_duration_is_counted_in_nanoseconds_and_saturates_past_u64() {
+        assert_eq!(nanos(Duration::ZERO), 0);
+        assert_eq!(nanos(Duration::new(1, 500_000_000)), 1_500_000_000);
+        assert_eq!(nanos(Duration::from_nanos(u64::MAX)), u64::MAX);
+        // One second and one nanosecond past what 64 bits hold.
+        let past = Duration::from_nanos(u64::MAX) + Duration::new(1, 1);
+        assert_eq!(nanos(past), u64::MAX);
+        assert_eq!(nanos(Duration::MAX), u64::MAX);
+    }
 }
