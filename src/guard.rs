@@ -19,6 +19,7 @@
 //! rejection is reported, how a body is wrapped.
 
 use std::error::Error as StdError;
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use bytes::Buf;
@@ -202,7 +203,7 @@ impl Guard {
                     .finish_announced(outcome, &|| classifier.announced_wait(headers));
                 None
             }
-            Verdict::Defer(stream) => Some(BodyGuard(Some((self.permit.take(), stream)))),
+            Verdict::Defer(stream) => Some(BodyGuard::pending(self.permit.take(), stream)),
         }
     }
 
@@ -233,14 +234,14 @@ impl Guard {
         }
         match classifier.classify_response(status, headers) {
             Verdict::Done(Outcome::Success) => {
-                BodyGuard(Some((self.permit.take(), Held::Decided(Outcome::Success))))
+                BodyGuard::pending(self.permit.take(), Held::Decided(Outcome::Success))
             }
             Verdict::Done(outcome) => {
                 self.permit
                     .finish_announced(outcome, &|| classifier.announced_wait(headers));
                 BodyGuard::decided()
             }
-            Verdict::Defer(stream) => BodyGuard(Some((self.permit.take(), Held::Stream(stream)))),
+            Verdict::Defer(stream) => BodyGuard::pending(self.permit.take(), Held::Stream(stream)),
         }
     }
 
@@ -388,19 +389,34 @@ pub(crate) fn read_frame<S: ClassifyStream, D: Buf, E>(
 /// The permit and stream classifier of a call whose verdict waits for the
 /// end of the body. Dropped undecided (the caller dropped the body), it
 /// records what the classifier says of a body dropped early.
-pub(crate) struct BodyGuard<S: ClassifyStream>(Option<(Permit, S)>);
+///
+/// The contents are dropped by hand (by [`settle`](Self::settle), which
+/// takes them), so that a guard whose stream type cannot exist, such as
+/// [`NeverDefer`](crate::classify::NeverDefer)'s, drops as nothing at all.
+pub(crate) struct BodyGuard<S: ClassifyStream>(ManuallyDrop<Option<(Permit, S)>>);
 
 impl<S: ClassifyStream> BodyGuard<S> {
+    /// Whether `S` has no values: then no guard is ever pending, and the
+    /// checks below fold away. `Option<S>` takes no room exactly when its
+    /// `Some` cannot be built.
+    const NEVER: bool = size_of::<Option<S>>() == 0;
+
     /// A guard with nothing to decide.
     #[inline]
     pub(crate) const fn decided() -> Self {
-        BodyGuard(None)
+        BodyGuard(ManuallyDrop::new(None))
+    }
+
+    /// A guard that holds `permit` until `stream` decides.
+    #[inline]
+    pub(crate) fn pending(permit: Permit, stream: S) -> Self {
+        BodyGuard(ManuallyDrop::new(Some((permit, stream))))
     }
 
     /// Whether the outcome is still to be decided.
     #[inline]
     pub(crate) fn is_pending(&self) -> bool {
-        self.0.is_some()
+        !Self::NEVER && self.0.is_some()
     }
 
     /// The body turned out to be over before it was polled.
@@ -417,6 +433,9 @@ impl<S: ClassifyStream> BodyGuard<S> {
         frame: &Option<Result<Frame<D>, E>>,
         ended: impl FnOnce() -> bool,
     ) {
+        if Self::NEVER {
+            return;
+        }
         let Some((_, stream)) = self.0.as_mut() else {
             return;
         };
@@ -460,8 +479,9 @@ fn charge<S: ClassifyStream>(permit: &mut Permit, stream: &mut S) {
 impl<S: ClassifyStream> Drop for BodyGuard<S> {
     #[inline]
     fn drop(&mut self) {
-        // Most bodies were decided on their heads, or have ended.
-        if self.0.is_some() {
+        // Most bodies were decided on their heads, or have ended. Settling
+        // takes the contents, so nothing is left to drop afterwards.
+        if self.is_pending() {
             self.abandon();
         }
     }
@@ -568,6 +588,41 @@ mod tests {
                 _ => Outcome::Success,
             }
         }
+    }
+
+    /// Only a stream type without values skips the guard's checks: every
+    /// stream that can be built is seen to its end.
+    #[test]
+    fn only_a_stream_that_cannot_exist_skips_the_guard() {
+        use crate::classify::{LlmStream, NeverDefer};
+        let never = [
+            ("NeverDefer", BodyGuard::<NeverDefer>::NEVER),
+            ("a unit stream", BodyGuard::<ToTheEnd>::NEVER),
+            ("LlmStream", BodyGuard::<LlmStream>::NEVER),
+            ("a held success", BodyGuard::<Held<NeverDefer>>::NEVER),
+            ("a held unit stream", BodyGuard::<Held<ToTheEnd>>::NEVER),
+        ];
+        let skipped: Vec<_> = never.iter().filter(|(_, n)| *n).map(|(s, _)| *s).collect();
+        assert_eq!(skipped, ["NeverDefer"]);
+        // A guard that can be pending still records a body dropped early.
+        struct HungUp;
+        impl ClassifyStream for HungUp {
+            fn on_end(self) -> Outcome {
+                Outcome::Success
+            }
+            fn on_drop(self) -> Outcome {
+                Outcome::Failure
+            }
+        }
+        let breaker = crate::Breaker::builder()
+            .trip_mode(crate::TripMode::Open)
+            .consecutive_failures(1)
+            .build()
+            .unwrap();
+        let guard = BodyGuard::pending(breaker.admit().unwrap(), HungUp);
+        assert!(guard.is_pending());
+        drop(guard);
+        assert_eq!(breaker.state(), crate::State::Open, "the drop was recorded");
     }
 
     #[test]
