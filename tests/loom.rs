@@ -546,6 +546,52 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
     });
 }
 
+/// A call without a fallback (not tracked: the in-flight limit, on by
+/// default, holds it) is admitted while a call with one claims its slot:
+/// the untracked admission skips the clock while nothing is tracked and
+/// sweeps otherwise, and either way the tracked call is counted slow once.
+#[test]
+fn an_untracked_admission_racing_a_tracked_claim_misses_nothing() {
+    model(|| {
+        let b = base()
+            .count_window(8)
+            .min_calls(8)
+            .no_failure_rate()
+            .slow_call(Duration::from_nanos(1), 1.0)
+            .build()
+            .unwrap();
+        // The one owned counter stripe, taken here first (see the first
+        // slow-call model).
+        base()
+            .build()
+            .unwrap()
+            .admit()
+            .unwrap()
+            .record(Outcome::Success);
+        let t = b.clone();
+        let tracked = thread::spawn(move || t.admit_with_fallback().unwrap());
+        let u = b.clone();
+        let untracked = thread::spawn(move || u.admit().unwrap());
+        let tracked = tracked.join().unwrap();
+        let untracked = untracked.join().unwrap();
+        // Whoever swept (or not): this admission finds it crossed if no
+        // sweep did.
+        let last = b.admit().unwrap();
+        let s = b.snapshot();
+        assert_eq!(
+            s.counters.slow, 1,
+            "the tracked call once: {:?}",
+            s.counters
+        );
+        assert_eq!((s.window.calls, s.window.slow), (1, 1), "{:?}", s.window);
+        drop((last, untracked));
+        tracked.record(Outcome::Success);
+        assert_eq!(b.snapshot().counters.slow, 1, "not again at its outcome");
+        assert_eq!(b.state(), State::Closed);
+        balance(&b, 0);
+    });
+}
+
 #[test]
 fn a_call_claimed_while_a_sweep_resets_the_due_moment_is_not_missed() {
     use tower_circuit_breaker::breaker::InFlightRing;

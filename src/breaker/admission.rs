@@ -171,6 +171,17 @@ impl Shared {
                 (None, false) => Permit::new(self, generation, Kind::Closed, 0, fallback),
             });
         };
+        // Slowness without a fallback is no reason to refuse: the in-flight
+        // limit watches such calls instead of this rule.
+        let untracked = !fallback && self.limiter.as_ref().is_some_and(|l| l.aimd());
+        let untracked_permit = |watched| match watched {
+            Some(f) => self.admit_watched(generation, f),
+            None => Permit::new(self, generation, Kind::Closed, 0, false),
+        };
+        if untracked && in_flight.is_idle() {
+            // No tracked call to sweep for and none to track: no clock read.
+            return Ok(untracked_permit(watched));
+        }
         let now = self.now();
         let current = generation as u32;
         if in_flight.is_due(now)
@@ -182,13 +193,8 @@ impl Shared {
             // to an upstream already known to hang.
             return self.admit(fallback);
         }
-        if !fallback && self.limiter.as_ref().is_some_and(|l| l.aimd()) {
-            // Slowness without a fallback is no reason to refuse: the
-            // in-flight limit watches such calls instead of this rule.
-            return Ok(match watched {
-                Some(f) => self.admit_watched(generation, f),
-                None => Permit::new(self, generation, Kind::Closed, 0, false),
-            });
+        if untracked {
+            return Ok(untracked_permit(watched));
         }
         let (mut kind, mut id) = (Kind::Tracked, in_flight.start(now));
         if !self.is_current(State::Closed, current) {

@@ -234,6 +234,34 @@ async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_without_a_fallback_finds_the_tracked_calls_that_crossed() {
+    // The in-flight limit is on (the default): calls without a fallback
+    // are not tracked by the slow-call rule, but their admissions still
+    // sweep for the tracked calls that crossed.
+    let b = base()
+        .count_window(10)
+        .min_calls(4)
+        .no_failure_rate()
+        .slow_call(Duration::from_secs(5), 0.5)
+        .build()
+        .unwrap();
+    let untracked = b.admit().unwrap();
+    advance(Duration::from_secs(6)).await;
+    assert!(b.admit().is_ok(), "nothing tracked has crossed");
+    assert_eq!(
+        b.snapshot().counters.slow,
+        0,
+        "calls without a fallback are not tracked"
+    );
+    let hanging: Vec<_> = (0..4).map(|_| b.admit_with_fallback().unwrap()).collect();
+    advance(Duration::from_secs(6)).await;
+    assert!(b.admit().is_err(), "the tripping admission is rejected");
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(b.snapshot().counters.slow, 4);
+    drop((untracked, hanging));
+}
+
+#[tokio::test(start_paused = true)]
 async fn breakers_called_in_turn_each_end_their_open_period_on_time() {
     let tripped = |open: u64| {
         let b = base()

@@ -138,6 +138,14 @@ impl InFlight {
         now >= self.due.load(Ordering::Acquire)
     }
 
+    /// Whether no call is tracked (or a sweep is under way): then
+    /// [`is_due`](Self::is_due) is false whatever the clock says, and an
+    /// admission that tracks nothing need not read it.
+    #[inline]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.due.load(Ordering::Acquire) == u64::MAX
+    }
+
     /// Tracks a call that starts at `now`; returns the id its permit keeps.
     /// Nothing is written to the ring when it is full: the id then carries
     /// the start instead.
