@@ -103,12 +103,23 @@ impl Shared {
 
     /// The spend guard's say on a call about to be admitted, if the breaker
     /// has one: a rejection once its budget is spent (outside shadow mode).
-    #[inline]
+    #[inline(always)]
     pub(super) fn spend_check(
         self: &Arc<Self>,
         fallback: bool,
     ) -> Option<Result<Permit, CircuitOpen>> {
         let ledger = self.spend.as_ref()?;
+        self.spend_check_ledger(ledger, fallback)
+    }
+
+    /// [`spend_check`](Self::spend_check) past the question whether there
+    /// is a spend guard, which every admission off the plain path asks.
+    #[inline(never)]
+    fn spend_check_ledger(
+        self: &Arc<Self>,
+        ledger: &super::spend::Ledger,
+        fallback: bool,
+    ) -> Option<Result<Permit, CircuitOpen>> {
         let exceeded = ledger.admits(|| self.now()).err()?;
         if ledger.shadow() {
             self.counters.incr(Counter::WouldReject);
