@@ -138,9 +138,10 @@ impl InFlight {
         now >= self.due.load(Ordering::Acquire)
     }
 
-    /// Whether no call is tracked (or a sweep is under way): then
-    /// [`is_due`](Self::is_due) is false whatever the clock says, and an
-    /// admission that tracks nothing need not read it.
+    /// Whether no tracked call is left for a sweep to find (or a sweep is
+    /// under way): then [`is_due`](Self::is_due) is false for any moment
+    /// the clock can give short of `u64::MAX`, and an admission that
+    /// tracks nothing need not read the clock.
     #[inline]
     pub(crate) fn is_idle(&self) -> bool {
         self.due.load(Ordering::Acquire) == u64::MAX
