@@ -8,7 +8,7 @@
 # around it do the same work at both counts, but not always the same
 # allocator housekeeping (glibc consolidating its free lists in one process
 # and not the other moved the keyed rows, which build and drop 10,000
-# breakers, by up to 40 a call). Every
+# breakers, by tens of instructions a call). Every
 # binary checks that each call ended as its path says (admitted, failed one
 # call in 50, or rejected) and the script stops if one did not.
 #
