@@ -483,30 +483,36 @@ fn a_call_racing_the_start_of_listening_leaves_no_mark_stuck() {
 
 // === the slow-call rule's calls in flight ===
 
+/// Every call is slow: the threshold is a nanosecond, and the clock (real,
+/// not modelled) moves on by more than that between any two steps. The
+/// window (of 8, tracking 4 calls under loom) cannot trip.
+///
+/// The calling thread takes the one owned counter stripe first, so that
+/// neither thread a model spawns can be handed it by the other (see the
+/// counters' model).
+fn slow_breaker() -> Breaker {
+    let b = base()
+        .count_window(8)
+        .min_calls(8)
+        .no_failure_rate()
+        .slow_call(Duration::from_nanos(1), 1.0)
+        .build()
+        .unwrap();
+    base()
+        .build()
+        .unwrap()
+        .admit()
+        .unwrap()
+        .record(Outcome::Success);
+    b
+}
+
 #[test]
 fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
     model(|| {
-        // Every call is slow: the threshold is a nanosecond, and the clock
-        // (real, not modelled) moves on by more than that between any two
-        // steps. The window (of 8, tracking 4 calls under loom) cannot trip.
         // The slow-call rule watches calls with a fallback (the in-flight
         // limit holds the others), so these calls have one.
-        let b = base()
-            .count_window(8)
-            .min_calls(8)
-            .no_failure_rate()
-            .slow_call(Duration::from_nanos(1), 1.0)
-            .build()
-            .unwrap();
-        // This thread takes the one owned counter stripe first, so that
-        // neither thread below can be handed it by the other (see the
-        // counters' model).
-        base()
-            .build()
-            .unwrap()
-            .admit()
-            .unwrap()
-            .record(Outcome::Success);
+        let b = slow_breaker();
         let handles: Vec<_> = (0..2)
             .map(|_| {
                 let b = b.clone();
@@ -553,21 +559,7 @@ fn calls_crossing_the_slow_threshold_are_counted_once_and_none_is_missed() {
 #[test]
 fn an_untracked_admission_racing_a_tracked_claim_misses_nothing() {
     model(|| {
-        let b = base()
-            .count_window(8)
-            .min_calls(8)
-            .no_failure_rate()
-            .slow_call(Duration::from_nanos(1), 1.0)
-            .build()
-            .unwrap();
-        // The one owned counter stripe, taken here first (see the first
-        // slow-call model).
-        base()
-            .build()
-            .unwrap()
-            .admit()
-            .unwrap()
-            .record(Outcome::Success);
+        let b = slow_breaker();
         let t = b.clone();
         let tracked = thread::spawn(move || t.admit_with_fallback().unwrap());
         let u = b.clone();

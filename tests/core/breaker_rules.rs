@@ -198,15 +198,20 @@ async fn a_slow_success_counts_in_a_full_window_of_fast_ones() {
     assert_eq!(b.state(), State::Closed);
 }
 
-#[tokio::test(start_paused = true)]
-async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
-    let b = base()
+/// Trips once half of at least four calls have been in flight past 5 s.
+fn hanging_breaker() -> Breaker {
+    base()
         .count_window(10)
         .min_calls(4)
         .no_failure_rate()
         .slow_call(Duration::from_secs(5), 0.5)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_hanging_past_the_slow_threshold_trip_before_they_return() {
+    let b = hanging_breaker();
     // Four calls hang (think: 60 s attempt timeouts that have not fired yet).
     let hanging: Vec<_> = (0..4).map(|_| b.admit_with_fallback().unwrap()).collect();
     advance(Duration::from_secs(6)).await;
@@ -238,13 +243,7 @@ async fn a_call_without_a_fallback_finds_the_tracked_calls_that_crossed() {
     // The in-flight limit is on (the default): calls without a fallback
     // are not tracked by the slow-call rule, but their admissions still
     // sweep for the tracked calls that crossed.
-    let b = base()
-        .count_window(10)
-        .min_calls(4)
-        .no_failure_rate()
-        .slow_call(Duration::from_secs(5), 0.5)
-        .build()
-        .unwrap();
+    let b = hanging_breaker();
     let untracked = b.admit().unwrap();
     advance(Duration::from_secs(6)).await;
     assert!(b.admit().is_ok(), "nothing tracked has crossed");
