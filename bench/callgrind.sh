@@ -50,6 +50,7 @@ http-json                    bare-json       closed, HttpClassifier, JSON 200
 llm-json                     http-json       closed, LlmClassifier, JSON 200
 slow                         closed          closed, slow-call rule on
 window                       bare            closed, time window 30 s / 20 buckets
+closed-rotating              bare            closed, unkeyed, behind the keyed rotation (reference)
 keyed-hot                    closed          closed, keyed, one hot key of 10,000
 keyed-rotating               closed          closed, keyed, rotating over 10,000 keys
 open                         failing         open, rejecting
@@ -82,6 +83,7 @@ closed-5xx closed
 window closed
 open-named open
 keyed-open open
+keyed-rotating closed-rotating
 stack-open open
 '
 # DESIGN.md's targets: mode, over, at most this many Ir added, or (a mode

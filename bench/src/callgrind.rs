@@ -128,6 +128,8 @@ loops! {
     stack_open => rows::stack_open();
     /// This crate, closed, one hot key of 10,000.
     keyed_hot => rows::keyed_set().map(rows::keyed_service);
+    /// This crate, closed, unkeyed, behind the keyed rows' rotation.
+    closed_rotating => Ok(rows::closed_rotating());
     /// This crate, closed, rotating over 10,000 keys.
     keyed_rotating => rows::keyed_set().map(rows::keyed_rotating);
     /// This crate, keyed, the one key called open.

@@ -821,6 +821,13 @@ pub fn keyed_rotating(set: KeyedBreakers) -> bench_service!(tower_circuit_breake
     Rotate::new(layer.layer(upstream_for::<KeyName, Infallible>(StatusCode::OK)))
 }
 
+/// [`ours_closed`]'s breaker, unkeyed, behind the same [`Rotate`] as
+/// [`keyed_rotating`]: what handing each call the next key name costs
+/// without any keys, so that the keyed row can be read over it.
+pub fn closed_rotating() -> bench_service!(tower_circuit_breaker::Error) {
+    Rotate::new(ours_layer(OPEN).layer(upstream_for::<KeyName, Infallible>(StatusCode::OK)))
+}
+
 /// [`keyed_service`] with [`HOT_KEY`] tripped: every call rejected.
 pub fn keyed_open() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
     let set = keyed_set()?;
