@@ -50,6 +50,11 @@ http-json                    bare-json       closed, HttpClassifier, JSON 200
 llm-json                     http-json       closed, LlmClassifier, JSON 200
 slow                         closed          closed, slow-call rule on
 window                       bare            closed, time window 30 s / 20 buckets
+classic                      bare            closed, classical: opens outright, no in-flight limit, no ramp
+spend                        closed          closed, a spend guard on (never reached), 20 cents a call
+failover                     closed          failover of two closed breakers, the primary answering
+failover-selection           failover        failover of two, peak-EWMA selection
+failover-hedge               failover        failover of two, hedging after 60 s (none sent)
 closed-rotating              bare            closed, unkeyed, behind the keyed rotation (reference)
 keyed-hot                    closed          closed, keyed, one hot key of 10,000
 keyed-rotating               closed          closed, keyed, rotating over 10,000 keys
@@ -81,6 +86,7 @@ closed passthrough-wrapped
 closed-shared bare
 closed-5xx closed
 window closed
+classic closed
 open-named open
 keyed-open open
 keyed-rotating closed-rotating

@@ -120,6 +120,16 @@ loops! {
     slow => rows::ours_slow();
     /// This crate, closed, a time window.
     window => rows::ours_time_window();
+    /// This crate, closed, the classical breaker.
+    classic => rows::ours_classic();
+    /// This crate, closed, a spend guard on.
+    spend => rows::ours_spend();
+    /// A failover of two of this crate's breakers.
+    failover => rows::ours_failover(rows::FailoverWith::Nothing);
+    /// The same, peak-EWMA selection on.
+    failover_selection => rows::ours_failover(rows::FailoverWith::Selection);
+    /// The same, hedging on.
+    failover_hedge => rows::ours_failover(rows::FailoverWith::Hedge);
     /// This crate, open: every call rejected.
     open => rows::ours_open(None);
     /// This crate, open, the breaker named.

@@ -21,9 +21,11 @@ use http::{HeaderValue, Response, StatusCode};
 use tower::util::{MapResult, ServiceFn};
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_circuit_breaker::classify::LlmClassifier;
+use tower_circuit_breaker::failover::{Hedge, Selection};
 use tower_circuit_breaker::keyed::{self, Key, KeyedBreakers};
+use tower_circuit_breaker::spend::{Period, SpendGuard};
 use tower_circuit_breaker::stack::Stack;
-use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, Outcome, State};
+use tower_circuit_breaker::{BoxError, CircuitBreakerLayer, Failover, Outcome, State, TripMode};
 
 use crate::adapters;
 use crate::measure::{now_or_never, poll_calls, Expect, Plan, Request};
@@ -132,6 +134,18 @@ pub enum Path {
     SlowRule,
     /// Closed, with a time window of [`OPEN`] in [`BUCKETS`] buckets.
     TimeWindow,
+    /// Closed, the classical breaker: opening outright, no in-flight
+    /// limit, no ramp ([`ours_classic`]).
+    Classic,
+    /// Closed, a spend guard on and never reached ([`ours_spend`]).
+    Spend,
+    /// A failover of two closed breakers, the primary answering
+    /// ([`ours_failover`]).
+    Failover,
+    /// [`Failover`](Path::Failover) with peak-EWMA selection.
+    FailoverSelection,
+    /// [`Failover`](Path::Failover) hedging after [`SLOW`]: no hedge sent.
+    FailoverHedge,
     /// Open circuit: reject without calling the inner service.
     Open,
     /// Open circuit of a breaker named [`NAME`].
@@ -176,6 +190,11 @@ impl Path {
             Path::LlmJson => "closed, LlmClassifier, JSON 200",
             Path::SlowRule => "closed, slow-call rule on (60 s)",
             Path::TimeWindow => "closed, time window (30 s)",
+            Path::Classic => "closed, classical (no grading, limit, ramp)",
+            Path::Spend => "closed, spend guard on",
+            Path::Failover => "failover of two, primary answering",
+            Path::FailoverSelection => "failover of two, peak-EWMA selection",
+            Path::FailoverHedge => "failover of two, hedging (none sent)",
             Path::Open => "open",
             Path::OpenNamed => "open, named breaker",
             Path::StackOpen => "open, through stack::Stack",
@@ -231,10 +250,14 @@ impl Path {
             Path::LlmJson => Some(Path::HttpJson),
             Path::SlowRule
             | Path::TimeWindow
+            | Path::Classic
+            | Path::Spend
+            | Path::Failover
             | Path::KeyedHot
             | Path::KeyedRotating
             | Path::ClosedProber => Some(Path::Closed),
             Path::OpenNamed | Path::KeyedOpen | Path::OpenProber => Some(Path::Open),
+            Path::FailoverSelection | Path::FailoverHedge => Some(Path::Failover),
             _ => None,
         }
     }
@@ -310,6 +333,13 @@ pub fn all() -> Vec<Row> {
         row!(Ours, LlmJson, ours_llm_json),
         row!(Ours, SlowRule, ours_slow),
         row!(Ours, TimeWindow, ours_time_window),
+        row!(Ours, Classic, ours_classic),
+        row!(Ours, Spend, ours_spend),
+        row!(Ours, Failover, || ours_failover(FailoverWith::Nothing)),
+        row!(Ours, FailoverSelection, || ours_failover(
+            FailoverWith::Selection
+        )),
+        row!(Ours, FailoverHedge, || ours_failover(FailoverWith::Hedge)),
         row!(Ours, Open, || ours_open(None)),
         row!(Ours, OpenNamed, || ours_open(Some(NAME))),
         row!(Ours, StackOpen, stack_open),
@@ -639,6 +669,95 @@ pub fn ours_time_window() -> Result<bench_service!(tower_circuit_breaker::Error)
         .build()
         .map_err(|e| e.to_string())?;
     Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
+/// Closed, the classical breaker: a trip rule that fires opens the circuit
+/// outright ([`TripMode::Open`] instead of graded admission), no in-flight
+/// limit, no ramp after recovery. What this crate's defaults (graded
+/// admission, the in-flight limit, the ramp) cost the closed path is
+/// [`ours_closed`] over this.
+pub fn ours_classic() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let layer = ours_builder(OPEN)
+        .trip_mode(TripMode::Open)
+        .no_in_flight_limit()
+        .ramp(Duration::ZERO)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
+/// Closed, with a spend guard that is never reached: [`SPEND_BUDGET`] per
+/// rolling hour, every call charged [`UNKNOWN_COST`] as it completes (the
+/// `HttpClassifier` reads no usage, so each call costs what one of unknown
+/// usage is charged).
+pub fn ours_spend() -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let guard = SpendGuard::micro_dollars(SPEND_BUDGET, Period::Rolling(Duration::from_secs(3600)))
+        .unknown_cost(UNKNOWN_COST);
+    let layer = ours_builder(OPEN)
+        .spend_guard(guard)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
+/// The spend rows' budget, in millionths of a dollar: $1 billion an hour,
+/// which no run reaches.
+pub const SPEND_BUDGET: u64 = 1_000_000_000_000_000;
+/// What the spend rows charge a call: 20 cents.
+pub const UNKNOWN_COST: u64 = 200_000;
+
+/// A request that carries the fallback mark, as an `http::Request` does in
+/// its extensions: what a [`Failover`] hands its members, marking every
+/// one but the last.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Call {
+    fallback: bool,
+}
+
+impl tower_circuit_breaker::Fallback for Call {
+    #[inline]
+    fn has_fallback(&self) -> bool {
+        self.fallback
+    }
+
+    #[inline]
+    fn mark_fallback(&mut self) {
+        self.fallback = true;
+    }
+}
+
+/// What a failover row adds to a plain failover of two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverWith {
+    /// Nothing: the primary is tried first, then the fallback.
+    Nothing,
+    /// Peak-EWMA selection of the member tried first.
+    Selection,
+    /// Hedging after [`SLOW`], which no call reaches.
+    Hedge,
+}
+
+/// A [`Failover`] of two closed breakers of the common configuration, each
+/// over a healthy upstream: every call is answered by the member tried
+/// first, admitted with a fallback. With `with`, selection or hedging on.
+pub fn ours_failover(
+    with: FailoverWith,
+) -> Result<bench_service!(tower_circuit_breaker::Error), String> {
+    let (a, b) = (ours_layer(OPEN), ours_layer(OPEN));
+    let failover =
+        Failover::<_, Call>::new(a.layer(upstream_for::<Call, Infallible>(StatusCode::OK)))
+            .fallback(b.layer(upstream_for::<Call, Infallible>(StatusCode::OK)));
+    let failover = match with {
+        FailoverWith::Nothing => failover,
+        FailoverWith::Selection => failover
+            .select(Selection::peak_ewma([
+                a.breaker().clone(),
+                b.breaker().clone(),
+            ]))
+            .map_err(|e| e.to_string())?,
+        FailoverWith::Hedge => failover.hedge(Hedge::after(SLOW)),
+    };
+    Ok(failover.map_request(|(): Request| Call::default()))
 }
 
 /// Open, tripped with real failures; named `name` if given.

@@ -81,6 +81,12 @@ impl Shared {
                     // of failures goes on.
                     _ => return,
                 };
+                if !failed && !slow && !permit.graded && !matches!(*head, Head::Crossed(_)) {
+                    // A success judged fast, that no rule needs to see: as
+                    // on the plain path (a call charged to a spend guard,
+                    // one that carried an overload signal).
+                    return self.record_plain_success(permit.generation);
+                }
                 let now = self.window_now();
                 if let Head::Crossed(slot) = *head {
                     // Already in the window as slow: a failure marks that
@@ -96,6 +102,16 @@ impl Shared {
                 self.record_closed(permit.generation, entry, true, now);
             }
             Kind::Probe => self.record_probe(permit.generation, permit.id, outcome, slow),
+        }
+    }
+
+    /// A success that no rule needs to see: written to the window unless
+    /// the window is full and clean with no streak to break, where it
+    /// would change nothing.
+    #[inline(always)]
+    pub(super) fn record_plain_success(&self, generation: u32) {
+        if self.hot.consecutive.load(Ordering::Relaxed) != 0 || !self.rates.is_clean() {
+            self.record_success(generation);
         }
     }
 

@@ -405,10 +405,13 @@ impl super::Shared {
             return;
         };
         let crossed = ledger.charge(charge, self.now());
-        self.tell(crossed);
+        if crossed != Crossed::Nothing {
+            self.tell(crossed);
+        }
     }
 
     /// Logs a crossing (and counts a warning).
+    #[cold]
     fn tell(&self, crossed: Crossed) {
         let Some(ledger) = &self.spend else {
             return;

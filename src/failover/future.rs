@@ -265,7 +265,7 @@ where
                     if let (Some(selection), Some(at)) = (&*this.selection, this.started.take())
                         && judged != Judged::Rejected
                     {
-                        selection.record(member, at.elapsed());
+                        selection.record_since(member, at);
                     }
                     if let Some(rules) = this.rules.as_deref()
                         && position < members

@@ -139,7 +139,7 @@ where
                     let member = this.walk.member(*this.first_at);
                     hedging.finished(member, *this.first_since, &result);
                     if let Some(selection) = this.selection.as_ref() {
-                        selection.record(member, this.first_since.elapsed());
+                        selection.record_since(member, *this.first_since);
                     }
                 }
                 if this.second.is_none() || settles(judged) {
@@ -201,7 +201,7 @@ where
                     let member = self.walk.member(*self.second_at);
                     hedging.finished(member, *self.second_since, &result);
                     if let Some(selection) = self.selection.as_ref() {
-                        selection.record(member, self.second_since.elapsed());
+                        selection.record_since(member, *self.second_since);
                     }
                 }
                 if self.first.is_none() || settles(judged) {

@@ -172,3 +172,29 @@ async fn a_health_probe_is_charged_its_usage_and_never_the_unknown_cost() {
         (before.spent, before.unknown_calls)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_success_charged_as_it_ends_breaks_a_failure_streak() {
+    let breaker = Breaker::builder()
+        .trip_mode(TripMode::Open)
+        .consecutive_failures(3)
+        .spend_guard(SpendGuard::tokens(1_000_000, Period::Rolling(MINUTE)).unknown_cost(5))
+        .build()
+        .unwrap();
+    let fail = || breaker.admit().unwrap().record(Outcome::Failure);
+    fail();
+    fail();
+    // No usage came: charged the unknown cost as it is recorded, and a
+    // success all the same.
+    breaker.admit().unwrap().record(Outcome::Success);
+    fail();
+    fail();
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "two failures since the success"
+    );
+    assert_eq!(breaker.snapshot().spend.unwrap().spent, 5 * 5);
+    fail();
+    assert_eq!(breaker.state(), State::Open);
+}

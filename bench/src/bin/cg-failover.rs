@@ -1,0 +1,7 @@
+//! Instructions per call of `tower_circuit_breaker_bench::callgrind::failover`,
+//! alone in its binary; see `bench/callgrind.sh`.
+
+tower_circuit_breaker_bench::callgrind_main!(
+    tower_circuit_breaker_bench::callgrind::failover,
+    tower_circuit_breaker_bench::rows::Path::Failover
+);
