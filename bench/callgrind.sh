@@ -52,6 +52,7 @@ slow                         closed          closed, slow-call rule on
 window                       bare            closed, time window 30 s / 20 buckets
 classic                      bare            closed, classical: opens outright, no in-flight limit, no ramp
 spend                        closed          closed, a spend guard on (never reached), 20 cents a call
+stack-closed                 closed          closed, through stack::Stack (retry, breaker, attempt timeout)
 failover                     closed          failover of two closed breakers, the primary answering
 failover-selection           failover        failover of two, peak-EWMA selection
 failover-hedge               failover        failover of two, hedging after 60 s (none sent)

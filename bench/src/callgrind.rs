@@ -134,6 +134,8 @@ loops! {
     open => rows::ours_open(None);
     /// This crate, open, the breaker named.
     open_named => rows::ours_open(Some(NAME));
+    /// `stack::Stack` over a closed circuit.
+    stack_closed => rows::stack_closed();
     /// `stack::Stack` over an open circuit.
     stack_open => rows::stack_open();
     /// This crate, closed, one hot key of 10,000.

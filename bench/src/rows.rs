@@ -139,6 +139,9 @@ pub enum Path {
     Classic,
     /// Closed, a spend guard on and never reached ([`ours_spend`]).
     Spend,
+    /// The recommended `stack::Stack` (retry → breaker → attempt timeout)
+    /// over a closed circuit ([`stack_closed`]).
+    StackClosed,
     /// A failover of two closed breakers, the primary answering
     /// ([`ours_failover`]).
     Failover,
@@ -192,6 +195,7 @@ impl Path {
             Path::TimeWindow => "closed, time window (30 s)",
             Path::Classic => "closed, classical (no grading, limit, ramp)",
             Path::Spend => "closed, spend guard on",
+            Path::StackClosed => "closed, through stack::Stack",
             Path::Failover => "failover of two, primary answering",
             Path::FailoverSelection => "failover of two, peak-EWMA selection",
             Path::FailoverHedge => "failover of two, hedging (none sent)",
@@ -252,6 +256,7 @@ impl Path {
             | Path::TimeWindow
             | Path::Classic
             | Path::Spend
+            | Path::StackClosed
             | Path::Failover
             | Path::KeyedHot
             | Path::KeyedRotating
@@ -335,6 +340,7 @@ pub fn all() -> Vec<Row> {
         row!(Ours, TimeWindow, ours_time_window),
         row!(Ours, Classic, ours_classic),
         row!(Ours, Spend, ours_spend),
+        row!(Ours, StackClosed, stack_closed),
         row!(Ours, Failover, || ours_failover(FailoverWith::Nothing)),
         row!(Ours, FailoverSelection, || ours_failover(
             FailoverWith::Selection
@@ -781,7 +787,21 @@ pub fn ours_open(
 /// for the common breaker configuration), its breaker tripped: every call
 /// rejected, the retry stopping at once, the error a `BoxError`.
 pub fn stack_open() -> Result<bench_service!(BoxError), String> {
-    let layer = Stack::builder()
+    let layer = stack_layer()?;
+    trip(layer.breaker())?;
+    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
+/// [`stack_open`]'s stack, closed over a healthy upstream: each call
+/// counted as a first attempt by the retry budget, admitted, sent under
+/// the attempt timeout and recorded.
+pub fn stack_closed() -> Result<bench_service!(BoxError), String> {
+    Ok(stack_layer()?.layer(upstream::<Infallible>(StatusCode::OK)))
+}
+
+/// The recommended stack with the common breaker configuration.
+fn stack_layer() -> Result<tower_circuit_breaker::StackLayer, String> {
+    Stack::builder()
         .breaker(
             tower_circuit_breaker::Breaker::builder()
                 .count_window(WINDOW)
@@ -792,9 +812,7 @@ pub fn stack_open() -> Result<bench_service!(BoxError), String> {
                 .close_after(2),
         )
         .build()
-        .map_err(|e| e.to_string())?;
-    trip(layer.breaker())?;
-    Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
+        .map_err(|e| e.to_string())
 }
 
 /// A breaker of its own open duration, tripped and waited out on the plan's

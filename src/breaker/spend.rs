@@ -240,6 +240,7 @@ impl Ledger {
     }
 
     /// Adds `cost` to the current slice, and settles.
+    #[inline]
     fn add(&self, book: &mut Book, cost: u64, now: u64) -> Crossed {
         let at = (book.newest % book.slices.len() as u64) as usize;
         book.slices[at] = book.slices[at].saturating_add(cost);
@@ -303,6 +304,7 @@ impl Ledger {
     }
 
     /// Ages out the slices that left the period by `now`.
+    #[inline]
     fn roll(&self, book: &mut Book, now: u64) {
         let current = now.saturating_add(self.offset) / self.slice_ns;
         if current <= book.newest {

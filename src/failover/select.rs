@@ -90,6 +90,8 @@ struct Inner {
 enum Policy {
     PeakEwma {
         estimates: Box<[Mutex<Estimate>]>,
+        // The decay constant, at least a nanosecond, and in nanoseconds.
+        decay: Duration,
         decay_ns: f64,
         // The failover's attempts to each member that have no first byte yet.
         in_flight: Box<[AtomicUsize]>,
@@ -113,11 +115,11 @@ pub const DEFAULT_DECAY: Duration = Duration::from_secs(10);
 
 impl Estimate {
     /// Whether the estimate is older than the decay time (or missing),
-    /// with no probe sent within that time.
-    fn stale(&self, now: Instant, decay_ns: f64) -> bool {
-        let old = |at: Option<Instant>| {
-            at.is_none_or(|at| nanos(now.saturating_duration_since(at)) >= decay_ns)
-        };
+    /// with no probe sent within that time; `old_before` is the moment a
+    /// decay time ago (`None` if the clock has not run that long), so that
+    /// each estimate costs two comparisons and no arithmetic.
+    fn stale(&self, old_before: Option<Instant>) -> bool {
+        let old = |at: Option<Instant>| at.is_none_or(|at| old_before.is_some_and(|t| at <= t));
         old(self.at) && old(self.probe)
     }
 
@@ -181,6 +183,7 @@ impl Selection {
             breakers,
             policy: Policy::PeakEwma {
                 estimates,
+                decay: DEFAULT_DECAY,
                 decay_ns: nanos(DEFAULT_DECAY),
                 in_flight,
             },
@@ -239,6 +242,7 @@ impl Selection {
                 ..
             } => Policy::PeakEwma {
                 estimates,
+                decay: decay.max(Duration::from_nanos(1)),
                 decay_ns: nanos(decay).max(1.0),
                 in_flight,
             },
@@ -358,10 +362,12 @@ impl Selection {
                 .unwrap_or(0),
             Policy::PeakEwma {
                 estimates,
-                decay_ns,
+                decay,
                 in_flight,
+                ..
             } => {
                 let now = Instant::now();
+                let old_before = now.checked_sub(*decay);
                 // A member whose estimate is stale is probed first, once a
                 // decay time: it may have become the fastest while it was
                 // not called (slow, or open). The probe is claimed, so that
@@ -372,7 +378,7 @@ impl Selection {
                     if eligible(i) {
                         n += 1;
                         let mut e = lock(e);
-                        if e.stale(now, *decay_ns) {
+                        if e.stale(old_before) {
                             e.probe = Some(now);
                             return i;
                         }

@@ -20,20 +20,26 @@ fn a_walk_puts_the_chosen_member_first_and_keeps_the_rest_in_order() {
 #[tokio::test(start_paused = true)]
 async fn an_estimate_jumps_to_a_peak_and_a_stale_one_is_probed_and_replaced() {
     let decay = nanos(DEFAULT_DECAY);
+    // The moment a decay time before `t`, as the selection asks.
+    let ago = |t: Instant| t.checked_sub(DEFAULT_DECAY);
     let mut e = Estimate::default();
     let t0 = Instant::now();
-    assert!(e.stale(t0, decay), "no sample yet");
+    assert!(e.stale(ago(t0)), "no sample yet");
     e.sample(1e9, t0, decay);
     e.sample(3e9, t0, decay);
     assert_eq!(e.ns, 3e9, "a peak replaces the estimate");
     let t1 = t0 + DEFAULT_DECAY / 2;
     e.sample(1e9, t1, decay);
     assert!(e.ns < 3e9 && e.ns > 1e9, "{}", e.ns);
-    assert!(!e.stale(t1, decay));
+    assert!(!e.stale(ago(t1)));
     let t2 = t1 + DEFAULT_DECAY;
-    assert!(e.stale(t2, decay), "not sampled for a decay time");
+    assert!(
+        !e.stale(ago(t2 - Duration::from_nanos(1))),
+        "a nanosecond short of a decay time"
+    );
+    assert!(e.stale(ago(t2)), "not sampled for a decay time");
     e.probe = Some(t2);
-    assert!(!e.stale(t2, decay), "one probe at a time");
+    assert!(!e.stale(ago(t2)), "one probe at a time");
     e.sample(0.1e9, t2, decay);
     assert_eq!(e.ns, 0.1e9, "the probe's answer replaces a stale estimate");
     e.at_least(0.05e9, t2);

@@ -55,8 +55,10 @@ struct BudgetState {
 struct Ring {
     slots: [(u64, u64); SLOTS],
     index: usize,
-    /// When the current slot began.
-    since: tokio::time::Instant,
+    /// When the current slot ends: kept as that moment rather than its
+    /// start, so that finding which slot a call falls in compares two
+    /// instants and subtracts none.
+    ends: tokio::time::Instant,
 }
 
 /// A retry budget that cannot work, refused by [`RetryBudget::new`].
@@ -122,7 +124,7 @@ impl RetryBudget {
                 ring: std::sync::Mutex::new(Ring {
                     slots: [(0, 0); SLOTS],
                     index: 0,
-                    since: tokio::time::Instant::now(),
+                    ends: tokio::time::Instant::now() + SLOT,
                 }),
                 denied: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -189,16 +191,16 @@ impl RetryBudget {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = tokio::time::Instant::now();
         let mut steps = 0;
-        while now.saturating_duration_since(ring.since) >= SLOT && steps < SLOTS {
+        while now >= ring.ends && steps < SLOTS {
             ring.index = (ring.index + 1) % SLOTS;
             let i = ring.index;
             ring.slots[i] = (0, 0);
-            ring.since += SLOT;
+            ring.ends += SLOT;
             steps += 1;
         }
-        if now.saturating_duration_since(ring.since) >= SLOT {
+        if now >= ring.ends {
             // Idle for longer than the window: every slot is clear.
-            ring.since = now;
+            ring.ends = now + SLOT;
         }
         ring
     }

@@ -317,6 +317,22 @@ async fn a_retry_budget_of_20_percent_caps_attempts_at_1_2_times_the_requests() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_first_attempt_leaves_the_budget_ten_seconds_after_its_slot_began() {
+    let budget = RetryBudget::new(50.0).unwrap();
+    for _ in 0..4 {
+        budget.deposit();
+    }
+    tokio::time::advance(Duration::from_millis(9_999)).await;
+    assert!(
+        budget.withdraw(),
+        "the four first attempts are in the window"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    // Their slot ended 10 s after it began: only the retry is left.
+    assert!(!budget.withdraw());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_retry_budget_refills_as_the_window_slides() {
     let budget = RetryBudget::new(50.0).unwrap();
     budget.deposit();
