@@ -90,7 +90,8 @@ struct Inner {
 enum Policy {
     PeakEwma {
         estimates: Box<[Mutex<Estimate>]>,
-        // The decay constant, at least a nanosecond, and in nanoseconds.
+        // The decay constant (at least a nanosecond), and the same in
+        // nanoseconds for the weights.
         decay: Duration,
         decay_ns: f64,
         // The failover's attempts to each member that have no first byte yet.
@@ -150,7 +151,7 @@ impl Estimate {
 
 /// `d` in nanoseconds, exact below 2^53 ns (104 days). In 64-bit
 /// arithmetic: converting `as_nanos`' `u128` takes a library call of
-/// about 40 instructions, and every call through a selection makes four.
+/// about 40 instructions, and each sample converts two durations.
 #[allow(
     clippy::cast_precision_loss,
     reason = "seconds and nanoseconds far below 2^52"
@@ -279,21 +280,19 @@ impl Selection {
     /// # }
     /// ```
     pub fn record(&self, member: usize, ttfb: Duration) {
-        if let Policy::PeakEwma {
-            estimates,
-            decay_ns,
-            ..
-        } = &self.0.policy
-            && let Some(e) = estimates.get(member)
-        {
-            lock(e).sample(nanos(ttfb), Instant::now(), *decay_ns);
-        }
+        self.sample(member, |_| ttfb);
     }
 
-    /// [`record`](Self::record) of an attempt that started at `started`,
-    /// its first byte come at `now`: the failover's own samples, timed
-    /// with the one reading of the clock.
+    /// [`record`](Self::record) of an attempt that started at `started`
+    /// and has its first byte now: the failover's own samples, timed with
+    /// the one reading of the clock the sample is dated by.
     pub(super) fn record_since(&self, member: usize, started: Instant) {
+        self.sample(member, |now| now.saturating_duration_since(started));
+    }
+
+    /// Feeds `member`'s estimate a sample dated now, of the time to first
+    /// byte `ttfb` makes of that moment.
+    fn sample(&self, member: usize, ttfb: impl FnOnce(Instant) -> Duration) {
         if let Policy::PeakEwma {
             estimates,
             decay_ns,
@@ -302,8 +301,7 @@ impl Selection {
             && let Some(e) = estimates.get(member)
         {
             let now = Instant::now();
-            let ttfb = now.saturating_duration_since(started);
-            lock(e).sample(nanos(ttfb), now, *decay_ns);
+            lock(e).sample(nanos(ttfb(now)), now, *decay_ns);
         }
     }
 
