@@ -792,9 +792,9 @@ pub fn stack_open() -> Result<bench_service!(BoxError), String> {
     Ok(layer.layer(upstream::<Infallible>(StatusCode::OK)))
 }
 
-/// [`stack_open`]'s stack, closed over a healthy upstream: each call
-/// counted as a first attempt by the retry budget, admitted, sent under
-/// the attempt timeout and recorded.
+/// [`stack_open`]'s stack, closed over a healthy upstream: each call goes
+/// through the retry policy (with no retry budget, the default), is
+/// admitted, sent under the attempt timeout and recorded.
 pub fn stack_closed() -> Result<bench_service!(BoxError), String> {
     Ok(stack_layer()?.layer(upstream::<Infallible>(StatusCode::OK)))
 }
