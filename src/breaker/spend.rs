@@ -407,14 +407,19 @@ impl super::Shared {
             return;
         };
         let crossed = ledger.charge(charge, self.now());
+        self.tell(crossed);
+    }
+
+    /// Logs a crossing (and counts a warning), if the charge made one.
+    #[inline]
+    fn tell(&self, crossed: Crossed) {
         if crossed != Crossed::Nothing {
-            self.tell(crossed);
+            self.log_crossing(crossed);
         }
     }
 
-    /// Logs a crossing (and counts a warning).
     #[cold]
-    fn tell(&self, crossed: Crossed) {
+    fn log_crossing(&self, crossed: Crossed) {
         let Some(ledger) = &self.spend else {
             return;
         };

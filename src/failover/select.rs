@@ -90,10 +90,8 @@ struct Inner {
 enum Policy {
     PeakEwma {
         estimates: Box<[Mutex<Estimate>]>,
-        // The decay constant (at least a nanosecond), and the same in
-        // nanoseconds for the weights.
+        // The decay constant, at least a nanosecond.
         decay: Duration,
-        decay_ns: f64,
         // The failover's attempts to each member that have no first byte yet.
         in_flight: Box<[AtomicUsize]>,
     },
@@ -151,7 +149,7 @@ impl Estimate {
 
 /// `d` in nanoseconds, exact below 2^53 ns (104 days). In 64-bit
 /// arithmetic: converting `as_nanos`' `u128` takes a library call of
-/// about 40 instructions, and each sample converts two durations.
+/// about 40 instructions, and each sample converts three durations.
 #[allow(
     clippy::cast_precision_loss,
     reason = "seconds and nanoseconds far below 2^52"
@@ -185,7 +183,6 @@ impl Selection {
             policy: Policy::PeakEwma {
                 estimates,
                 decay: DEFAULT_DECAY,
-                decay_ns: nanos(DEFAULT_DECAY),
                 in_flight,
             },
         }))
@@ -244,7 +241,6 @@ impl Selection {
             } => Policy::PeakEwma {
                 estimates,
                 decay: decay.max(Duration::from_nanos(1)),
-                decay_ns: nanos(decay).max(1.0),
                 in_flight,
             },
             cheapest => cheapest,
@@ -294,14 +290,12 @@ impl Selection {
     /// byte `ttfb` makes of that moment.
     fn sample(&self, member: usize, ttfb: impl FnOnce(Instant) -> Duration) {
         if let Policy::PeakEwma {
-            estimates,
-            decay_ns,
-            ..
+            estimates, decay, ..
         } = &self.0.policy
             && let Some(e) = estimates.get(member)
         {
             let now = Instant::now();
-            lock(e).sample(nanos(ttfb(now)), now, *decay_ns);
+            lock(e).sample(nanos(ttfb(now)), now, nanos(*decay));
         }
     }
 
