@@ -72,6 +72,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::config::InFlightLimit;
+use super::counters::Counter;
 use super::permit::{Kind, Permit};
 use super::rejection::{CircuitOpen, Rejection};
 use super::{nanos, Shared, State};
@@ -713,7 +714,7 @@ impl Shared {
             None if signal == Signal::None => return,
             None => {
                 if let Some(gate) = &mut inner.gate {
-                    let admitted = self.counters.sum().admitted;
+                    let admitted = self.counters.total(Counter::Admitted);
                     if !gate.opens(now, admitted, l.step_ns) {
                         return;
                     }
@@ -744,7 +745,7 @@ impl Shared {
             // Too rare to watch: the closed path goes back to its plain
             // admissions until signals come more often.
             inner.watch = None;
-            inner.gate = Some(Gate::new(now, self.counters.sum().admitted));
+            inner.gate = Some(Gate::new(now, self.counters.total(Counter::Admitted)));
             self.set_guarded(l, &inner);
             return;
         }

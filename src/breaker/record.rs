@@ -120,12 +120,12 @@ impl Shared {
     /// general path's questions. In a full count window a success can only
     /// lower the rates, so the rules are not run.
     pub(super) fn record_success(&self, generation: u32) {
-        if self.rates.is_full_count() {
+        if let Some(window) = self.rates.full_count() {
             if self.is_current(State::Closed, generation) {
                 if self.hot.consecutive.load(Ordering::Acquire) != 0 {
                     self.hot.consecutive.store(0, Ordering::Release);
                 }
-                self.rates.record(0, 0);
+                window.add_success();
             }
             return;
         }

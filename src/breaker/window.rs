@@ -107,13 +107,13 @@ impl Rates {
         }
     }
 
-    /// Whether the window is a count window that has held all its calls:
-    /// a success recorded into it can only lower its rates, never trip.
+    /// The window, if it is a count window that has held all its calls: a
+    /// success recorded into it can only lower its rates, never trip.
     #[inline]
-    pub(crate) fn is_full_count(&self) -> bool {
+    pub(crate) fn full_count(&self) -> Option<&CountWindow> {
         match self {
-            Rates::Count(w) => w.head.load(Ordering::Acquire) >= w.len(),
-            Rates::None | Rates::Time(_) => false,
+            Rates::Count(w) if w.head.load(Ordering::Acquire) >= w.len() => Some(w),
+            _ => None,
         }
     }
 
@@ -176,13 +176,26 @@ impl CountWindow {
             };
             return (stats, Slot::NONE);
         }
+        let at = self.write(entry);
+        (self.stats(), Slot::of(at))
+    }
+
+    /// Adds a success, asking nothing of the window after it.
+    #[inline]
+    pub(crate) fn add_success(&self) {
+        self.write(0);
+    }
+
+    /// Writes `entry` into the next slot; returns where it went.
+    #[inline]
+    fn write(&self, entry: u8) -> u64 {
         let at = self.head.fetch_add(1, Ordering::AcqRel);
         let old = self.slots[(at % self.len()) as usize].swap(entry, Ordering::AcqRel);
         // Whatever order racing writers swap in, the deltas telescope: each
         // counter ends equal to the number of slots with its bit set.
         adjust(&self.failures, old & FAILED != 0, entry & FAILED != 0);
         adjust(&self.slow, old & SLOW != 0, entry & SLOW != 0);
-        (self.stats(), Slot::of(at))
+        at
     }
 
     /// Sets the failed bit of the call written at `slot`, if no later call

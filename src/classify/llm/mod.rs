@@ -237,15 +237,14 @@ const SCAN: usize = 4;
 /// name is the one `get` returns (its first).
 #[inline]
 fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
-    for (i, (name, value)) in headers.iter().enumerate() {
+    let mut values = headers.iter();
+    for _ in 0..SCAN {
+        let (name, value) = values.next()?;
         if *name == CONTENT_TYPE {
             return Some(value);
         }
-        if i + 1 == SCAN {
-            return headers.get(CONTENT_TYPE);
-        }
     }
-    None
+    headers.get(CONTENT_TYPE)
 }
 
 #[inline]
@@ -255,9 +254,13 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         return false;
     };
     // Read as bytes, so that the common answer (a JSON one) is turned
-    // down at its first letters; a value that is not visible ASCII is
+    // down at its first letter; a value that is not visible ASCII is
     // not an event stream.
-    let value = value.as_bytes().trim_ascii_start();
+    let value = value.as_bytes();
+    if !matches!(value.first(), Some(b't' | b'T' | b' ' | b'\t')) {
+        return false;
+    }
+    let value = value.trim_ascii_start();
     let Some((media, params)) = value.split_at_checked(SSE.len()) else {
         return false;
     };

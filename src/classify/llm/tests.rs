@@ -51,6 +51,7 @@ fn only_event_streams_are_read() {
         "text/event-stream; charset=utf-8",
         "Text/Event-Stream",
         " text/event-stream ",
+        "\ttext/event-stream",
         "text/event-stream ;charset=utf-8",
         "text/event-stream\t; x=y",
     ] {
