@@ -257,6 +257,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
     // down at its first letter; a value that is not visible ASCII is
     // not an event stream.
     let value = value.as_bytes();
+    // A header value holds no whitespace but spaces and tabs.
     if !matches!(value.first(), Some(b't' | b'T' | b' ' | b'\t')) {
         return false;
     }
