@@ -202,34 +202,35 @@ impl Striped {
         self.add(counter, 1);
     }
 
-    /// Every stripe.
-    fn each(&self) -> impl Iterator<Item = &Stripe> {
-        let later = self.later.get().map_or(&[][..], |later| &later[..]);
-        self.owned.iter().chain(later).chain([&self.shared])
+    /// Shows `f` every stripe: the owned ones, those that came once the
+    /// breaker was busy, and the shared one. Plain loops, not a chain of
+    /// iterators, which costs a reader of one counter twice as much.
+    #[inline]
+    fn for_each(&self, mut f: impl FnMut(&Stripe)) {
+        self.owned.iter().for_each(&mut f);
+        if let Some(later) = self.later.get() {
+            later.iter().for_each(&mut f);
+        }
+        f(&self.shared);
     }
 
     /// One counter summed over the stripes: for a reader that needs no
     /// other, at a nineteenth of [`sum`](Self::sum)'s reads. Never less
     /// than an earlier reading: each stripe only grows.
     pub(crate) fn total(&self, counter: Counter) -> u64 {
-        let of = |stripes: &[Stripe]| -> u64 {
-            stripes
-                .iter()
-                .map(|stripe| stripe.0[counter as usize].load(Ordering::Relaxed))
-                .sum()
-        };
-        let later = self.later.get().map_or(0, |later| of(later));
-        of(&self.owned) + later + self.shared.0[counter as usize].load(Ordering::Relaxed)
+        let mut total = 0;
+        self.for_each(|stripe| total += stripe.0[counter as usize].load(Ordering::Relaxed));
+        total
     }
 
     /// Sums the stripes.
     pub(crate) fn sum(&self) -> Counters {
         let mut total = [0u64; COUNTERS];
-        for stripe in self.each() {
+        self.for_each(|stripe| {
             for (t, c) in total.iter_mut().zip(stripe.0.iter()) {
                 *t += c.load(Ordering::Relaxed);
             }
-        }
+        });
         let get = |c: Counter| total[c as usize];
         let finished = get(Counter::Successes)
             + get(Counter::Failures)
